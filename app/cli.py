@@ -1,0 +1,49 @@
+"""`tandem` command line: one sub-command per module, each with a ``register`` function."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from tandem.models.errors import TandemError
+
+COMMAND_MODULES = [
+    "tandem.app.cmd_run",
+    "tandem.app.cmd_models",
+]
+"""Modules that add sub-commands; each defines ``register(subparsers)``."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tandem",
+        description="On-device LLM chat and autocomplete: a target model runs in tandem with a tiny drafter.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except TandemError as exc:
+        print(f"tandem: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("\ntandem: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""`tandem models`: list the local model store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from tandem.models.store import list_models
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("models", help="list models in the local store")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    models = list_models()
+    if args.json:
+        print(json.dumps([m.as_dict() for m in models], indent=2))
+        return 0
+    if not models:
+        print("No models yet. Pull one with `tandem pull REPO FILE`, or put GGUF files in a folder")
+        print("listed in TANDEM_MODEL_PATH.")
+        return 0
+    width = max(len(m.name) for m in models)
+    for m in models:
+        print(f"{m.name:<{width}}  {m.size_bytes / 2**20:8.1f} MiB  {m.architecture or '?':<10}  {m.path}")
+    return 0

@@ -1,0 +1,133 @@
+"""Sampling as pure functions on logits, plus a small callable that chains them.
+
+Every function takes and returns numpy arrays and has no hidden state, so speculative
+acceptance can reuse exactly the distribution the sampler draws from
+(:meth:`Sampler.distribution`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Numerically stable softmax over the last axis, in float64 for exact-sum tests."""
+    x = np.asarray(logits, dtype=np.float64)
+    x = x - np.max(x, axis=-1, keepdims=True)
+    e = np.exp(x)
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def apply_repetition_penalty(logits: np.ndarray, history: Sequence[int], penalty: float) -> np.ndarray:
+    """CTRL-style penalty: divide positive, multiply negative logits of seen tokens."""
+    if penalty == 1.0 or len(history) == 0:
+        return logits
+    out = np.array(logits, dtype=np.float32, copy=True)
+    seen = np.unique(np.asarray(history, dtype=np.int64))
+    vals = out[seen]
+    out[seen] = np.where(vals > 0, vals / penalty, vals * penalty)
+    return out
+
+
+def top_k_mask(logits: np.ndarray, k: int) -> np.ndarray:
+    """Set all but the ``k`` largest logits to -inf (ties at the boundary are kept)."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = np.partition(logits, -k)[-k]
+    return np.where(logits >= kth, logits, -np.inf)
+
+
+def top_p_filter(probs: np.ndarray, p: float) -> np.ndarray:
+    """Keep the smallest set of most likely tokens whose mass reaches ``p``; renormalize."""
+    if p >= 1.0:
+        return probs
+    order = np.argsort(-probs, kind="stable")
+    cum = np.cumsum(probs[order])
+    keep_n = int(np.searchsorted(cum, p, side="left")) + 1
+    out = np.zeros_like(probs)
+    kept = order[:keep_n]
+    out[kept] = probs[kept]
+    return out / out.sum()
+
+
+def min_p_filter(probs: np.ndarray, min_p: float) -> np.ndarray:
+    """Drop tokens less likely than ``min_p`` times the most likely one; renormalize."""
+    if min_p <= 0.0:
+        return probs
+    out = np.where(probs >= min_p * probs.max(), probs, 0.0)
+    return out / out.sum()
+
+
+def greedy_distribution(logits: np.ndarray) -> np.ndarray:
+    """One-hot on the argmax (first index on ties, as ``np.argmax``)."""
+    out = np.zeros(logits.shape[-1], dtype=np.float64)
+    out[int(np.argmax(logits))] = 1.0
+    return out
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repetition_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    @classmethod
+    def greedy_params(cls) -> SamplingParams:
+        return cls(temperature=0.0)
+
+
+@dataclass
+class Sampler:
+    """Turns logits into a distribution and draws from it.
+
+    ``distribution`` is the exact distribution ``sample`` draws from; speculative
+    decoding uses it as the target's p (and the drafter's q), which is what makes the
+    rejection rule lossless for every setting here.
+    """
+
+    params: SamplingParams = field(default_factory=SamplingParams)
+    rng: np.random.Generator = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.params.seed)
+
+    @property
+    def greedy(self) -> bool:
+        return self.params.greedy
+
+    def penalized(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        p = self.params
+        recent = history[-p.repeat_last_n :] if p.repeat_last_n > 0 else history
+        return apply_repetition_penalty(logits, recent, p.repetition_penalty)
+
+    def distribution(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
+        p = self.params
+        logits = self.penalized(logits, history)
+        if p.greedy:
+            return greedy_distribution(logits)
+        logits = top_k_mask(np.asarray(logits, dtype=np.float64) / p.temperature, p.top_k)
+        probs = softmax(logits)
+        probs = top_p_filter(probs, p.top_p)
+        return min_p_filter(probs, p.min_p)
+
+    def draw(self, probs: np.ndarray) -> int:
+        """Inverse-CDF draw from a distribution, using this sampler's RNG."""
+        cdf = np.cumsum(probs)
+        r = self.rng.random() * cdf[-1]
+        return int(min(np.searchsorted(cdf, r, side="right"), len(probs) - 1))
+
+    def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        if self.params.greedy:
+            return int(np.argmax(self.penalized(logits, history)))
+        return self.draw(self.distribution(logits, history))

@@ -1,0 +1,142 @@
+"""The local model store: GGUF files in the data dir, extra folders, and the Hugging Face cache.
+
+Pulled models stay in the Hugging Face hub cache (shared with other tools, never
+downloaded twice); files the user drops into ``models_dir()`` or a folder in
+``TANDEM_MODEL_PATH`` are found too. Nothing here touches the network except
+:func:`pull`, and that honours ``HF_HUB_OFFLINE``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tandem.models.errors import ModelFormatError, ModelNotFound, OfflineError, TandemError
+from tandem.models.gguf_file import inspect_gguf
+from tandem.models.paths import extra_model_dirs, models_dir
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    path: Path
+    size_bytes: int
+    architecture: str | None
+    source: str
+    """``local``, ``path`` (TANDEM_MODEL_PATH) or ``hub:<repo>``."""
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["path"] = str(self.path)
+        return d
+
+
+def _entry(path: Path, name: str, source: str) -> ModelEntry:
+    try:
+        arch = inspect_gguf(path).architecture
+    except TandemError:
+        arch = None
+    return ModelEntry(name, path, path.stat().st_size, arch, source)
+
+
+def _hub_entries() -> list[ModelEntry]:
+    try:
+        from huggingface_hub import scan_cache_dir
+        from huggingface_hub.errors import CacheNotFound
+    except ImportError:  # pragma: no cover - huggingface-hub is a dependency
+        return []
+    try:
+        info = scan_cache_dir()
+    except CacheNotFound:
+        return []
+    out = []
+    for repo in info.repos:
+        for rev in repo.revisions:
+            for f in rev.files:
+                if f.file_name.endswith(".gguf"):
+                    out.append(_entry(Path(f.file_path), f"{repo.repo_id}/{f.file_name}", f"hub:{repo.repo_id}"))
+    return out
+
+
+def list_models() -> list[ModelEntry]:
+    """Every GGUF file Tandem can find, local files first, without duplicates."""
+    entries: list[ModelEntry] = []
+    for folder, source in [(models_dir(), "local"), *((d, "path") for d in extra_model_dirs())]:
+        if folder.is_dir():
+            for path in sorted(folder.rglob("*.gguf")):
+                entries.append(_entry(path, path.stem, source))
+    entries.extend(_hub_entries())
+    seen: set[Path] = set()
+    unique = []
+    for e in entries:
+        real = e.path.resolve()
+        if real not in seen:
+            seen.add(real)
+            unique.append(e)
+    return unique
+
+
+def resolve_model(name_or_path: str) -> Path:
+    """A path as given, or a store entry by name, file stem or ``repo/file``."""
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        return path
+    entries = list_models()
+    for e in entries:
+        if name_or_path in (e.name, e.path.stem, e.path.name):
+            return e.path
+    known = ", ".join(e.name for e in entries[:8]) or "none yet"
+    raise ModelNotFound(
+        f"No model {name_or_path!r}: not a file, and not in the store (known: {known}). "
+        "Pull one with `tandem pull REPO FILE`."
+    )
+
+
+def offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def pull(repo_id: str, filename: str | None = None) -> Path:
+    """Download a GGUF file from the Hugging Face hub (or find it in the cache offline).
+
+    Without ``filename`` the repository must hold exactly one ``.gguf`` file, or the
+    error lists the choices.
+    """
+    from huggingface_hub import hf_hub_download, list_repo_files
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+
+    try:
+        if filename is None:
+            if offline():
+                raise OfflineError(
+                    f"Offline (HF_HUB_OFFLINE is set): name the file to pull from {repo_id}, "
+                    "or unset HF_HUB_OFFLINE to list the repository."
+                )
+            choices = [f for f in list_repo_files(repo_id) if f.endswith(".gguf")]
+            if len(choices) != 1:
+                listing = "\n  ".join(choices) or "(no .gguf files)"
+                raise TandemError(f"{repo_id} holds {len(choices)} GGUF files; pick one:\n  {listing}")
+            filename = choices[0]
+        path = Path(hf_hub_download(repo_id, filename, local_files_only=offline()))
+    except LocalEntryNotFoundError:
+        raise OfflineError(
+            f"{repo_id}/{filename} is not in the local cache and the hub cannot be reached "
+            "(offline, or HF_HUB_OFFLINE is set)."
+        ) from None
+    except RepositoryNotFoundError:
+        raise ModelNotFound(f"No repository {repo_id!r} on the Hugging Face hub (or it is private).") from None
+    except EntryNotFoundError:
+        raise ModelNotFound(f"{repo_id} has no file {filename!r}.") from None
+    except OSError as exc:
+        raise TandemError(f"Could not download {repo_id}/{filename}: {exc}") from None
+    if filename.endswith(".gguf"):
+        try:
+            inspect_gguf(path)
+        except ModelFormatError as exc:
+            raise ModelFormatError(f"Downloaded file is not a valid GGUF: {exc}") from None
+    return path

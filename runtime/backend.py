@@ -1,0 +1,125 @@
+"""The one protocol every model backend implements.
+
+A backend owns one model and one KV cache for a single sequence. Every generation
+strategy (plain, speculative, superposed) is written once against this protocol, so a
+GGUF target through llama.cpp, a torch model and an ONNX session are interchangeable as
+target or drafter.
+
+The KV cache holds exactly the tokens in ``tokens``: ``evaluate`` appends, ``truncate``
+rolls back. Strategies never assume anything else about the cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Bytes a backend holds, by what they are for (host and device together)."""
+
+    weights: int
+    kv_cache: int
+    scratch: int = 0
+    device: str = "cpu"
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.scratch
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    bos: int | None
+    eos: int | None
+    eog: frozenset[int] = field(default_factory=frozenset)
+    """End-of-generation tokens (EOS, EOT, ...): generation stops on any of them."""
+    fim_prefix: int | None = None
+    fim_suffix: int | None = None
+    fim_middle: int | None = None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A model plus its single-sequence KV cache."""
+
+    name: str
+    """A short human name (file stem), used in stats and the UI."""
+
+    @property
+    def n_vocab(self) -> int: ...
+
+    @property
+    def n_ctx(self) -> int:
+        """Maximum tokens the KV cache can hold."""
+        ...
+
+    @property
+    def special(self) -> SpecialTokens: ...
+
+    @property
+    def tokens(self) -> list[int]:
+        """Tokens currently in the KV cache (a copy or a read-only view)."""
+        ...
+
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
+        """Text to ids. ``special`` parses control-token text such as ``<|eot|>``."""
+        ...
+
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes a token contributes to the output (may be part of a UTF-8 char).
+
+        Control tokens contribute nothing. Concatenating the bytes of a sequence and
+        decoding gives the detokenized text of that sequence as a continuation.
+        """
+        ...
+
+    def chat_template(self) -> str | None:
+        """The Jinja chat template stored with the model, if any."""
+        ...
+
+    def evaluate(self, tokens: Sequence[int], logits_for: Sequence[int] | None = None) -> np.ndarray:
+        """Append ``tokens`` to the cache and return float32 logits.
+
+        ``logits_for`` are indices into ``tokens`` whose next-token logits are wanted;
+        ``None`` means only the last one. Returns an array of shape
+        ``(len(logits_for), n_vocab)``. Computing only the rows asked for is what makes
+        plain decoding cheap and verification exact.
+        """
+        ...
+
+    def truncate(self, n: int) -> None:
+        """Roll the KV cache back so it holds only its first ``n`` tokens."""
+        ...
+
+    def memory(self) -> MemoryReport: ...
+
+    def close(self) -> None: ...
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def prefill(backend: Backend, prompt: Sequence[int], *, keep_last: bool = True) -> np.ndarray | None:
+    """Bring the cache to ``prompt`` reusing the longest cached prefix.
+
+    Returns the logits after the last prompt token. At least the last prompt token is
+    always re-evaluated so its logits exist (``keep_last``), which is how a chat turn
+    reuses the previous turns' KV instead of recomputing them.
+    """
+    if not prompt:
+        raise ValueError("prefill needs at least one token")
+    reuse = common_prefix_len(backend.tokens, prompt)
+    if keep_last:
+        reuse = min(reuse, len(prompt) - 1)
+    backend.truncate(reuse)
+    return backend.evaluate(prompt[reuse:])[-1]

@@ -1,0 +1,184 @@
+"""Generation as a generator of events, with strategies written once against `Backend`.
+
+A *strategy* turns (target, prompt, sampler) into a stream of :class:`Commit` s — the
+tokens it has decided on, one for plain decoding, several per round for speculative
+decoding. :func:`generate` wraps any strategy with what every caller needs: limits,
+stop strings and end-of-generation tokens, UTF-8-safe text, timing and stats, and a
+KV cache left holding exactly prompt + output.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+from tandem.kernels.sampling import Sampler
+from tandem.models.errors import PromptError
+from tandem.runtime.backend import Backend, common_prefix_len, prefill
+from tandem.runtime.text import Detokenizer, StopMatcher
+
+
+@dataclass
+class Commit:
+    """Tokens a strategy has decided on; the first ``drafted`` came from a drafter."""
+
+    tokens: list[int]
+    drafted: int = 0
+
+
+@dataclass
+class DecodeStats:
+    """Counters a strategy updates while it runs."""
+
+    target_calls: int = 0
+    draft_calls: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    rounds: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Strategy(Protocol):
+    def __call__(
+        self, target: Backend, prompt: list[int], sampler: Sampler, stats: DecodeStats
+    ) -> Iterator[Commit]: ...
+
+
+def autoregressive(
+    target: Backend, prompt: list[int], sampler: Sampler, stats: DecodeStats
+) -> Iterator[Commit]:
+    """Plain decoding: one target call per token."""
+    logits = prefill(target, prompt)
+    stats.target_calls += 1
+    history = list(prompt)
+    while True:
+        token = sampler(logits, history)
+        history.append(token)
+        yield Commit([token])
+        if len(target.tokens) + 1 > target.n_ctx:
+            return
+        logits = target.evaluate([token])[-1]
+        stats.target_calls += 1
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int
+    generated_tokens: int
+    ttft_s: float
+    total_s: float
+    tokens_per_s: float
+    """Decode speed: tokens after the first over the time after the first."""
+    target_calls: int
+    tokens_per_call: float
+    drafted_tokens: int
+    accepted_tokens: int
+    acceptance_rate: float | None
+    finish_reason: str
+    memory_bytes: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TokenEvent:
+    text: str
+    tokens: list[int]
+    drafted: int = 0
+
+
+@dataclass
+class DoneEvent:
+    text: str
+    tokens: list[int]
+    stats: GenerationStats
+
+
+Event = TokenEvent | DoneEvent
+
+
+def check_prompt(target: Backend, prompt: Sequence[int]) -> None:
+    if not prompt:
+        raise PromptError("The prompt is empty: give some text to continue.")
+    if len(prompt) >= target.n_ctx:
+        raise PromptError(
+            f"The prompt is {len(prompt)} tokens but the context holds {target.n_ctx}: "
+            "shorten it or raise the context size (--ctx)."
+        )
+
+
+def generate(
+    target: Backend,
+    prompt: Sequence[int],
+    sampler: Sampler,
+    *,
+    strategy: Strategy = autoregressive,
+    max_tokens: int = 256,
+    stop: Sequence[str] = (),
+    stop_at_eog: bool = True,
+) -> Iterator[Event]:
+    """Stream a reply. Yields :class:`TokenEvent` s, then exactly one :class:`DoneEvent`."""
+    check_prompt(target, prompt)
+    prompt = list(prompt)
+    max_tokens = max(0, min(max_tokens, target.n_ctx - len(prompt)))
+    stats = DecodeStats()
+    detok = Detokenizer(target.token_bytes)
+    stopper = StopMatcher(stop)
+    eog = target.special.eog if stop_at_eog else frozenset()
+    out_tokens: list[int] = []
+    out_text: list[str] = []
+    finish = "length"
+    start = time.perf_counter()
+    first_at: float | None = None
+    commits = strategy(target, prompt, sampler, stats) if max_tokens else iter(())
+    try:
+        for commit in commits:
+            tokens = commit.tokens[: max_tokens - len(out_tokens)]
+            hit_eog = next((i for i, t in enumerate(tokens) if t in eog), None)
+            if hit_eog is not None:
+                tokens = tokens[:hit_eog]
+            if first_at is None:
+                first_at = time.perf_counter()
+            out_tokens.extend(tokens)
+            text, hit_stop = stopper.feed(detok.add(tokens))
+            if text or tokens:
+                out_text.append(text)
+                yield TokenEvent(text, tokens, min(commit.drafted, len(tokens)))
+            if hit_eog is not None or hit_stop:
+                finish = "stop"
+                break
+            if len(out_tokens) >= max_tokens:
+                break
+        else:
+            finish = "length"
+    finally:
+        commits.close() if hasattr(commits, "close") else None
+        # Leave the cache holding prompt + output, nothing a strategy evaluated beyond.
+        target.truncate(common_prefix_len(target.tokens, prompt + out_tokens))
+    if finish != "stop":
+        tail = stopper.feed(detok.flush())[0] + stopper.flush()
+        if tail:
+            out_text.append(tail)
+            yield TokenEvent(tail, [], 0)
+    end = time.perf_counter()
+    first_at = first_at or end
+    n = len(out_tokens)
+    decode_s = end - first_at
+    stats_out = GenerationStats(
+        prompt_tokens=len(prompt),
+        generated_tokens=n,
+        ttft_s=first_at - start,
+        total_s=end - start,
+        tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
+        target_calls=stats.target_calls,
+        tokens_per_call=n / stats.target_calls if stats.target_calls else 0.0,
+        drafted_tokens=stats.drafted_tokens,
+        accepted_tokens=stats.accepted_tokens,
+        acceptance_rate=(stats.accepted_tokens / stats.drafted_tokens) if stats.drafted_tokens else None,
+        finish_reason=finish,
+        memory_bytes=target.memory().total,
+    )
+    yield DoneEvent("".join(out_text), out_tokens, stats_out)

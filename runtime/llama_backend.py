@@ -1,0 +1,223 @@
+"""The GGUF backend: llama.cpp through llama-cpp-python's low-level API.
+
+``llama_cpp.Llama`` loads the model and context; evaluation goes straight to
+``llama_decode`` with a batch whose logits flags are set only for the positions asked
+for, so plain decoding copies one row of logits and verification copies k+1.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from tandem.models.errors import ModelFormatError, PromptError, TandemError
+from tandem.models.gguf_file import GGUFInfo, check_runnable, inspect_gguf
+from tandem.runtime.backend import MemoryReport, SpecialTokens
+
+KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+"""KV cache element types by name (ggml type ids), as llama.cpp's ``-ctk``/``-ctv``."""
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    n_ctx: int | None = None
+    """Context length; ``None`` means the model's own, capped at 4096."""
+    n_batch: int = 512
+    n_threads: int | None = None
+    n_gpu_layers: int = 0
+    type_k: str = "f16"
+    type_v: str = "f16"
+    flash_attn: bool = False
+
+
+def default_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def kv_bytes_per_token(info: GGUFInfo, type_k: str = "f16", type_v: str = "f16") -> int:
+    """Bytes of K and V per token of context, from the GGUF hyperparameters."""
+    import gguf
+
+    n_layer = int(info.arch_value("block_count", 0))
+    n_head = int(info.arch_value("attention.head_count", 1))
+    n_head_kv = int(info.arch_value("attention.head_count_kv", n_head))
+    n_embd = int(info.arch_value("embedding_length", 0))
+    k_dim = int(info.arch_value("attention.key_length", n_embd // max(n_head, 1)))
+    v_dim = int(info.arch_value("attention.value_length", k_dim))
+
+    def row_bytes(type_name: str, width: int) -> int:
+        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(KV_TYPES[type_name])]
+        return width // block * size
+
+    return n_layer * (row_bytes(type_k, k_dim * n_head_kv) + row_bytes(type_v, v_dim * n_head_kv))
+
+
+class LlamaCppBackend:
+    """A GGUF model and its KV cache (see :class:`tandem.runtime.backend.Backend`)."""
+
+    def __init__(self, path: str | os.PathLike[str], config: LlamaConfig | None = None) -> None:
+        self.config = config or LlamaConfig()
+        self.path = Path(path)
+        self.info = inspect_gguf(self.path)
+        check_runnable(self.info)
+        self.name = self.path.stem
+        cfg = self.config
+        for kv in (cfg.type_k, cfg.type_v):
+            if kv not in KV_TYPES:
+                raise TandemError(f"Unknown KV cache type {kv!r}; choose one of {', '.join(KV_TYPES)}.")
+        trained = int(self.info.arch_value("context_length", 2048) or 2048)
+        n_ctx = cfg.n_ctx or min(trained, 4096)
+        threads = cfg.n_threads or default_threads()
+        try:
+            self.llm = llama_cpp.Llama(
+                model_path=str(self.path),
+                n_ctx=n_ctx,
+                n_batch=cfg.n_batch,
+                n_ubatch=cfg.n_batch,
+                n_threads=threads,
+                n_threads_batch=threads,
+                n_gpu_layers=cfg.n_gpu_layers,
+                type_k=KV_TYPES[cfg.type_k],
+                type_v=KV_TYPES[cfg.type_v],
+                flash_attn=cfg.flash_attn or cfg.type_v not in ("f16", "f32", "bf16"),
+                logits_all=False,
+                verbose=False,
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise ModelFormatError(
+                f"llama.cpp could not load {self.path} (architecture {self.info.architecture!r}): {exc}"
+            ) from None
+        self._ctx = self.llm._ctx.ctx
+        self._model = self.llm._model.model
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self._n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
+        self._batch = llama_cpp.llama_batch_init(cfg.n_batch, 0, 1)
+        self._tokens: list[int] = []
+        self._pieces: dict[int, bytes] = {}
+        self._special: SpecialTokens | None = None
+        self.kv_bytes_per_token = kv_bytes_per_token(self.info, cfg.type_k, cfg.type_v)
+
+    # -- protocol -------------------------------------------------------------------
+    @property
+    def n_vocab(self) -> int:
+        return self._n_vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self._n_ctx
+
+    @property
+    def tokens(self) -> list[int]:
+        return list(self._tokens)
+
+    @property
+    def special(self) -> SpecialTokens:
+        if self._special is None:
+            v = self._vocab
+
+            def tok(fn) -> int | None:
+                t = int(fn(v))
+                return t if 0 <= t < self._n_vocab else None
+
+            eog = frozenset(t for t in range(self._n_vocab) if llama_cpp.llama_vocab_is_eog(v, t))
+            self._special = SpecialTokens(
+                bos=tok(llama_cpp.llama_vocab_bos),
+                eos=tok(llama_cpp.llama_vocab_eos),
+                eog=eog,
+                fim_prefix=tok(llama_cpp.llama_vocab_fim_pre),
+                fim_suffix=tok(llama_cpp.llama_vocab_fim_suf),
+                fim_middle=tok(llama_cpp.llama_vocab_fim_mid),
+            )
+        return self._special
+
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
+        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special))
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            piece = self._pieces[token] = buf.raw[:n]
+        return piece
+
+    def chat_template(self) -> str | None:
+        return self.llm.metadata.get("tokenizer.chat_template")
+
+    def evaluate(self, tokens: Sequence[int], logits_for: Sequence[int] | None = None) -> np.ndarray:
+        tokens = list(tokens)
+        if not tokens:
+            raise ValueError("evaluate needs at least one token")
+        if len(self._tokens) + len(tokens) > self._n_ctx:
+            raise PromptError(
+                f"Context full: {len(self._tokens)} + {len(tokens)} tokens exceed the context of {self._n_ctx}."
+            )
+        wanted = [len(tokens) - 1] if logits_for is None else list(logits_for)
+        rows = {idx: r for r, idx in enumerate(wanted)}
+        out = np.empty((len(wanted), self._n_vocab), dtype=np.float32)
+        batch, step = self._batch, self.config.n_batch
+        for start in range(0, len(tokens), step):
+            chunk = tokens[start : start + step]
+            n_past = len(self._tokens)
+            batch.n_tokens = len(chunk)
+            for i, t in enumerate(chunk):
+                batch.token[i] = t
+                batch.pos[i] = n_past + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = (start + i) in rows
+            rc = llama_cpp.llama_decode(self._ctx, batch)
+            if rc != 0:
+                self.truncate(n_past)
+                raise TandemError(f"llama.cpp failed to evaluate a batch (llama_decode returned {rc}).")
+            self._tokens.extend(chunk)
+            for i in range(len(chunk)):
+                r = rows.get(start + i)
+                if r is not None:
+                    ptr = llama_cpp.llama_get_logits_ith(self._ctx, i)
+                    out[r] = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
+        return out
+
+    def truncate(self, n: int) -> None:
+        n = max(0, n)
+        if n >= len(self._tokens):
+            return
+        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1):
+            # Some caches (recurrent models) cannot drop a suffix: rebuild the prefix.
+            keep = self._tokens[:n]
+            llama_cpp.llama_memory_clear(self._mem, True)
+            self._tokens = []
+            if keep:
+                self.evaluate(keep)
+            return
+        del self._tokens[n:]
+
+    def memory(self) -> MemoryReport:
+        weights = int(llama_cpp.llama_model_size(self._model))
+        kv = self.kv_bytes_per_token * self._n_ctx
+        scratch = self._n_vocab * 4 * self.config.n_batch  # logits buffer for a full batch
+        device = "cuda" if self.config.n_gpu_layers else "cpu"
+        return MemoryReport(weights=weights, kv_cache=kv, scratch=scratch, device=device)
+
+    def close(self) -> None:
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        self.llm.close()
+
+    def __enter__(self) -> LlamaCppBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
