@@ -1,0 +1,51 @@
+"""What every drafter provides to the speculative decoder.
+
+A drafter proposes target-vocabulary tokens and, for model drafters, the proposal
+distribution q over the *target* vocabulary at each position (cross-vocabulary
+drafters translate first). Model-free drafters propose deterministic tokens (q is
+one-hot), which the rejection rule handles exactly. After each round the decoder tells
+the drafter what was committed, so it can roll back its own cache and learn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from tandem.kernels.sampling import Sampler
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    """Proposed target-vocabulary token ids, in order."""
+    q: np.ndarray | None = None
+    """``(len(tokens), n_vocab_target)`` proposal distributions; ``None`` means one-hot."""
+    source: str = ""
+    """Which drafter produced it (for stats when drafters are combined)."""
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    name: str
+
+    def propose(self, context: Sequence[int], max_tokens: int, sampler: Sampler) -> Draft:
+        """Propose up to ``max_tokens`` tokens continuing ``context`` (target-vocab ids).
+
+        ``sampler`` carries the sampling settings, so a model drafter's q is built by
+        the same transformations as the target's p (and is one-hot when greedy).
+        """
+        ...
+
+    def commit(self, context: Sequence[int], n_accepted: int) -> None:
+        """The round is over: ``context`` is the full committed target sequence and
+        ``n_accepted`` of the proposed tokens were accepted. Roll back and learn here."""
+        ...
+
+    def close(self) -> None: ...
