@@ -12,6 +12,9 @@ from tandem.models.errors import TandemError
 COMMAND_MODULES = [
     "tandem.app.cmd_run",
     "tandem.app.cmd_models",
+    "tandem.app.cmd_pull",
+    "tandem.app.cmd_ngram",
+    "tandem.app.cmd_serve",
 ]
 """Modules that add sub-commands; each defines ``register(subparsers)``."""
 

@@ -42,12 +42,12 @@ def _entry(path: Path, name: str, source: str) -> ModelEntry:
 
 def _hub_entries() -> list[ModelEntry]:
     try:
-        from huggingface_hub import scan_cache_dir
+        from huggingface_hub import constants, scan_cache_dir
         from huggingface_hub.errors import CacheNotFound
     except ImportError:  # pragma: no cover - huggingface-hub is a dependency
         return []
     try:
-        info = scan_cache_dir()
+        info = scan_cache_dir(constants.HF_HUB_CACHE)
     except CacheNotFound:
         return []
     out = []

@@ -41,6 +41,9 @@ class SpecialTokens:
     fim_prefix: int | None = None
     fim_suffix: int | None = None
     fim_middle: int | None = None
+    bos_text: str = ""
+    """Literal text of the BOS token (``<s>``), which chat templates write into prompts."""
+    eos_text: str = ""
 
 
 @runtime_checkable

@@ -9,6 +9,7 @@ KV cache left holding exactly prompt + output.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -119,8 +120,13 @@ def generate(
     max_tokens: int = 256,
     stop: Sequence[str] = (),
     stop_at_eog: bool = True,
+    cancel: threading.Event | None = None,
 ) -> Iterator[Event]:
-    """Stream a reply. Yields :class:`TokenEvent` s, then exactly one :class:`DoneEvent`."""
+    """Stream a reply. Yields :class:`TokenEvent` s, then exactly one :class:`DoneEvent`.
+
+    Setting ``cancel`` stops after the current step with ``finish_reason="cancelled"``;
+    what was generated so far is still reported and left in the cache.
+    """
     check_prompt(target, prompt)
     prompt = list(prompt)
     max_tokens = max(0, min(max_tokens, target.n_ctx - len(prompt)))
@@ -152,10 +158,12 @@ def generate(
                 break
             if len(out_tokens) >= max_tokens:
                 break
-        else:
-            finish = "length"
+            if cancel is not None and cancel.is_set():
+                finish = "cancelled"
+                break
     finally:
-        commits.close() if hasattr(commits, "close") else None
+        if hasattr(commits, "close"):
+            commits.close()
         # Leave the cache holding prompt + output, nothing a strategy evaluated beyond.
         target.truncate(common_prefix_len(target.tokens, prompt + out_tokens))
     if finish != "stop":

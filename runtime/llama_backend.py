@@ -16,7 +16,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from tandem.models.errors import ModelFormatError, PromptError, TandemError
+from tandem.models.errors import ModelFormatError, PromptError, TandemError, UnsupportedModel
 from tandem.models.gguf_file import GGUFInfo, check_runnable, inspect_gguf
 from tandem.runtime.backend import MemoryReport, SpecialTokens
 
@@ -58,6 +58,26 @@ def kv_bytes_per_token(info: GGUFInfo, type_k: str = "f16", type_v: str = "f16")
     return n_layer * (row_bytes(type_k, k_dim * n_head_kv) + row_bytes(type_v, v_dim * n_head_kv))
 
 
+def head_dim(info: GGUFInfo) -> int:
+    n_head = int(info.arch_value("attention.head_count", 1))
+    return int(info.arch_value("attention.key_length", int(info.arch_value("embedding_length", 0)) // max(n_head, 1)))
+
+
+def check_kv_types(info: GGUFInfo, type_k: str, type_v: str) -> None:
+    """Quantized KV rows are split per head, so the head size must hold whole blocks."""
+    import gguf
+
+    for name in (type_k, type_v):
+        if name not in KV_TYPES:
+            raise TandemError(f"Unknown KV cache type {name!r}; choose one of {', '.join(KV_TYPES)}.")
+        block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(KV_TYPES[name])][0]
+        if head_dim(info) % block:
+            raise UnsupportedModel(
+                f"KV cache type {name} stores blocks of {block} values but this model's attention "
+                f"heads have {head_dim(info)}; use f16 (or bf16) for this model."
+            )
+
+
 class LlamaCppBackend:
     """A GGUF model and its KV cache (see :class:`tandem.runtime.backend.Backend`)."""
 
@@ -68,9 +88,7 @@ class LlamaCppBackend:
         check_runnable(self.info)
         self.name = self.path.stem
         cfg = self.config
-        for kv in (cfg.type_k, cfg.type_v):
-            if kv not in KV_TYPES:
-                raise TandemError(f"Unknown KV cache type {kv!r}; choose one of {', '.join(KV_TYPES)}.")
+        check_kv_types(self.info, cfg.type_k, cfg.type_v)
         trained = int(self.info.arch_value("context_length", 2048) or 2048)
         n_ctx = cfg.n_ctx or min(trained, 4096)
         threads = cfg.n_threads or default_threads()
@@ -99,7 +117,9 @@ class LlamaCppBackend:
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self._n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
-        self._batch = llama_cpp.llama_batch_init(cfg.n_batch, 0, 1)
+        # llama-cpp-python caps n_batch at the requested n_ctx; chunk by what the context took.
+        self._n_batch = int(llama_cpp.llama_n_batch(self._ctx))
+        self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
         self._tokens: list[int] = []
         self._pieces: dict[int, bytes] = {}
         self._special: SpecialTokens | None = None
@@ -135,8 +155,17 @@ class LlamaCppBackend:
                 fim_prefix=tok(llama_cpp.llama_vocab_fim_pre),
                 fim_suffix=tok(llama_cpp.llama_vocab_fim_suf),
                 fim_middle=tok(llama_cpp.llama_vocab_fim_mid),
+                bos_text=self._control_text(tok(llama_cpp.llama_vocab_bos)),
+                eos_text=self._control_text(tok(llama_cpp.llama_vocab_eos)),
             )
         return self._special
+
+    def _control_text(self, token: int | None) -> str:
+        if token is None:
+            return ""
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+        return buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
 
     def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
         return list(self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special))
@@ -166,7 +195,7 @@ class LlamaCppBackend:
         wanted = [len(tokens) - 1] if logits_for is None else list(logits_for)
         rows = {idx: r for r, idx in enumerate(wanted)}
         out = np.empty((len(wanted), self._n_vocab), dtype=np.float32)
-        batch, step = self._batch, self.config.n_batch
+        batch, step = self._batch, self._n_batch
         for start in range(0, len(tokens), step):
             chunk = tokens[start : start + step]
             n_past = len(self._tokens)
@@ -182,6 +211,79 @@ class LlamaCppBackend:
                 self.truncate(n_past)
                 raise TandemError(f"llama.cpp failed to evaluate a batch (llama_decode returned {rc}).")
             self._tokens.extend(chunk)
+            for i in range(len(chunk)):
+                r = rows.get(start + i)
+                if r is not None:
+                    ptr = llama_cpp.llama_get_logits_ith(self._ctx, i)
+                    out[r] = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
+        return out
+
+    # -- superposed input (embeddings instead of token ids) ---------------------------
+    @property
+    def n_embd(self) -> int:
+        return int(llama_cpp.llama_model_n_embd(self._model))
+
+    def token_embeddings(self) -> np.ndarray:
+        """The input token-embedding matrix ``E`` (n_vocab, n_embd) as float32, read from the GGUF.
+
+        llama.cpp keeps the matrix inside ggml buffers it does not expose, so it is read
+        (and dequantized for quantized types) from the file once and cached: superposed
+        decoding feeds ``m @ E`` instead of a token id.
+        """
+        cached = getattr(self, "_token_embd", None)
+        if cached is not None:
+            return cached
+        import gguf
+
+        reader = gguf.GGUFReader(str(self.path))
+        tensor = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+        if tensor is None:
+            raise ModelFormatError(f"{self.path.name} has no token_embd.weight tensor to read embeddings from.")
+        qtype = gguf.GGMLQuantizationType(int(tensor.tensor_type))
+        if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+            data = np.asarray(tensor.data, dtype=np.float32)
+        else:
+            data = gguf.quants.dequantize(tensor.data, qtype).astype(np.float32)
+        matrix = np.ascontiguousarray(data.reshape(-1, self.n_embd))
+        if matrix.shape[0] < self._n_vocab:
+            raise ModelFormatError(f"{self.path.name}: token_embd.weight has {matrix.shape[0]} rows for a vocab of {self._n_vocab}.")
+        self._token_embd = matrix
+        return matrix
+
+    def evaluate_embeddings(self, embeds: np.ndarray, logits_for: Sequence[int] | None = None) -> np.ndarray:
+        """Like :meth:`evaluate`, but each position's input is an embedding row, not a token.
+
+        ``embeds`` has shape (n, n_embd). Positions are recorded in ``tokens`` as ``-1``
+        (no token id describes a mixed input), so a later :func:`prefill` never reuses them.
+        """
+        embeds = np.ascontiguousarray(np.atleast_2d(embeds), dtype=np.float32)
+        n, width = embeds.shape
+        if n == 0 or width != self.n_embd:
+            raise ValueError(f"evaluate_embeddings needs rows of width {self.n_embd}, got shape {embeds.shape}")
+        if len(self._tokens) + n > self._n_ctx:
+            raise PromptError(f"Context full: {len(self._tokens)} + {n} positions exceed the context of {self._n_ctx}.")
+        step = self.config.n_batch
+        if getattr(self, "_embd_batch", None) is None:
+            self._embd_batch = llama_cpp.llama_batch_init(step, width, 1)
+        batch = self._embd_batch
+        wanted = [n - 1] if logits_for is None else list(logits_for)
+        rows = {idx: r for r, idx in enumerate(wanted)}
+        out = np.empty((len(wanted), self._n_vocab), dtype=np.float32)
+        for start in range(0, n, step):
+            chunk = embeds[start : start + step]
+            n_past = len(self._tokens)
+            batch.n_tokens = len(chunk)
+            ctypes.memmove(batch.embd, chunk.ctypes.data, chunk.nbytes)
+            for i in range(len(chunk)):
+                batch.pos[i] = n_past + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = (start + i) in rows
+            rc = llama_cpp.llama_decode(self._ctx, batch)
+            if rc != 0:
+                self.truncate(n_past)
+                raise TandemError(f"llama.cpp failed to evaluate an embedding batch (llama_decode returned {rc}).")
+            self._tokens.extend([-1] * len(chunk))
             for i in range(len(chunk)):
                 r = rows.get(start + i)
                 if r is not None:
@@ -206,7 +308,7 @@ class LlamaCppBackend:
     def memory(self) -> MemoryReport:
         weights = int(llama_cpp.llama_model_size(self._model))
         kv = self.kv_bytes_per_token * self._n_ctx
-        scratch = self._n_vocab * 4 * self.config.n_batch  # logits buffer for a full batch
+        scratch = self._n_vocab * 4 * self._n_batch  # logits buffer for a full batch
         device = "cuda" if self.config.n_gpu_layers else "cpu"
         return MemoryReport(weights=weights, kv_cache=kv, scratch=scratch, device=device)
 
@@ -214,6 +316,9 @@ class LlamaCppBackend:
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
+        if getattr(self, "_embd_batch", None) is not None:
+            llama_cpp.llama_batch_free(self._embd_batch)
+            self._embd_batch = None
         self.llm.close()
 
     def __enter__(self) -> LlamaCppBackend:

@@ -1,0 +1,94 @@
+"""A chat engine: messages in, streamed reply out, one model shared by the TUI and the server.
+
+It renders the model's chat template, keeps older turns' KV cache (the next turn's
+prompt starts with the previous one, so only the new text is evaluated), drops the
+oldest turns when a conversation outgrows the context, and serialises access to the
+single KV cache with a lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+
+from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.models.chat_template import Message, render_chat
+from tandem.models.errors import PromptError
+from tandem.runtime.backend import Backend
+from tandem.runtime.generate import Event, Strategy, autoregressive, generate
+
+StrategyFactory = Callable[[], Strategy]
+
+
+class ChatEngine:
+    def __init__(
+        self,
+        target: Backend,
+        strategy_factory: StrategyFactory | None = None,
+        *,
+        drafter: Backend | None = None,
+    ) -> None:
+        self.target = target
+        self.strategy_factory = strategy_factory
+        self.drafter = drafter
+        self.lock = threading.Lock()
+
+    def render(self, messages: Sequence[Message]) -> tuple[list[int], list[str]]:
+        """Prompt ids for ``messages`` (ready for the assistant's reply) and stop strings."""
+        special = self.target.special
+        template = self.target.chat_template()
+        rendered = render_chat(
+            list(messages), template, bos_token=special.bos_text, eos_token=special.eos_text
+        )
+        ids = self.target.tokenize(rendered.text, add_bos=not rendered.has_bos, special=bool(template))
+        return ids, rendered.stops
+
+    def fit(self, messages: Sequence[Message], max_tokens: int) -> list[Message]:
+        """Drop the oldest non-system turns until the prompt leaves room for the reply."""
+        msgs = list(messages)
+        room = self.target.n_ctx - max(1, min(max_tokens, self.target.n_ctx // 2))
+        while True:
+            ids, _ = self.render(msgs)
+            if len(ids) <= room:
+                return msgs
+            droppable = [i for i, m in enumerate(msgs[:-1]) if m["role"] != "system"]
+            if not droppable:
+                raise PromptError(
+                    f"The message is {len(ids)} tokens; with room for the reply the context "
+                    f"({self.target.n_ctx}) holds {room}. Shorten it or raise the context size."
+                )
+            del msgs[droppable[0]]
+
+    def stream(
+        self,
+        messages: Sequence[Message],
+        params: SamplingParams,
+        max_tokens: int = 512,
+        stop: Sequence[str] = (),
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        """Stream the assistant's reply to ``messages`` (the last one is the user's)."""
+        with self.lock:
+            ids, stops = self.render(self.fit(messages, max_tokens))
+            strategy = self.strategy_factory() if self.strategy_factory else autoregressive
+            yield from generate(
+                self.target,
+                ids,
+                Sampler(params),
+                strategy=strategy,
+                max_tokens=max_tokens,
+                stop=[*stops, *stop],
+                cancel=cancel,
+            )
+
+    def stats_memory(self) -> dict[str, int]:
+        """Bytes in use: target weights, drafter weights, KV caches (both models)."""
+        t = self.target.memory()
+        d = self.drafter.memory() if self.drafter is not None else None
+        return {
+            "target": t.weights,
+            "drafter": d.weights if d else 0,
+            "kv": t.kv_cache + (d.kv_cache if d else 0),
+            "total": t.total + (d.total if d else 0),
+        }
+

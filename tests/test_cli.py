@@ -1,0 +1,86 @@
+"""`tandem run`, `models`, `pull` from the outside: real processes, real exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+
+def tandem(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tandem.app.cli", *args],
+        capture_output=True, text=True, timeout=180, input=stdin, env=dict(os.environ),
+    )
+
+
+def assert_clean_error(r: subprocess.CompletedProcess, needle: str) -> None:
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("tandem: error:"), r.stderr
+    assert needle in lines[0], lines[0]
+
+
+def test_help_lists_commands() -> None:
+    r = tandem("--help")
+    assert r.returncode == 0
+    for cmd in ("run", "models", "pull"):
+        assert cmd in r.stdout
+
+
+def test_run_streams_the_documented_continuation(stories260k: Path) -> None:
+    r = tandem("run", "-m", str(stories260k), "-p", "Once upon a time", "-n", "12")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(", there was a little girl named Lily")
+
+
+def test_run_json_has_text_ids_and_stats(stories260k: Path) -> None:
+    r = tandem("run", "-m", str(stories260k), "-p", "Once upon a time", "-n", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["text"].startswith(", there was")
+    assert len(out["token_ids"]) == 8
+    stats = out["stats"]
+    assert stats["generated_tokens"] == 8 and stats["prompt_tokens"] == 5
+    assert stats["tokens_per_s"] > 0 and stats["finish_reason"] == "length"
+
+
+def test_run_reads_prompt_from_stdin(stories260k: Path) -> None:
+    r = tandem("run", "-m", str(stories260k), "-n", "6", stdin="Once upon a time")
+    assert r.returncode == 0 and r.stdout.startswith(", there was")
+
+
+def test_seeded_sampling_repeats(stories260k: Path) -> None:
+    args = ("run", "-m", str(stories260k), "-p", "Once upon a time", "-n", "20", "--temp", "0.9", "--seed", "3", "--json")
+    assert json.loads(tandem(*args).stdout)["token_ids"] == json.loads(tandem(*args).stdout)["token_ids"]
+
+
+def test_bad_inputs_give_one_clear_message(tmp_path: Path, stories260k: Path) -> None:
+    assert_clean_error(tandem("run", "-m", str(tmp_path / "missing.gguf"), "-p", "x"), "No model")
+    text = tmp_path / "readme.gguf"
+    text.write_text("not a model")
+    assert_clean_error(tandem("run", "-m", str(text), "-p", "x"), "not a GGUF")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(stories260k.read_bytes()[:400_000])
+    assert_clean_error(tandem("run", "-m", str(cut), "-p", "x"), "truncated")
+    foo = tmp_path / "foo.gguf"
+    w = gguf.GGUFWriter(str(foo), "not-an-arch")
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    assert_clean_error(tandem("run", "-m", str(foo), "-p", "x"), "not-an-arch")
+    assert_clean_error(tandem("run", "-m", str(stories260k), "-p", ""), "empty")
+    long_prompt = "Once upon a time " * 400
+    assert_clean_error(tandem("run", "-m", str(stories260k), "--ctx", "256", "-p", long_prompt), "context")
+
+
+@pytest.mark.parametrize("args", [("run",), ("run", "-m")])
+def test_usage_errors_exit_2(args: tuple[str, ...]) -> None:
+    r = tandem(*args)
+    assert r.returncode == 2 and "usage:" in r.stderr

@@ -1,0 +1,65 @@
+"""The distribution: every package folder is listed, and a built wheel imports as `tandem.*`."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOP = {"app": "tandem.app", "runtime": "tandem.runtime", "kernels": "tandem.kernels", "models": "tandem.models"}
+
+
+def package_folders() -> set[str]:
+    found = set()
+    for folder, name in TOP.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            if "__pycache__" in init.parts:
+                continue
+            rel = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join((name, *rel)))
+    return found
+
+
+def test_every_package_folder_is_listed_in_pyproject() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert set(config["packages"]) == package_folders()
+    assert config["package-dir"] == {v: k for k, v in TOP.items()}
+
+
+def test_wheel_installs_and_imports_as_tandem(tmp_path: Path) -> None:
+    # Build from a clean copy so no stale build/ folder can hide a missing file.
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in [*TOP, "pyproject.toml", "README.md"]:
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, src / name)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation",
+         "-q", "-w", str(tmp_path / "dist")],
+        check=True, timeout=300, capture_output=True,
+    )
+    (wheel,) = (tmp_path / "dist").glob("tandem-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not [n for n in names if n.split("/")[0] in TOP], "generic top-level packages leaked"
+    sources = {str(p.relative_to(ROOT)) for f in TOP for p in (ROOT / f).rglob("*.py")}
+    in_wheel = {n.removeprefix("tandem/") for n in names if n.endswith(".py")}
+    assert sources <= in_wheel, f"missing from wheel: {sorted(sources - in_wheel)[:5]}"
+    assert any(n.endswith("entry_points.txt") for n in names)
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        check=True, timeout=300, capture_output=True,
+    )
+    # A bare interpreter (no editable install) must find every sub-package in the wheel.
+    code = (
+        "import tandem.app, tandem.runtime, tandem.kernels, tandem.models, tandem.runtime.text;"
+        "print(tandem.runtime.__file__)"
+    )
+    out = subprocess.run(
+        [getattr(sys, "_base_executable", sys.executable), "-I", "-c", f"import sys; sys.path.insert(0, {str(target)!r}); {code}"],
+        check=True, timeout=60, capture_output=True, text=True,
+    ).stdout
+    assert out.startswith(str(target))

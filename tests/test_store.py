@@ -1,0 +1,84 @@
+"""The local model store and `pull`, against a seeded local hub cache (never the network)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tandem.models.errors import ModelNotFound, OfflineError
+from tandem.models.paths import models_dir
+from tandem.models.store import list_models, pull, resolve_model
+
+REPO = "tandem-test/stories"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def seed_hub_cache(cache: Path, src: Path, filename: str) -> Path:
+    """Lay out a file the way huggingface-hub stores a download (blob + snapshot link)."""
+    repo_dir = cache / f"models--{REPO.replace('/', '--')}"
+    data = src.read_bytes()
+    blob = repo_dir / "blobs" / hashlib.sha256(data).hexdigest()
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(data)
+    snap = repo_dir / "snapshots" / COMMIT / filename
+    snap.parent.mkdir(parents=True)
+    snap.symlink_to(os.path.relpath(blob, snap.parent))
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text(COMMIT)
+    return snap
+
+
+@pytest.fixture()
+def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stories260k: Path) -> Path:
+    cache = tmp_path / "hub"
+    seed_hub_cache(cache, stories260k, "stories260K.gguf")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+def test_store_lists_local_and_extra_folders(tmp_path: Path, monkeypatch, stories260k: Path) -> None:
+    shutil.copy(stories260k, models_dir() / "mine.gguf")
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    shutil.copy(stories260k, extra / "other.gguf")
+    monkeypatch.setenv("TANDEM_MODEL_PATH", str(extra))
+    names = {m.name: m for m in list_models()}
+    assert {"mine", "other"} <= set(names)
+    assert names["mine"].architecture == "llama" and names["other"].source == "path"
+    assert resolve_model("other") == extra / "other.gguf"
+    with pytest.raises(ModelNotFound, match="not in the store"):
+        resolve_model("nothing-like-this")
+
+
+def test_pull_offline_uses_the_hub_cache(hub_cache: Path) -> None:
+    path = pull(REPO, "stories260K.gguf")
+    assert path.name == "stories260K.gguf" and path.exists()
+    assert any(m.name == f"{REPO}/stories260K.gguf" for m in list_models())
+    assert resolve_model(f"{REPO}/stories260K.gguf") == path
+
+
+def test_pull_offline_missing_file_is_a_clear_error(hub_cache: Path) -> None:
+    with pytest.raises(OfflineError, match="not in the local cache"):
+        pull(REPO, "missing.gguf")
+    with pytest.raises(OfflineError, match="name the file"):
+        pull(REPO)
+
+
+def test_pull_cli_offline_exits_cleanly(tmp_path: Path) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "empty-hub")}
+    r = subprocess.run(
+        [sys.executable, "-m", "tandem.app.cli", "pull", "someone/model", "model.gguf"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "offline" in r.stderr.lower()
