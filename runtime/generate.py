@@ -54,13 +54,14 @@ def autoregressive(
     logits = prefill(target, prompt)
     stats.target_calls += 1
     history = list(prompt)
+    n_ctx = target.n_ctx
     while True:
         token = sampler(logits, history)
         history.append(token)
         yield Commit([token])
-        if len(target.tokens) + 1 > target.n_ctx:
+        if len(history) > n_ctx:  # the cache holds history[:-1]; one more must fit
             return
-        logits = target.evaluate([token])[-1]
+        logits = target.evaluate((token,))[0]
         stats.target_calls += 1
 
 
