@@ -11,10 +11,19 @@ from tandem.models.errors import TandemError
 
 COMMAND_MODULES = [
     "tandem.app.cmd_run",
+    "tandem.app.cmd_chat",
     "tandem.app.cmd_models",
     "tandem.app.cmd_pull",
     "tandem.app.cmd_ngram",
     "tandem.app.cmd_serve",
+    "tandem.app.cmd_bench_autocomplete",
+    "tandem.app.cmd_convert",
+    "tandem.app.cmd_twin",
+    "tandem.app.cmd_plan",
+    "tandem.app.cmd_export_onnx",
+    "tandem.app.cmd_distill",
+    "tandem.app.cmd_bench",
+    "tandem.app.cmd_moefy",
 ]
 """Modules that add sub-commands; each defines ``register(subparsers)``."""
 

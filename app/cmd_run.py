@@ -34,6 +34,27 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
     )
 
 
+def add_draft_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculative decoding (lossless)")
+    g.add_argument("--draft", default=None, metavar="DRAFTER",
+                   help="drafter model: GGUF file or a name from `tandem models` (any vocabulary)")
+    g.add_argument("--draft-mode", choices=["auto", "model", "xvocab", "ngram", "off"], default=None,
+                   help="auto: model-free drafting, then the drafter (same- or cross-vocabulary), "
+                        "adaptive length; ngram: model-free only; default: auto with --draft, else off")
+    g.add_argument("--draft-max", type=int, default=8, metavar="N", help="most tokens drafted per round")
+    g.add_argument("--draft-len", type=int, default=None, metavar="K",
+                   help="fixed draft length instead of the adaptive policy")
+
+
+def strategy_from_args(target, args: argparse.Namespace, llama_config: LlamaConfig | None = None):
+    """The speculative strategy the flags ask for (see runtime.speculative.build_strategy)."""
+    from tandem.runtime.speculative import SpecOptions, build_strategy
+
+    mode = args.draft_mode or ("auto" if args.draft else "off")
+    options = SpecOptions(mode=mode, draft_max=args.draft_max, draft_length=args.draft_len)
+    return build_strategy(target, args.draft, options, llama_config=llama_config)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="generate text from a prompt")
     p.add_argument("-m", "--model", required=True, help="GGUF file or a name from `tandem models`")
@@ -41,28 +62,46 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-n", "--max-tokens", type=int, default=128)
     p.add_argument("--ctx", type=int, default=None, help="context length (default: the model's, ≤ 4096)")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--budget", default=None, help="host memory the run may use, e.g. 6GiB (default: 85%% of "
+                   "available RAM); the memory planner fits target + drafter under it (see `tandem plan`)")
+    p.add_argument("--vram", default=None, help="GPU memory the run may use, e.g. 4GiB")
     p.add_argument("--json", action="store_true", help="print one JSON object with text, ids and stats")
     add_sampling_args(p)
+    add_draft_args(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     path = resolve_model(args.model)
-    with LlamaCppBackend(path, LlamaConfig(n_ctx=args.ctx, n_threads=args.threads)) as target:
+    from tandem.runtime.planner import plan_for_run
+
+    # The memory planner picks the configs and never exceeds the budget (BudgetError if nothing fits).
+    wants_model = args.draft and (args.draft_mode or "auto") in ("auto", "model", "xvocab")
+    plan = plan_for_run(path, resolve_model(args.draft) if wants_model else None, args.budget, args.ctx,
+                        vram=args.vram, threads=args.threads, draft_max=args.draft_max, acceptance=0.99)
+    if wants_model and plan.draft is None:
+        print(f"tandem: {plan.reasons[-2] if len(plan.reasons) > 1 else 'draft model dropped'}", file=sys.stderr)
+        args.draft = None
+    config = plan.target.llama_config()
+    with LlamaCppBackend(path, config) as target:
+        strategy = strategy_from_args(target, args, plan.draft.llama_config() if plan.draft else None)
         ids = target.tokenize(prompt, add_bos=True) if prompt else []
         if target.special.bos is not None and ids == [target.special.bos]:
             ids = []  # a prompt of only BOS is an empty prompt
         sampler = Sampler(sampling_from_args(args))
-        for event in generate(target, ids, sampler, max_tokens=args.max_tokens, stop=args.stop):
+        events = generate(target, ids, sampler, strategy=strategy, max_tokens=args.max_tokens, stop=args.stop)
+        for event in events:
             if isinstance(event, DoneEvent):
                 if args.json:
                     out = {"model": target.name, "prompt": prompt, "text": event.text,
-                           "token_ids": event.tokens, "stats": event.stats.as_dict()}
+                           "token_ids": event.tokens, "stats": event.stats.as_dict(),
+                           "speculation": strategy.describe()}
                     print(json.dumps(out))
                 else:
                     print(flush=True)
             elif not args.json:
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
+        strategy.close()
     return 0

@@ -4,6 +4,10 @@
 # the wheel so the next run takes seconds. torch is pinned to the local CPU build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The terminal-app tests drive `tandem chat` in a real tmux session.
+if ! command -v tmux >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && apt-get install -y -qq tmux) >/dev/null 2>&1 || echo "warning: could not install tmux" >&2
+fi
 PYTHON="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip wheel setuptools

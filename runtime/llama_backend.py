@@ -18,6 +18,7 @@ import numpy as np
 
 from tandem.models.errors import ModelFormatError, PromptError, TandemError, UnsupportedModel
 from tandem.models.gguf_file import GGUFInfo, check_runnable, inspect_gguf
+from tandem.models.vocab_coverage import coverage_check
 from tandem.runtime.backend import MemoryReport, SpecialTokens
 
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
@@ -168,7 +169,30 @@ class LlamaCppBackend:
         return buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
 
     def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
+        covers = self._coverage()
+        if covers is not None and not all(covers(ch) for ch in set(text)):
+            text, special = self._replace_uncovered(text, covers, special)
         return list(self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special))
+
+    def _coverage(self):
+        if not hasattr(self, "_covers"):
+            texts = (
+                llama_cpp.llama_vocab_get_text(self._vocab, t).decode("utf-8", errors="replace")
+                for t in range(self._n_vocab)
+            )
+            self._covers = coverage_check(self.llm.metadata.get("tokenizer.ggml.model"), texts)
+        return self._covers
+
+    def _replace_uncovered(self, text: str, covers, special: bool) -> tuple[str, bool]:
+        """Swap characters the vocabulary cannot encode for its unknown token."""
+        unk_id = self.llm.metadata.get("tokenizer.ggml.unknown_token_id")
+        unk = self._control_text(int(unk_id)) if unk_id is not None else ""
+        if not unk:
+            bad = "".join(sorted({ch for ch in text if not covers(ch)})[:5])
+            raise TandemError(f"This model's vocabulary cannot encode {bad!r} and has no unknown token.")
+        if not special:  # literal text that looks like the unknown token must stay literal
+            text = text.replace(unk, unk[:-1])
+        return "".join(ch if covers(ch) else unk for ch in text), True
 
     def token_bytes(self, token: int) -> bytes:
         piece = self._pieces.get(token)

@@ -59,3 +59,45 @@ def stories_backend(stories260k: Path):
     backend = LlamaCppBackend(stories260k, LlamaConfig(n_ctx=512))
     yield backend
     backend.close()
+
+
+@pytest.fixture(scope="session")
+def tinystories656k_gguf(tinystories656k_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 656k checkpoint converted to an F32 GGUF (once per test session)."""
+    from tandem.models.convert import convert_hf
+
+    out = tmp_path_factory.mktemp("converted") / "tinystories-656k-f32.gguf"
+    return convert_hf(tinystories656k_dir, out, "f32")
+
+
+@pytest.fixture(scope="session")
+def small_twin(tinystories656k_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An F32 cost twin of the converted 656k model: hidden 256, 4 layers, ~3.7M parameters."""
+    from tandem.models.twin import build_twin
+
+    out = tmp_path_factory.mktemp("twins") / "tinystories-656k-twin-4M-f32.gguf"
+    return build_twin(tinystories656k_gguf, out, "4M", "f32").path
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizers() -> Path:
+    """Folder of real Hugging Face tokenizer.json files (phi-2, phi-3-mini)."""
+    return fixture_path("tokenizers/hf")
+
+
+@pytest.fixture(scope="session")
+def stories_twin(stories260k: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Q8_0 cost twin of stories260K (~8M parameters): same vocabulary and the same
+    function, so stories260K drafts for it with full acceptance (planner and split tests)."""
+    from tandem.models.twin import ensure_twin
+
+    return ensure_twin(stories260k, "8M", "q8_0", tmp_path_factory.mktemp("stories-twin"))
+
+
+@pytest.fixture(scope="session")
+def stories_moe(stories260k: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """stories260K MoEfied into 8 experts per layer, top-2, routers calibrated on its own samples."""
+    from tandem.app.cmd_moefy import moefy_file
+
+    out = tmp_path_factory.mktemp("moefy") / "stories260K-moe8x2.gguf"
+    return moefy_file(stories260k, out, 8, 2, n_tokens=600).path

@@ -88,3 +88,15 @@ def test_quantized_kv_needs_whole_blocks_per_head(stories260k, kv: str) -> None:
 
     with pytest.raises(UnsupportedModel, match="heads have 8"):
         LlamaCppBackend(stories260k, LlamaConfig(n_ctx=256, type_k=kv, type_v=kv))
+
+
+def test_characters_outside_a_byteless_vocabulary_become_unknown(tinystories656k_gguf) -> None:
+    """llama.cpp aborts the process on such text; Tandem maps it to <unk> like HF does."""
+    with LlamaCppBackend(tinystories656k_gguf, LlamaConfig(n_ctx=256, n_threads=1)) as b:
+        unk = int(b.llm.metadata["tokenizer.ggml.unknown_token_id"])
+        ids = b.tokenize("hello (world) é\tdone", add_bos=True)
+        assert ids.count(unk) == 4
+        text = b"".join(b.token_bytes(t) for t in ids).decode()
+        assert "hello" in text and "world" in text and "done" in text
+        assert b.tokenize("Once upon a time") == b.tokenize("Once upon a time"), "covered text is untouched"
+        assert unk not in b.tokenize("Once upon a time")

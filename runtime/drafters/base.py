@@ -26,6 +26,10 @@ class Draft:
     """``(len(tokens), n_vocab_target)`` proposal distributions; ``None`` means one-hot."""
     source: str = ""
     """Which drafter produced it (for stats when drafters are combined)."""
+    confidence: list[float] | None = None
+    """Optional per-token estimates that each token is accepted (the drafter's own
+    probability of it, or a suffix-tree path frequency); adaptive length policies use
+    them. Never used for the acceptance decision itself, so any values keep it lossless."""
 
     def __len__(self) -> int:
         return len(self.tokens)

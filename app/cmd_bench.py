@@ -1,0 +1,71 @@
+"""`tandem bench`: plain decoding vs each speculative mode, alternating, in one process."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from tandem.models.errors import TandemError
+from tandem.models.store import resolve_model
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("draft lengths must be positive integers")
+    return values
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmark speculative decoding against plain decoding")
+    p.add_argument("-m", "--model", required=True, help="target GGUF file or store name")
+    p.add_argument("--draft", default=None, help="drafter model (same or other vocabulary)")
+    p.add_argument("--oracle", default=None,
+                   help="oracle drafter: the model the target is a cost twin of (shows the ceiling)")
+    p.add_argument("-n", "--max-tokens", type=int, default=64, help="tokens generated per run")
+    p.add_argument("--prompts", type=int, default=2, help="prompts per workload")
+    p.add_argument("--reps", type=int, default=1, help="repetitions (configurations alternate within each)")
+    p.add_argument("--lengths", type=_ints, default=(1, 2, 3, 4, 5, 6, 7, 8), help="fixed draft lengths, e.g. 1,2,4,8")
+    p.add_argument("--drafters", type=_names, default=("ngram", "suffix", "lookup", "model", "oracle"),
+                   help="drafters swept at fixed lengths (ngram,suffix,lookup,model,oracle)")
+    p.add_argument("--workloads", type=_names, default=("story", "random", "repetitive"))
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--ctx", type=int, default=None, help="context size (default: the model's)")
+    p.add_argument("--no-llama-baseline", action="store_true", help="skip llama-cpp-python's prompt lookup")
+    p.add_argument("--json", dest="json_file", default=None, metavar="FILE", help="write the figures as JSON")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="draw the figures (PNG)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tandem.runtime.bench import WORKLOADS, BenchConfig, format_report, plot_report, run_bench
+
+    bad = [w for w in args.workloads if w not in WORKLOADS]
+    if bad:
+        raise TandemError(f"Unknown workload {bad[0]!r}; choose from {', '.join(WORKLOADS)}.")
+    if args.max_tokens < 2 or args.prompts < 1 or args.reps < 1:
+        raise TandemError("--max-tokens must be at least 2, --prompts and --reps at least 1.")
+    cfg = BenchConfig(
+        target=resolve_model(args.model),
+        draft=resolve_model(args.draft) if args.draft else None,
+        oracle=resolve_model(args.oracle) if args.oracle else None,
+        n_tokens=args.max_tokens, prompts=args.prompts, reps=args.reps, lengths=args.lengths,
+        drafters=args.drafters, workloads=args.workloads, threads=args.threads, ctx=args.ctx,
+        llama_baseline=not args.no_llama_baseline,
+        log=lambda line: print(line, flush=True),
+    )
+    report = run_bench(cfg)
+    print(format_report(report))
+    if args.json_file:
+        Path(args.json_file).write_text(json.dumps(report, indent=1))
+    if args.plot:
+        plot_report(report, args.plot)
+    return 0

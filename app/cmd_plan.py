@@ -1,0 +1,74 @@
+"""`tandem plan`: how a target + drafter pair will fit this machine (or another), and why."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from tandem.models.store import resolve_model
+from tandem.runtime.hardware import PROFILES, format_size, resolve_machine
+from tandem.runtime.planner import Plan, PlanRequest, make_plan
+
+
+def add_budget_args(p: argparse.ArgumentParser) -> None:
+    """``--budget/--vram/--profile``, shared with run and chat."""
+    g = p.add_argument_group("memory")
+    g.add_argument("--budget", default=None,
+                   help="host memory the process may use, e.g. 6GiB (default: 85%% of available RAM)")
+    g.add_argument("--vram", default=None, help="GPU memory the plan may use, e.g. 4GiB (default: 92%% of free)")
+    g.add_argument("--profile", default=None, choices=sorted(PROFILES),
+                   help="plan for a named machine instead of this one")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="plan memory and devices for a target (+ drafter) on this machine")
+    p.add_argument("-m", "--model", required=True, help="target GGUF file or a name from `tandem models`")
+    p.add_argument("--draft", default=None, help="draft model GGUF (optional)")
+    p.add_argument("--ctx", type=int, default=None, help="context wanted (default: the model's, ≤ 4096)")
+    p.add_argument("--draft-max", type=int, default=8, help="most drafts per round to budget for")
+    p.add_argument("--no-kv-quant", action="store_true", help="never quantize the target's KV cache")
+    p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    add_budget_args(p)
+    p.set_defaults(func=run)
+
+
+def render(plan: Plan) -> str:
+    """The plan as a few readable lines."""
+    t, d = plan.target, plan.draft
+    lines = [f"machine: {plan.machine}",
+             f"budget:  {format_size(plan.host_budget)} host" + (f", {format_size(plan.vram_budget)} GPU"
+                                                                  if plan.vram_budget else ""),
+             "fits:    " + ("yes" if plan.fits else "NO")]
+    if plan.fits:
+        lines.append(f"target:  {Path(t.path).name}  ctx {t.n_ctx}  kv {t.type_k}  batch {t.n_batch}  "
+                     f"gpu layers {t.n_gpu_layers}")
+        if d is not None:
+            lines.append(f"drafter: {Path(d.path).name}  ctx {d.n_ctx}" + (f" (window {d.window})" if d.window else "")
+                         + f"  kv {d.type_k}  gpu layers {d.n_gpu_layers}  drafts/round ≤ {plan.draft_max}")
+        else:
+            lines.append(f"drafter: model-free only (drafts/round ≤ {plan.draft_max})")
+        lines.append(f"memory:  {format_size(plan.host_total)} host"
+                     + (f" + {format_size(plan.memory.gpu)} GPU" if plan.memory.gpu else ""))
+        for item in plan.memory.items:
+            lines.append(f"  {format_size(item.bytes):>10}  {item.device:4}  {item.label}")
+        lines.append(f"speed:   ~{plan.tokens_per_s:.1f} tok/s plain, ~{plan.tokens_per_s * plan.speedup:.1f} "
+                     f"tok/s speculative (predicted)")
+    lines.append("why:")
+    lines += [f"  - {r}" for r in plan.reasons]
+    if plan.suggestions:
+        lines.append("what would fit:")
+        lines += [f"  - {s}" for s in plan.suggestions]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    machine = resolve_machine(args.profile, args.budget, args.vram)
+    draft = resolve_model(args.draft) if args.draft else None
+    plan = make_plan(PlanRequest(resolve_model(args.model), draft, args.ctx, machine, draft_max=args.draft_max,
+                                 allow_kv_quant=not args.no_kv_quant))
+    if args.json:
+        print(json.dumps(plan.as_dict()))
+    else:
+        print(render(plan))
+    return 0 if plan.fits else 6

@@ -1,0 +1,309 @@
+"""The ASGI app: OpenAI-compatible routes plus llama.cpp-style ``/infill`` and ``/health``.
+
+Requests wait in their model's FIFO queue (:mod:`.worker`). The handler waits for a
+job's *first* item before answering, so a prompt that does not fit still gets a proper
+4xx even on a streaming request. A client that goes away cancels its job: a watcher
+task listens for ``http.disconnect`` (non-streaming), and sse-starlette cancels the
+stream's generator (streaming), whose ``finally`` sets the job's cancel event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from tandem.app.server import jobs
+from tandem.app.server.models import ModelSlot
+from tandem.app.server.openai import (
+    ApiError,
+    Shaper,
+    finish_reason,
+    parse_common,
+    parse_json,
+    parse_messages,
+    parse_prompt,
+    usage,
+)
+from tandem.app.server.worker import Job, QueueFull
+from tandem.models.errors import PromptError, TandemError
+from tandem.runtime.autocomplete import supports_fim
+from tandem.runtime.generate import DoneEvent, TokenEvent
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    max_body_bytes: int = 8 * 2**20
+    max_queue: int = 64
+
+
+class Server:
+    def __init__(self, slots: Sequence[ModelSlot], config: ServerConfig) -> None:
+        self.slots = {s.name: s for s in slots}
+        self.config = config
+
+    # -- helpers --------------------------------------------------------------------
+    def slot(self, name: str | None) -> ModelSlot:
+        if name is None or (name not in self.slots and len(self.slots) == 1 and name in ("", "default")):
+            if len(self.slots) == 1:
+                return next(iter(self.slots.values()))
+            raise ApiError(400, "Say which model with 'model'.", "model_required", "model")
+        slot = self.slots.get(name)
+        if slot is None:
+            raise ApiError(404, f"The model '{name}' does not exist; GET /v1/models lists the served models.",
+                           "model_not_found", "model")
+        return slot
+
+    async def body(self, request: Request) -> dict:
+        return parse_json(await request.body(), self.config.max_body_bytes)
+
+    def check_fits(self, slot: ModelSlot, ids: list[int]) -> None:
+        if len(ids) >= slot.target.n_ctx:
+            raise ApiError(400, f"The prompt is {len(ids)} tokens; this model's context holds {slot.target.n_ctx}.",
+                           "context_length_exceeded", "prompt")
+
+    async def start(self, request: Request, slot: ModelSlot, fn) -> tuple[Job, AsyncIterator, Any, asyncio.Task]:
+        """Queue a job and wait for its first item (so errors still become 4xx)."""
+        try:
+            job = slot.worker.submit(fn)
+        except QueueFull as exc:
+            raise ApiError(503, f"Server busy: {exc}. Retry shortly.", "overloaded", type_="server_error") from None
+        watcher = asyncio.create_task(_watch_disconnect(request, job))
+        items = job.items()
+        try:
+            first = await items.__anext__()
+        except StopAsyncIteration:
+            first = None
+        except PromptError as exc:
+            watcher.cancel()
+            raise ApiError(400, str(exc), "context_length_exceeded") from None
+        except TandemError as exc:
+            watcher.cancel()
+            raise ApiError(400, str(exc), "invalid_request") from None
+        except BaseException:
+            job.cancel.set()
+            watcher.cancel()
+            raise
+        return job, items, first, watcher
+
+    # -- routes ---------------------------------------------------------------------
+    async def models(self, request: Request) -> JSONResponse:
+        data = [{"id": s.name, "object": "model", "created": s.created, "owned_by": "tandem",
+                 "meta": {"n_ctx": s.target.n_ctx, "n_vocab": s.target.n_vocab, "speculative": s.speculative,
+                          "ngram": s.ngram is not None}} for s in self.slots.values()]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(self, request: Request) -> JSONResponse:
+        models = {n: {"waiting": s.worker.waiting, "busy": s.worker.busy, **vars(s.worker.stats)}
+                  for n, s in self.slots.items()}
+        return JSONResponse({"status": "ok", "models": models})
+
+    async def chat(self, request: Request):
+        body = await self.body(request)
+        req = parse_common(body)
+        messages = parse_messages(body)
+        slot = self.slot(req.model)
+        if req.n > 1:
+            return await self.drafts(request, slot, req, Shaper(slot.name, chat=True),
+                                     jobs.drafts_job(slot, req, messages=messages))
+        return await self.generation(request, slot, req, Shaper(slot.name, chat=True),
+                                     jobs.chat_job(slot, messages, req))
+
+    async def completions(self, request: Request):
+        body = await self.body(request)
+        req = parse_common(body, max_tokens_default=16)
+        prompt = parse_prompt(body)
+        slot = self.slot(req.model)
+        suffix = body.get("suffix")
+        if isinstance(suffix, str) and suffix:
+            ids = jobs.infill_prompt(slot, prompt, suffix, [])
+        else:
+            ids = slot.target.tokenize(prompt, add_bos=True)
+        self.check_fits(slot, ids)
+        shaper = Shaper(slot.name, chat=False)
+        if req.n > 1:
+            return await self.drafts(request, slot, req, shaper, jobs.drafts_job(slot, req, ids=ids))
+        return await self.generation(request, slot, req, shaper, jobs.completion_job(slot, ids, req))
+
+    async def infill(self, request: Request):
+        body = await self.body(request)
+        req = parse_common(body, max_tokens_default=128, max_tokens_key="n_predict")
+        if "temperature" not in body:
+            req.params.temperature = 0.0  # completions in an editor: deterministic by default
+        prefix, suffix = body.get("input_prefix", ""), body.get("input_suffix", "")
+        extra_raw = body.get("input_extra") or []
+        if not isinstance(prefix, str) or not isinstance(suffix, str) or not isinstance(extra_raw, list):
+            raise ApiError(400, "'input_prefix' and 'input_suffix' must be strings, 'input_extra' a list.",
+                           "invalid_value")
+        extra = [(str(c.get("filename", "")), str(c.get("text", ""))) for c in extra_raw if isinstance(c, dict)]
+        prompt = body.get("prompt", "")
+        slot = self.slot(req.model)
+        ids = jobs.infill_prompt(slot, prefix + (prompt if isinstance(prompt, str) else ""), suffix, extra)
+        if not ids:
+            ids = slot.target.tokenize("", add_bos=True)
+        self.check_fits(slot, ids)
+        fim = supports_fim(slot.target)
+        if req.n > 1:
+            job, items, first, watcher = await self.start(request, slot, jobs.drafts_job(slot, req, ids=ids))
+            watcher.cancel()
+            d: jobs.Drafts = _drafts_or_cancelled(first)
+            return JSONResponse({"content": d.texts[0][0] if d.texts else "", "stop": True, "model": slot.name,
+                                 "drafts": [t for t, _ in d.texts], "tokens_evaluated": len(ids),
+                                 "tokens_predicted": d.completion_tokens, "fim": fim})
+        job, items, first, watcher = await self.start(request, slot, jobs.completion_job(slot, ids, req))
+        if req.stream:
+            watcher.cancel()
+
+            async def events():
+                try:
+                    async for ev in _chain(first, items):
+                        if isinstance(ev, TokenEvent) and ev.text:
+                            yield {"data": json.dumps({"content": ev.text, "stop": False})}
+                        elif isinstance(ev, DoneEvent):
+                            yield {"data": json.dumps(_infill_done("", ev, len(ids), slot.name, fim))}
+                finally:
+                    job.cancel.set()
+
+            return EventSourceResponse(events(), ping=15)
+        try:
+            done = None
+            async for ev in _chain(first, items):
+                if isinstance(ev, DoneEvent):
+                    done = ev
+        finally:
+            watcher.cancel()
+        if done is None:
+            raise ApiError(499, "Request cancelled.", "cancelled")
+        return JSONResponse(_infill_done(done.text, done, len(ids), slot.name, fim))
+
+    async def generation(self, request: Request, slot: ModelSlot, req, shaper: Shaper, fn):
+        job, items, first, watcher = await self.start(request, slot, fn)
+        if req.stream:
+            watcher.cancel()
+
+            async def events():
+                try:
+                    yield {"data": json.dumps(shaper.chunk(0, "" if shaper.chat else None, first=True))}
+                    async for ev in _chain(first, items):
+                        if isinstance(ev, TokenEvent) and ev.text:
+                            yield {"data": json.dumps(shaper.chunk(0, ev.text))}
+                        elif isinstance(ev, DoneEvent):
+                            yield {"data": json.dumps(shaper.chunk(0, None, finish_reason(ev.stats.finish_reason)))}
+                            if req.include_usage:
+                                use = usage(ev.stats.prompt_tokens, ev.stats.generated_tokens)
+                                yield {"data": json.dumps(shaper.usage_chunk(use))}
+                    yield {"data": "[DONE]"}
+                finally:
+                    job.cancel.set()
+
+            return EventSourceResponse(events(), ping=15)
+        try:
+            done = None
+            async for ev in _chain(first, items):
+                if isinstance(ev, DoneEvent):
+                    done = ev
+        finally:
+            watcher.cancel()
+        if done is None:
+            raise ApiError(499, "Request cancelled.", "cancelled")
+        st = done.stats
+        return JSONResponse(shaper.full([(done.text, finish_reason(st.finish_reason))],
+                                        usage(st.prompt_tokens, st.generated_tokens),
+                                        {"tandem": {"stats": st.as_dict()}}))
+
+    async def drafts(self, request: Request, slot: ModelSlot, req, shaper: Shaper, fn):
+        job, items, first, watcher = await self.start(request, slot, fn)
+        watcher.cancel()
+        d = _drafts_or_cancelled(first)
+        use = usage(d.prompt_tokens, d.completion_tokens)
+        extra = {"tandem": {"superposed": {"forward_passes": d.result.forward_passes, "steps": d.result.steps,
+                                           "elapsed_s": d.result.elapsed_s}}}
+        if not req.stream:
+            return JSONResponse(shaper.full(d.texts, use, extra))
+
+        async def events():
+            for i, (text, _) in enumerate(d.texts):
+                yield {"data": json.dumps(shaper.chunk(i, text, first=True))}
+            for i, (_, reason) in enumerate(d.texts):
+                yield {"data": json.dumps(shaper.chunk(i, None, reason))}
+            if req.include_usage:
+                yield {"data": json.dumps(shaper.usage_chunk(use))}
+            yield {"data": "[DONE]"}
+
+        return EventSourceResponse(events())
+
+
+def _infill_done(content: str, ev: DoneEvent, n_prompt: int, model: str, fim: bool) -> dict:
+    st = ev.stats
+    return {"content": content, "stop": True, "model": model, "tokens_predicted": st.generated_tokens,
+            "tokens_evaluated": n_prompt, "stop_type": "limit" if st.finish_reason == "length" else "eos",
+            "fim": fim, "timings": {"predicted_ms": st.total_s * 1000, "predicted_per_second": st.tokens_per_s}}
+
+
+def _drafts_or_cancelled(first: Any) -> jobs.Drafts:
+    if not isinstance(first, jobs.Drafts):
+        raise ApiError(499, "Request cancelled.", "cancelled")
+    return first
+
+
+async def _chain(first: Any, items: AsyncIterator) -> AsyncIterator:
+    if first is not None:
+        yield first
+    async for it in items:
+        yield it
+
+
+async def _watch_disconnect(request: Request, job: Job) -> None:
+    """Cancel the job when the client disconnects before its answer is ready."""
+    while not job.cancel.is_set():
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancel.set()
+            return
+
+
+def _api(handler):
+    async def endpoint(request: Request):
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status)
+
+    return endpoint
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    status = getattr(exc, "status_code", 500)
+    detail = getattr(exc, "detail", "error")
+    return JSONResponse(ApiError(status, str(detail), "not_found" if status == 404 else None).body(), status_code=status)
+
+
+def create_app(slots: Sequence[ModelSlot], config: ServerConfig | None = None) -> Starlette:
+    server = Server(slots, config or ServerConfig())
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette):
+        yield
+        for s in server.slots.values():
+            s.worker.close()
+
+    routes = [
+        Route("/v1/models", _api(server.models), methods=["GET"]),
+        Route("/v1/chat/completions", _api(server.chat), methods=["POST"]),
+        Route("/v1/completions", _api(server.completions), methods=["POST"]),
+        Route("/infill", _api(server.infill), methods=["POST"]),
+        Route("/health", _api(server.health), methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error}, lifespan=lifespan)
+    app.state.server = server
+    return app

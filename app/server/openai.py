@@ -1,0 +1,187 @@
+"""Request parsing and response shapes of the OpenAI-compatible API (and llama.cpp /infill).
+
+Parsing is strict where a wrong value would silently change behaviour (types, ranges)
+and lenient where clients differ harmlessly (unknown fields are ignored, ``model`` may
+be omitted when only one model is served). Every problem becomes an :class:`ApiError`,
+which the app turns into a JSON error body with a 4xx status.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from tandem.kernels.sampling import SamplingParams
+
+MAX_N = 8
+"""Most drafts one request may ask for (superposed decoding keeps k small by design)."""
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None,
+                 type_: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param, self.type = status, message, code, param, type_
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def parse_json(raw: bytes, max_bytes: int) -> dict:
+    if len(raw) > max_bytes:
+        raise ApiError(413, f"Request body is {len(raw)} bytes; the limit is {max_bytes}.", "request_too_large")
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, f"The request body is not valid JSON ({exc}).", "invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "The request body must be a JSON object.", "invalid_json")
+    return body
+
+
+def _num(body: dict, key: str, default: float | None, lo: float, hi: float, *, integer: bool = False) -> Any:
+    v = body.get(key, default)
+    if v is None:
+        return default
+    ok = isinstance(v, int) if integer else isinstance(v, int | float)
+    if isinstance(v, bool) or not ok or not lo <= v <= hi:
+        kind = "an integer" if integer else "a number"
+        raise ApiError(400, f"'{key}' must be {kind} in [{lo}, {hi}], got {v!r}.", "invalid_value", key)
+    return v
+
+
+def _stops(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, list) and len(stop) <= 16 and all(isinstance(s, str) for s in stop):
+        return [s for s in stop if s]
+    raise ApiError(400, "'stop' must be a string or a list of at most 16 strings.", "invalid_value", "stop")
+
+
+@dataclass
+class GenRequest:
+    """What every generation endpoint needs, already validated."""
+
+    model: str | None
+    max_tokens: int
+    params: SamplingParams
+    stop: list[str]
+    n: int
+    stream: bool
+    include_usage: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_common(body: dict, *, max_tokens_default: int = 256, max_tokens_key: str = "max_tokens") -> GenRequest:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError(400, "'model' must be a string.", "invalid_value", "model")
+    max_tokens = _num(body, max_tokens_key, None, -1, 1 << 20, integer=True)
+    if max_tokens is None:
+        max_tokens = _num(body, "max_completion_tokens", max_tokens_default, 0, 1 << 20, integer=True)
+    if max_tokens < 0:
+        max_tokens = max_tokens_default
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ApiError(400, "'stream' must be true or false.", "invalid_value", "stream")
+    opts = body.get("stream_options") or {}
+    seed = _num(body, "seed", None, -(2**63), 2**63 - 1, integer=True)
+    params = SamplingParams(
+        temperature=float(_num(body, "temperature", 1.0, 0.0, 2.0)),
+        top_p=float(_num(body, "top_p", 1.0, 0.0, 1.0)),
+        top_k=int(_num(body, "top_k", 40, 0, 1 << 20, integer=True)),
+        min_p=float(_num(body, "min_p", 0.05, 0.0, 1.0)),
+        repetition_penalty=float(_num(body, "repetition_penalty", 1.0, 0.0, 10.0)),
+        seed=None if seed is None else abs(seed),
+    )
+    return GenRequest(
+        model=model, max_tokens=int(max_tokens), params=params, stop=_stops(body),
+        n=int(_num(body, "n", 1, 1, MAX_N, integer=True)), stream=stream,
+        include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
+    )
+
+
+def parse_messages(body: dict) -> list[dict[str, str]]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise ApiError(400, "'messages' must be a non-empty list.", "invalid_value", "messages")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer"):
+            raise ApiError(400, f"messages[{i}] needs a role of system, user or assistant.", "invalid_value", "messages")
+        content = m.get("content", "")
+        if isinstance(content, list):  # content parts: keep the text ones
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        if not isinstance(content, str):
+            raise ApiError(400, f"messages[{i}].content must be a string.", "invalid_value", "messages")
+        role = "system" if m["role"] == "developer" else m["role"]
+        out.append({"role": role, "content": content})
+    return out
+
+
+def parse_prompt(body: dict) -> str:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise ApiError(400, "'prompt' must be a string (one prompt per request).", "invalid_value", "prompt")
+    return prompt
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def finish_reason(reason: str) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+@dataclass
+class Shaper:
+    """Builds response objects for one request, with a fixed id and timestamp."""
+
+    model: str
+    chat: bool
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        self.id = self.id or new_id("chatcmpl" if self.chat else "cmpl")
+
+    def _choice(self, index: int, text: str | None, reason: str | None, *, delta: bool, first: bool = False) -> dict:
+        if self.chat:
+            if delta:
+                d: dict[str, str] = {"role": "assistant"} if first else {}
+                if text is not None:
+                    d["content"] = text
+                return {"index": index, "delta": d, "finish_reason": reason}
+            return {"index": index, "message": {"role": "assistant", "content": text or ""}, "finish_reason": reason}
+        return {"index": index, "text": text or "", "logprobs": None, "finish_reason": reason}
+
+    def chunk(self, index: int, text: str | None, reason: str | None = None, *, first: bool = False) -> dict:
+        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model,
+                "choices": [self._choice(index, text, reason, delta=True, first=first)]}
+
+    def usage_chunk(self, use: dict[str, int]) -> dict:
+        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [], "usage": use}
+
+    def full(self, texts: list[tuple[str, str]], use: dict[str, int], extra: dict | None = None) -> dict:
+        out = {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+               "created": self.created, "model": self.model,
+               "choices": [self._choice(i, t, r, delta=False) for i, (t, r) in enumerate(texts)], "usage": use}
+        if extra:
+            out.update(extra)
+        return out

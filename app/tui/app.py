@@ -1,0 +1,84 @@
+"""`TandemApp`: the Textual application behind ``tandem chat``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from textual.app import App
+from textual.binding import Binding
+
+from tandem.app.history import History
+from tandem.app.tui.chat_screen import ChatScreen
+from tandem.app.tui.modals import NoModelScreen
+from tandem.app.tui.session import ChatSettings, ModelChoice
+from tandem.models.paths import models_dir
+from tandem.models.store import list_models
+
+
+@dataclass
+class AppConfig:
+    model: Path | None = None
+    """Target model; ``None`` picks the first in the store (or shows how to get one)."""
+    drafter: Path | None = None
+    history_path: Path | None = None
+    settings: ChatSettings = field(default_factory=ChatSettings)
+    """Settings new chats start with."""
+    n_ctx: int | None = 2048
+    threads: int | None = None
+    export_dir: Path = field(default_factory=Path.cwd)
+    mask_timings: bool = False
+    """Show ``--`` for wall-clock figures (deterministic snapshots)."""
+    draft_mode: str | None = None
+    """Speculative decoding mode (``runtime.speculative``); ``None``: auto with a drafter, else off."""
+    draft_max: int = 8
+    draft_len: int | None = None
+    measure_cost: bool = True
+
+    def choice(self, model: Path) -> ModelChoice:
+        return ModelChoice(model, self.drafter, self.n_ctx, self.threads, self.draft_mode,
+                           self.draft_max, self.draft_len, self.measure_cost)
+
+
+class TandemApp(App):
+    CSS_PATH = "tandem.tcss"
+    TITLE = "Tandem"
+    BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True)]
+
+    def __init__(self, config: AppConfig | None = None) -> None:
+        super().__init__()
+        self.config = config or AppConfig()
+        self.history = History(self.config.history_path)
+
+    def on_mount(self) -> None:
+        model = self.config.model
+        if model is None:
+            entries = list_models()
+            if not entries:
+                self.push_screen(NoModelScreen(models_dir()))
+                return
+            model = entries[0].path
+        self.push_screen(ChatScreen(self.config.choice(model)))
+
+    def chat_screen(self) -> ChatScreen | None:
+        for screen in self.screen_stack:
+            if isinstance(screen, ChatScreen):
+                return screen
+        return None
+
+    async def action_quit(self) -> None:
+        """Quit cleanly mid-reply: cancel, wait until the partial reply is stored, exit."""
+        screen = self.chat_screen()
+        if screen is not None:
+            await screen.stop_generation(wait=True)
+        self.exit()
+
+    def on_unmount(self) -> None:
+        from tandem.app.tui.session import close_engine
+
+        screen = self.chat_screen()
+        if screen is not None and screen.cancel is not None:
+            screen.cancel.set()
+        if screen is not None and screen.worker is None:
+            close_engine(screen.engine)
+        self.history.close()

@@ -1,0 +1,197 @@
+"""The autocomplete pane: ghost text from k superposed drafts as you type.
+
+Every edit cancels the request in flight (its cancel event stops the decoder at the
+next step) and, after a short debounce, asks for new drafts around the cursor (FIM when
+the model has FIM tokens). Results carry the request's sequence number, so a late
+answer to stale text is dropped instead of shown. Tab accepts the ghost text; Alt+] /
+Alt+[ (or Ctrl+Down / Ctrl+Up) cycle through the k drafts; Esc closes the pane and
+hands the text back to the chat input.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Label, TextArea
+
+from tandem.models.errors import TandemError
+from tandem.runtime.autocomplete import (
+    AutocompleteConfig,
+    Autocompleter,
+    SuggestResult,
+    load_ngram_for,
+)
+
+DEBOUNCE_S = 0.12
+"""Wait this long after a keystroke before asking: fast typists do not queue requests."""
+
+
+class DraftsReady(Message):
+    def __init__(self, seq: int, result: SuggestResult | None, error: str | None = None) -> None:
+        super().__init__()
+        self.seq, self.result, self.error = seq, result, error
+
+
+def make_autocompleter(engine: Any, k: int = 3, budget_ms: float = 400.0) -> Autocompleter:
+    """An autocompleter sharing the chat engine's model and lock (one KV cache, one user)."""
+    target = engine.target
+    cfg = AutocompleteConfig(k=k, budget_ms=budget_ms, single_line=True)
+    return Autocompleter(target, load_ngram_for(target), cfg, lock=getattr(engine, "lock", None))
+
+
+class AutocompleteScreen(Screen[str]):
+    """An editor with ghost-text drafts; dismisses with the edited text."""
+
+    BINDINGS = [
+        Binding("tab", "accept", "Accept", priority=True),
+        Binding("alt+right_square_bracket,ctrl+down", "cycle(1)", "Next draft", priority=True),
+        Binding("alt+left_square_bracket,ctrl+up", "cycle(-1)", "Previous draft", priority=True),
+        Binding("escape", "close", "Back to chat"),
+    ]
+    DEFAULT_CSS = """
+    AutocompleteScreen #ac-editor { height: 1fr; }
+    AutocompleteScreen #ac-drafts { height: auto; max-height: 8; padding: 0 1; color: $text-muted; }
+    AutocompleteScreen #ac-status { height: 1; padding: 0 1; color: $text-muted; }
+    """
+
+    def __init__(self, autocompleter: Autocompleter | None = None, engine: Any = None, text: str = "",
+                 *, k: int = 3, budget_ms: float = 400.0, debounce_s: float = DEBOUNCE_S) -> None:
+        super().__init__()
+        self.autocompleter = autocompleter
+        self.engine = engine
+        self.initial = text
+        self.k, self.budget_ms, self.debounce_s = k, budget_ms, debounce_s
+        self.drafts: list[str] = []
+        self.index = 0
+        self.seq = 0
+        """Sequence number of the newest request; older answers are stale."""
+        self.cancel: threading.Event | None = None
+        self.cancelled: list[int] = []
+        """Sequence numbers of requests cancelled by typing (shown in tests and stats)."""
+        self.last: SuggestResult | None = None
+        self._timer: Any = None
+        self._suppress_change = False
+
+    @property
+    def editor(self) -> TextArea:
+        return self.query_one("#ac-editor", TextArea)
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False, icon="≈")
+        yield TextArea(self.initial, id="ac-editor", soft_wrap=True, tab_behavior="focus")
+        yield Label("", id="ac-drafts")
+        yield Label("Type: drafts appear as ghost text.", id="ac-status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = "Autocomplete (superposed drafts)"
+        ed = self.editor
+        ed.hide_suggestion_on_blur = False
+        ed.move_cursor(ed.document.end)
+        ed.focus()
+        if self.initial:
+            self.request()
+
+    # -- requests -------------------------------------------------------------------
+    @on(TextArea.Changed, "#ac-editor")
+    def _changed(self, event: TextArea.Changed) -> None:
+        if self._suppress_change:
+            self._suppress_change = False
+            return
+        self._cancel_inflight()
+        self.drafts, self.index = [], 0
+        self._show_drafts()
+        if self._timer is not None:
+            self._timer.stop()
+        self._timer = self.set_timer(self.debounce_s, self.request)
+
+    def _cancel_inflight(self) -> None:
+        if self.cancel is not None and not self.cancel.is_set():
+            self.cancel.set()
+            self.cancelled.append(self.seq)
+
+    def request(self) -> None:
+        """Ask for drafts for the text around the cursor now (cancelling any older ask)."""
+        self._cancel_inflight()
+        self.seq += 1
+        self.cancel = threading.Event()
+        ed = self.editor
+        row, col = ed.cursor_location
+        text = ed.text
+        lines = text.split("\n")
+        offset = sum(len(line) + 1 for line in lines[:row]) + col
+        self._suggest(self.seq, text[:offset], text[offset:], self.cancel)
+
+    @work(thread=True, group="autocomplete", exit_on_error=False)
+    def _suggest(self, seq: int, prefix: str, suffix: str, cancel: threading.Event) -> None:
+        try:
+            if self.autocompleter is None:
+                if self.engine is None:
+                    raise TandemError("The model is still loading.")
+                self.autocompleter = make_autocompleter(self.engine, self.k, self.budget_ms)
+            result = self.autocompleter.suggest(prefix, suffix, self.k, self.budget_ms, cancel=cancel)
+            self.post_message(DraftsReady(seq, result))
+        except TandemError as exc:
+            self.post_message(DraftsReady(seq, None, str(exc)))
+
+    def on_drafts_ready(self, message: DraftsReady) -> None:
+        if message.seq != self.seq or (self.cancel is not None and self.cancel.is_set()):
+            return  # stale: the text changed since this was asked
+        self.cancel = None
+        if message.error:
+            self.query_one("#ac-status", Label).update(f"Autocomplete unavailable: {message.error}")
+            return
+        result = message.result
+        assert result is not None
+        self.last = result
+        self.drafts = [s.text for s in result.suggestions]
+        self.index = 0
+        self._show_drafts()
+        mode = "FIM" if result.fim else "continuation"
+        self.query_one("#ac-status", Label).update(
+            f"{len(self.drafts)} drafts in {result.elapsed_ms:.0f} ms ({mode}, stopped: {result.stopped}) · "
+            "Tab accept · Alt+]/Alt+[ cycle · Esc back")
+
+    def _show_drafts(self) -> None:
+        self.editor.suggestion = self.drafts[self.index] if self.drafts else ""
+        lines = [f"{'▶' if i == self.index else ' '} {i + 1}. {d}" for i, d in enumerate(self.drafts)]
+        self.query_one("#ac-drafts", Label).update("\n".join(lines))
+
+    # -- actions --------------------------------------------------------------------
+    def action_accept(self) -> None:
+        ed = self.editor
+        if not ed.suggestion:
+            return
+        ed.insert(ed.suggestion)  # a user edit: the Changed handler asks for the next drafts
+
+    def action_cycle(self, step: int) -> None:
+        if len(self.drafts) > 1:
+            self.index = (self.index + step) % len(self.drafts)
+            self._show_drafts()
+
+    def action_close(self) -> None:
+        self._cancel_inflight()
+        self.dismiss(self.editor.text)
+
+
+def open_autocomplete(screen: Any) -> None:
+    """Entry point for the chat screen's binding: edit the chat input with autocomplete."""
+    engine = getattr(screen, "engine", None)
+    if engine is None:
+        screen.notify("The model is still loading; try again in a moment.", severity="warning")
+        return
+    chat_input = screen.input
+
+    def done(text: str | None) -> None:
+        if text is not None:
+            chat_input.text = text
+            chat_input.move_cursor(chat_input.document.end)
+        chat_input.focus()
+
+    screen.app.push_screen(AutocompleteScreen(engine=engine, text=chat_input.text), done)

@@ -1,0 +1,354 @@
+"""The main screen: chat list, messages, input; every chat action is a keyboard binding.
+
+Generation runs in a thread worker (llama.cpp releases the GIL, so the UI keeps
+drawing); the worker writes every fragment to the history itself and posts messages to
+this screen, which only renders. Esc sets the worker's cancel event, and quitting
+waits for the worker to store the partial reply before the app exits.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Label, OptionList
+from textual.worker import Worker
+
+from tandem.app.history import ChatRecord, MessageRecord
+from tandem.app.tui.chat_actions import ChatActions
+from tandem.app.tui.session import (
+    ModelChoice,
+    ReplyBuffer,
+    close_engine,
+    load_engine,
+    run_reply,
+    title_from,
+)
+from tandem.app.tui.widgets import ChatInput, ChatList, MessageView
+from tandem.models.errors import TandemError
+
+if TYPE_CHECKING:
+    from tandem.app.tui.app import TandemApp
+
+
+DRAW_DUTY = 4.0
+"""Wait this many times the last draw's duration before drawing streamed text again."""
+
+
+class ReplyStarted(Message):
+    def __init__(self, record: MessageRecord) -> None:
+        super().__init__()
+        self.record = record
+
+
+class ReplyDone(Message):
+    def __init__(self, record: MessageRecord | None, error: str | None) -> None:
+        super().__init__()
+        self.record, self.error = record, error
+
+
+class EngineReady(Message):
+    def __init__(self, engine: Any, choice: ModelChoice, error: str | None) -> None:
+        super().__init__()
+        self.engine, self.choice, self.error = engine, choice, error
+
+
+class ChatScreen(ChatActions, Screen):
+    BINDINGS = [
+        Binding("escape", "stop", "Stop/cancel"),
+        Binding("ctrl+n", "new_chat", "New", priority=True),
+        Binding("ctrl+r", "regenerate", "Regenerate", priority=True),
+        Binding("ctrl+e", "edit_last", "Edit last", priority=True),
+        Binding("ctrl+o", "settings", "Settings", priority=True),
+        Binding("ctrl+t", "models", "Models", priority=True),
+        Binding("ctrl+s", "export", "Export", priority=True),
+        Binding("f2", "rename", "Rename"),
+        Binding("f8", "delete_chat", "Delete"),
+        Binding("f5", "copy_code", "Copy code"),
+        Binding("f4", "toggle_drafted", "Drafted colours"),
+        Binding("ctrl+b", "toggle_sidebar", "Sidebar", show=False, priority=True),
+        Binding("f9,ctrl+space", "autocomplete", "Autocomplete", show=False),
+        Binding("f1", "help", "Help"),
+    ]
+
+    def __init__(self, choice: ModelChoice) -> None:
+        super().__init__()
+        self.choice = choice
+        self.engine: Any = None
+        self.chat: ChatRecord | None = None
+        self.cancel: threading.Event | None = None
+        self.worker: Worker | None = None
+        self.reply_view: MessageView | None = None
+        self.editing: int | None = None
+        self.show_drafted = False
+        self.buffer = ReplyBuffer()
+        self._draining = False
+        self._next_drain = 0.0
+        self.replies_done = 0
+        """Replies finished (or stopped) on this screen: tests wait on it."""
+
+    @property
+    def tandem(self) -> TandemApp:
+        return self.app  # type: ignore[return-value]
+
+    @property
+    def generating(self) -> bool:
+        return self.worker is not None
+
+    @property
+    def input(self) -> ChatInput:
+        return self.query_one("#input", ChatInput)
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False, icon="≈")
+        with Horizontal():
+            with Vertical(id="sidebar"):
+                yield Label("Chats", classes="sidebar-title")
+                yield ChatList(id="chat-list")
+            with Vertical(id="main"):
+                yield VerticalScroll(id="messages")
+                yield Label("", id="edit-banner")
+                yield ChatInput(id="input", placeholder="Message (Enter sends, Ctrl+J newline)")
+                yield Label("", id="status")
+        yield Footer()
+
+    async def on_mount(self) -> None:
+        self.query_one("#edit-banner").display = False
+        chats = self.tandem.history.list_chats()
+        self.refresh_chat_list()
+        if chats:
+            await self.open_chat(chats[0].id)
+        else:
+            self.sub_title = "New chat"
+        self.input.focus()
+        self.load_model(self.choice)
+        self.set_interval(1 / 15, self._drain)
+
+    # -- model --------------------------------------------------------------------
+    def load_model(self, choice: ModelChoice) -> None:
+        old, self.engine = self.engine, None
+        self.set_status(f"Loading {choice.target_name}…")
+        self._load(choice, old)
+
+    @work(thread=True, group="load", exclusive=True, exit_on_error=False)
+    def _load(self, choice: ModelChoice, old: Any) -> None:
+        close_engine(old)
+        try:
+            engine, error = load_engine(choice), None
+        except TandemError as exc:
+            engine, error = None, str(exc)
+        except Exception as exc:  # a model llama.cpp cannot load: say so, never a traceback
+            engine, error = None, f"{type(exc).__name__}: {exc}"
+        self.post_message(EngineReady(engine, choice, error))
+
+    def on_engine_ready(self, message: EngineReady) -> None:
+        if message.error:
+            self.set_status(f"Could not load {message.choice.target_name}: {message.error}")
+            self.notify(message.error, severity="error", timeout=8)
+            return
+        self.engine, self.choice = message.engine, message.choice
+        self.set_status(self._model_line())
+
+    def _model_line(self) -> str:
+        line = f"Model {self.choice.target_name}"
+        drafter = self.choice.drafter_name
+        line += f" · drafter {drafter} ({self.choice.mode})" if drafter else " · no drafter"
+        return line
+
+    def set_status(self, text: str) -> None:
+        self.query_one("#status", Label).update(text)
+
+    # -- chats --------------------------------------------------------------------
+    def refresh_chat_list(self) -> None:
+        chats = self.tandem.history.list_chats()
+        self.query_one("#chat-list", ChatList).set_chats(chats, self.chat.id if self.chat else None)
+
+    async def open_chat(self, chat_id: int | None) -> None:
+        history = self.tandem.history
+        self.chat = history.get_chat(chat_id) if chat_id is not None else None
+        self.editing = None
+        self.query_one("#edit-banner").display = False
+        box = self.query_one("#messages", VerticalScroll)
+        await box.remove_children()
+        if self.chat is not None:
+            views = [self._view(m) for m in history.messages(self.chat.id)]
+            await box.mount_all(views)
+        self.sub_title = self.chat.title if self.chat else "New chat"
+        box.scroll_end(animate=False)
+
+    def _view(self, record: MessageRecord, streaming: bool = False) -> MessageView:
+        return MessageView(record, mask_timings=self.tandem.config.mask_timings,
+                           show_drafted=self.show_drafted, streaming=streaming)
+
+    def _ensure_chat(self) -> ChatRecord:
+        if self.chat is None:
+            self.chat = self.tandem.history.create_chat(
+                params=self.tandem.config.settings.to_dict(),
+                model=self.choice.target_name, drafter=self.choice.drafter_name)
+        return self.chat
+
+    def _busy(self) -> bool:
+        if self.generating:
+            self.notify("A reply is being generated: press Esc to stop it first.", severity="warning")
+        return self.generating
+
+    @on(OptionList.OptionSelected, "#chat-list")
+    async def _chat_selected(self, event: OptionList.OptionSelected) -> None:
+        if not self._busy() and event.option.id is not None:
+            await self.open_chat(int(event.option.id))
+            self.input.focus()
+
+    # -- sending and generation ----------------------------------------------------
+    @on(ChatInput.Submitted)
+    async def _submitted(self, event: ChatInput.Submitted) -> None:
+        await self.send(event.text)
+
+    async def send(self, text: str) -> None:
+        if self._busy():
+            return
+        if self.engine is None:
+            self.notify("The model is still loading (or failed to load).", severity="warning")
+            return
+        history = self.tandem.history
+        if self.editing is not None and self.chat is not None:
+            history.delete_from(self.chat.id, self.editing)
+            await self.open_chat(self.chat.id)
+        chat = self._ensure_chat()
+        if chat.title == "New chat":
+            chat = self.chat = history.update_chat(chat.id, title=title_from(text))
+            self.sub_title = chat.title
+        if (chat.model, chat.drafter) != (self.choice.target_name, self.choice.drafter_name):
+            chat = self.chat = history.update_chat(
+                chat.id, model=self.choice.target_name, drafter=self.choice.drafter_name)
+        record = history.add_message(chat.id, "user", text)
+        self.input.clear()
+        await self.query_one("#messages").mount(self._view(record))
+        self.refresh_chat_list()
+        await self.start_reply()
+
+    async def start_reply(self) -> None:
+        chat = self._ensure_chat()
+        self.cancel = threading.Event()
+        self.reply_view = None
+        self.set_status(f"{self._model_line()} · generating (Esc stops)")
+        self.buffer = ReplyBuffer()
+        self.worker = self._generate(self.tandem.history.get_chat(chat.id), self.cancel, self.buffer)
+
+    @work(thread=True, group="generate", exclusive=True, exit_on_error=False)
+    def _generate(self, chat: ChatRecord, cancel: threading.Event, buffer: ReplyBuffer) -> None:
+        try:
+            record = run_reply(self.engine, self.tandem.history, chat, cancel=cancel,
+                               on_token=lambda event, _n, live: buffer.push(event.text, live),
+                               on_start=lambda r: self.post_message(ReplyStarted(r)),
+                               model_name=self.choice.target_name,
+                               drafter_name=self.choice.drafter_name)
+            error = None
+        except TandemError as exc:
+            record, error = None, str(exc)
+        self.post_message(ReplyDone(record, error))
+
+    async def on_reply_started(self, message: ReplyStarted) -> None:
+        record = message.record
+        record.stats = {"model": self.choice.target_name, "drafter": self.choice.drafter_name}
+        view = self._view(record, streaming=True)
+        await self.query_one("#messages").mount(view)
+        self.reply_view = view  # only now: the drain timer may draw into it
+        self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
+
+    async def _drain(self, force: bool = False) -> None:
+        """Draw what the worker has streamed since the last draw (runs on a timer).
+
+        Drawing holds the GIL the worker needs between llama.cpp calls, so after a draw
+        that took ``d`` seconds the next waits at least ``DRAW_DUTY * d``: the screen
+        never takes more than about a fifth of the time from generation.
+        """
+        now = time.perf_counter()
+        if self.reply_view is None or self._draining or (now < self._next_drain and not force):
+            return
+        update = self.buffer.drain()
+        if update is None:
+            return
+        self._draining = True
+        try:
+            await self.reply_view.append(*update)
+        finally:
+            self._draining = False
+            spent = time.perf_counter() - now
+            self._next_drain = time.perf_counter() + DRAW_DUTY * spent
+        box = self.query_one("#messages", VerticalScroll)
+        if box.max_scroll_y - box.scroll_y < 4:
+            box.scroll_end(animate=False)
+
+    async def on_reply_done(self, message: ReplyDone) -> None:
+        await self._drain(force=True)
+        view, self.reply_view = self.reply_view, None
+        self.worker, self.cancel = None, None
+        if message.error:
+            self.notify(message.error, severity="error", timeout=8)
+        if view is not None and message.record is not None:
+            await view.finish(message.record)  # stored content, status and stats
+        elif self.chat is not None:
+            await self.open_chat(self.chat.id)
+        self.set_status(self._model_line())
+        self.refresh_chat_list()
+        self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
+        self.replies_done += 1
+
+    async def stop_generation(self, wait: bool = False) -> None:
+        """Cancel the running reply; with ``wait``, until its partial text is stored."""
+        if self.cancel is not None:
+            self.cancel.set()
+        worker = self.worker
+        if wait and worker is not None:
+            await worker.wait()
+
+    # -- actions -------------------------------------------------------------------
+    async def action_stop(self) -> None:
+        if self.generating:
+            await self.stop_generation()
+        elif self.editing is not None:
+            self.editing = None
+            self.query_one("#edit-banner").display = False
+            self.input.clear()
+
+    async def action_new_chat(self) -> None:
+        if not self._busy():
+            await self.open_chat(None)
+            self.refresh_chat_list()
+            self.input.focus()
+
+    async def action_regenerate(self) -> None:
+        if self._busy() or self.chat is None or self.engine is None:
+            return
+        messages = self.tandem.history.messages(self.chat.id)
+        if not messages:
+            return
+        if messages[-1].role == "assistant":
+            self.tandem.history.delete_from(self.chat.id, messages[-1].id)
+            await self.open_chat(self.chat.id)
+        await self.start_reply()
+
+    def action_edit_last(self) -> None:
+        if self._busy() or self.chat is None:
+            return
+        users = [m for m in self.tandem.history.messages(self.chat.id) if m.role == "user"]
+        if not users:
+            return
+        self.editing = users[-1].id
+        self.input.load_text(users[-1].content)
+        self.input.move_cursor(self.input.document.end)
+        banner = self.query_one("#edit-banner", Label)
+        banner.update("Editing your last message: Enter resends (later messages are replaced), Esc cancels")
+        banner.display = True
+        self.input.focus()
+
+    @on(MessageView.CodeCopied)
+    def _code_clicked(self, event: MessageView.CodeCopied) -> None:
+        self._copy(event.code)

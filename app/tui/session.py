@@ -1,0 +1,293 @@
+"""The chat logic under the TUI, free of any widget: load models, run one reply into the history.
+
+Kept apart from Textual so the same code path the app's worker runs can be driven by a
+plain process (the kill -9 durability test) and unit-tested without a screen.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from tandem.app.history import COMPLETE, INTERRUPTED, ChatRecord, History, MessageRecord
+from tandem.kernels.sampling import SamplingParams
+from tandem.models.errors import TandemError
+from tandem.runtime.generate import DoneEvent, TokenEvent
+
+DEFAULT_MAX_TOKENS = 512
+
+
+@dataclass
+class ChatSettings:
+    """Per-chat settings, stored as JSON in ``chats.params``."""
+
+    params: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    stop: list[str] = field(default_factory=list)
+    """Extra stop strings (the chat template adds its own)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self.params), "max_tokens": self.max_tokens, "stop": list(self.stop)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> ChatSettings:
+        """Unknown keys are ignored and missing ones take defaults (older/newer files)."""
+        data = dict(data or {})
+        names = {f.name for f in fields(SamplingParams)}
+        params = SamplingParams(**{k: v for k, v in data.items() if k in names})
+        return cls(params, int(data.get("max_tokens", DEFAULT_MAX_TOKENS)),
+                   [str(s) for s in data.get("stop") or []])
+
+
+def conversation(chat: ChatRecord, messages: Sequence[MessageRecord]) -> list[dict[str, str]]:
+    """What the model sees: the chat's system prompt, then every non-empty message."""
+    out = [{"role": "system", "content": chat.system_prompt}] if chat.system_prompt.strip() else []
+    out += [{"role": m.role, "content": m.content} for m in messages if m.content or m.role == "user"]
+    return out
+
+
+def title_from(text: str, width: int = 40) -> str:
+    """A chat title from its first message: first line, whitespace squeezed, shortened."""
+    line = " ".join(text.strip().splitlines()[0].split()) if text.strip() else "New chat"
+    return line if len(line) <= width else line[: width - 1].rstrip() + "…"
+
+
+@dataclass
+class LiveStats:
+    """Stats of a reply while it streams, and the drafted character spans for colouring."""
+
+    started: float = field(default_factory=time.perf_counter)
+    first_at: float | None = None
+    last_at: float | None = None
+    tokens: int = 0
+    drafted: int = 0
+    chars: int = 0
+    drafted_spans: list[list[int]] = field(default_factory=list)
+
+    def on_token(self, event: TokenEvent, drafted_chars: int, now: float | None = None) -> None:
+        now = time.perf_counter() if now is None else now
+        if self.first_at is None and event.tokens:
+            self.first_at = now
+        self.last_at = now
+        self.tokens += len(event.tokens)
+        self.drafted += event.drafted
+        if drafted_chars > 0:
+            start = self.chars
+            if self.drafted_spans and self.drafted_spans[-1][1] == start:
+                self.drafted_spans[-1][1] = start + drafted_chars
+            else:
+                self.drafted_spans.append([start, start + drafted_chars])
+        self.chars += len(event.text)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Figures known mid-stream (the final ones come from the DoneEvent)."""
+        out: dict[str, Any] = {"generated_tokens": self.tokens, "live": True}
+        if self.first_at is not None:
+            out["ttft_s"] = self.first_at - self.started
+            span = (self.last_at or self.first_at) - self.first_at
+            out["tokens_per_s"] = (self.tokens - 1) / span if self.tokens > 1 and span > 0 else 0.0
+        if self.drafted:
+            out["drafted_share"] = self.drafted / max(1, self.tokens)
+        return out
+
+
+def drafted_chars(event: TokenEvent, token_bytes: Callable[[int], bytes] | None) -> int:
+    """How many characters of ``event.text`` came from drafted tokens (the leading ones).
+
+    Exact when the detokenizer emits a commit's text at once; at a UTF-8 split or a
+    held-back stop-string prefix it can be off by those few characters, which only
+    affects colouring.
+    """
+    if not event.drafted or not event.text:
+        return 0
+    if event.drafted >= len(event.tokens) or token_bytes is None:
+        return len(event.text) if event.drafted >= len(event.tokens) else 0
+    raw = b"".join(token_bytes(t) for t in event.tokens[: event.drafted])
+    return min(len(raw.decode("utf-8", errors="ignore")), len(event.text))
+
+
+def final_stats(done: DoneEvent, live: LiveStats, memory: dict[str, int], model: str,
+                drafter: str | None) -> dict[str, Any]:
+    """The stats stored with a reply: the generator's figures, memory, drafted spans."""
+    stats = done.stats.as_dict()
+    stats.update(memory={k: int(v) for k, v in memory.items()}, model=model)
+    if drafter:
+        stats["drafter"] = drafter
+    if live.drafted_spans:
+        stats["drafted_spans"] = live.drafted_spans
+    return stats
+
+
+class ReplyBuffer:
+    """Text a worker has streamed but the UI has not drawn yet (thread-safe).
+
+    The UI drains it on a timer, so rendering costs at most a few redraws a second
+    whatever the token rate, and generation is not slowed down by the screen.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._text: list[str] = []
+        self._spans: list[list[int]] = []
+        self._live: dict[str, Any] | None = None
+
+    def push(self, text: str, live: LiveStats) -> None:
+        with self._lock:
+            self._text.append(text)
+            self._spans = [list(s) for s in live.drafted_spans]
+            self._live = live.snapshot()
+
+    def drain(self) -> tuple[str, list[list[int]], dict[str, Any]] | None:
+        with self._lock:
+            if self._live is None:
+                return None
+            out = ("".join(self._text), self._spans, self._live)
+            self._text, self._live = [], None
+            return out
+
+
+ProgressCallback = Callable[[TokenEvent, int, LiveStats], None]
+
+
+def run_reply(
+    engine: Any,
+    history: History,
+    chat: ChatRecord,
+    *,
+    cancel: threading.Event | None = None,
+    on_token: ProgressCallback | None = None,
+    on_start: Callable[[MessageRecord], None] | None = None,
+    model_name: str = "",
+    drafter_name: str | None = None,
+) -> MessageRecord:
+    """Stream the assistant's reply to ``chat`` into a new message, committing as it goes.
+
+    The message is created ``interrupted`` and every fragment is committed at once, so
+    a crash keeps what was produced; it is marked ``complete`` only when generation ends
+    on its own (a stop, end-of-generation or the token limit). A :class:`TandemError`
+    (a prompt that cannot fit, ...) is stored with the message and re-raised.
+    """
+    settings = ChatSettings.from_dict(chat.params)
+    messages = conversation(chat, history.messages(chat.id))
+    reply = history.start_reply(chat.id)
+    if on_start is not None:
+        on_start(reply)
+    live = LiveStats()
+    token_bytes = getattr(getattr(engine, "target", None), "token_bytes", None)
+    status, stats = INTERRUPTED, None
+    try:
+        for event in engine.stream(messages, settings.params, settings.max_tokens,
+                                   stop=settings.stop, cancel=cancel):
+            if isinstance(event, DoneEvent):
+                finished = event.stats.finish_reason != "cancelled" and not (cancel and cancel.is_set())
+                status = COMPLETE if finished else INTERRUPTED
+                stats = final_stats(event, live, engine.stats_memory(), model_name, drafter_name)
+                break
+            n_drafted = drafted_chars(event, token_bytes)
+            live.on_token(event, n_drafted)
+            history.append(reply.id, event.text)
+            if on_token is not None:
+                on_token(event, n_drafted, live)
+    except TandemError as exc:
+        stats = {**live.snapshot(), "error": str(exc), "model": model_name}
+        stats.pop("live", None)
+        history.finish_reply(reply.id, INTERRUPTED, stats)
+        raise
+    finally:
+        if stats is None:
+            stats = {**live.snapshot(), "model": model_name, "finish_reason": "cancelled"}
+            stats.pop("live", None)
+        if not (stats.get("error")):
+            history.finish_reply(reply.id, status, stats)
+    return history.get_message(reply.id)
+
+
+@dataclass
+class ModelChoice:
+    """A target model and an optional drafter, as paths (names come from the file stems)."""
+
+    target: Path
+    drafter: Path | None = None
+    n_ctx: int | None = 2048
+    n_threads: int | None = None
+    """llama.cpp threads; ``None`` is every core. One thread is best for tiny models and
+    on a machine busy with other work (ggml's thread barriers spin)."""
+    draft_mode: str | None = None
+    """``runtime.speculative`` mode; ``None`` means ``auto`` with a drafter, else ``off``."""
+    draft_max: int = 8
+    draft_len: int | None = None
+    measure_cost: bool = True
+    """Measure the target's verify-cost curve (cached) for the adaptive draft length."""
+
+    @property
+    def target_name(self) -> str:
+        return self.target.stem
+
+    @property
+    def drafter_name(self) -> str | None:
+        if self.drafter is not None:
+            return self.drafter.stem
+        return "model-free" if self.mode not in ("off", "model", "xvocab") else None
+
+    @property
+    def mode(self) -> str:
+        return self.draft_mode or ("auto" if self.drafter is not None else "off")
+
+
+def speculative_available() -> bool:
+    try:
+        from tandem.runtime import speculative
+    except ImportError:
+        return False
+    return hasattr(speculative, "build_strategy")
+
+
+def load_engine(choice: ModelChoice) -> Any:
+    """Open the target (and the drafter) as a ChatEngine, speculative when asked for.
+
+    One speculative strategy is built per engine and reused for every reply, so the
+    drafter, its caches and the adaptive policy persist across turns. The drafter
+    backend is opened here (same threads and context as the target) and handed to the
+    strategy, so the engine can report its memory.
+    """
+    from tandem.runtime.chat import ChatEngine
+    from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
+
+    config = LlamaConfig(n_ctx=choice.n_ctx, n_threads=choice.n_threads)
+    target = LlamaCppBackend(choice.target, config)
+    if choice.mode == "off":
+        return ChatEngine(target)
+    drafter = None
+    try:
+        if not speculative_available():
+            raise TandemError("Speculative decoding is not available in this build: run without a drafter.")
+        from tandem.runtime.speculative import SpecOptions, build_strategy
+
+        drafter = LlamaCppBackend(choice.drafter, config) if choice.drafter is not None else None
+        options = SpecOptions(mode=choice.mode, draft_max=choice.draft_max, draft_length=choice.draft_len,
+                              measure_cost=choice.measure_cost)
+        strategy = build_strategy(target, drafter, options, llama_config=config)
+    except BaseException:
+        if drafter is not None:
+            drafter.close()
+        target.close()
+        raise
+    engine = ChatEngine(target, lambda: strategy, drafter=drafter)
+    engine.tandem_strategy = strategy  # closed by close_engine
+    return engine
+
+
+def close_engine(engine: Any) -> None:
+    """Free the engine's strategy and models (ChatEngine has no close of its own)."""
+    if engine is None:
+        return
+    strategy = getattr(engine, "tandem_strategy", None)
+    if strategy is not None and hasattr(strategy, "close"):
+        strategy.close()
+    for backend in (getattr(engine, "drafter", None), getattr(engine, "target", None)):
+        if backend is not None:
+            backend.close()

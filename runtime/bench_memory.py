@@ -1,0 +1,131 @@
+"""Benchmarks for the memory planner and the device split (BENCHMARKS.md section
+"Memory planner and device split").
+
+``python -m tandem.runtime.bench_memory specmemo``: speculative throughput under the
+unconstrained plan vs a budget cut until the planner shrinks the drafter.
+``python -m tandem.runtime.bench_memory split``: sequential vs CPU-thread split with
+pre-drafting, same total threads. Both alternate the variants ``--reps`` times in one
+process and report medians (the machine is shared and noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.runtime.drafters.model import ModelDrafter
+from tandem.runtime.generate import DoneEvent, autoregressive, generate
+from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
+from tandem.runtime.planner import SAFETY, PlanRequest, make_plan
+from tandem.runtime.split import Placement, WindowedDrafter, set_threads, split_speculative
+
+STORIES = Path(__file__).resolve().parents[2] / "shared/fixtures/models/stories260K/stories260K.gguf"
+PROMPT = "Once upon a time, there was a little girl named Lily. She loved to play outside"
+
+
+def _tps(target, prompt, strategy, n: int) -> tuple[float, list[int]]:
+    start = time.perf_counter()
+    for ev in generate(target, prompt, Sampler(SamplingParams(temperature=0.0)), strategy=strategy,
+                       max_tokens=n, stop_at_eog=False):
+        if isinstance(ev, DoneEvent):
+            return len(ev.tokens) / (time.perf_counter() - start), ev.tokens
+    raise RuntimeError("no DoneEvent")
+
+
+def _twin(params: str) -> Path:
+    from tandem.models.twin import ensure_twin
+
+    return ensure_twin(STORIES, params, "q8_0", Path(__file__).resolve().parents[1] / ".bench" / "twins")
+
+
+def specmemo(args: argparse.Namespace) -> dict:
+    from tandem.runtime.hardware import resolve_machine
+
+    target_path = _twin(args.params)
+    ctx, k = args.ctx, 4
+
+    def plan(budget):
+        m = resolve_machine(budget=budget, measure_bandwidth=False)
+        return make_plan(PlanRequest(target_path, STORIES, ctx, m, draft_max=k, acceptance=0.95, threads=1))
+
+    full = plan("8GiB")
+    alone = make_plan(PlanRequest(target_path, None, ctx, resolve_machine(budget="8GiB", measure_bandwidth=False),
+                                  draft_max=k, threads=1, baseline=full.baseline))
+    spec_full = full.host_total - alone.host_total
+    budget = int((alone.host_total + args.share * spec_full) / (1 - SAFETY))
+    cut = plan(budget)
+    spec_cut = cut.host_total - alone.host_total if cut.draft else 0
+    target = LlamaCppBackend(target_path, full.target.llama_config())
+    prompt = target.tokenize(PROMPT, add_bos=True)
+    variants = {}
+    for name, p in (("unconstrained", full), ("budget-cut", cut)):
+        d = LlamaCppBackend(p.draft.path, p.draft.llama_config()) if p.draft else None
+        drafter = ModelDrafter(d, owns_backend=True) if d else None
+        if drafter is not None and p.draft.window:
+            drafter = WindowedDrafter(drafter, p.draft.window)
+        variants[name] = drafter
+    runs: dict[str, list[float]] = {n: [] for n in variants}
+    outputs = {}
+    for _ in range(args.reps):
+        for name, drafter in variants.items():
+            strategy = split_speculative(drafter, k, predraft=False) if drafter else autoregressive
+            tps, toks = _tps(target, prompt, strategy, args.tokens)
+            runs[name].append(tps)
+            outputs[name] = toks
+    med = {n: statistics.median(v) for n, v in runs.items()}
+    return {
+        "target": target_path.name, "ctx": ctx, "budget_bytes": budget,
+        "unconstrained_spec_bytes": spec_full, "cut_spec_bytes": spec_cut,
+        "spec_memory_share": spec_cut / spec_full if spec_full else None,
+        "cut_drafter": None if cut.draft is None else {"window": cut.draft.window, "n_batch": cut.draft.n_batch},
+        "tokens_per_s": med, "throughput_kept": med["budget-cut"] / med["unconstrained"],
+        "identical_output": outputs["unconstrained"] == outputs["budget-cut"], "runs": runs,
+    }
+
+
+def split(args: argparse.Namespace) -> dict:
+    target_path = _twin(args.params)
+    target = LlamaCppBackend(target_path, LlamaConfig(n_ctx=1024, n_threads=1))
+    draft = LlamaCppBackend(STORIES, LlamaConfig(n_ctx=1024, n_threads=1))
+    prompt = target.tokenize(PROMPT, add_bos=True)
+    placements = [Placement("plain 1 thread", 1, 0, False), Placement("sequential 1+1", 1, 1, False),
+                  Placement("split 1+1 (pre-draft)", 1, 1, True)]
+    if args.two_threads:  # llama.cpp's spinning barrier collapses on an oversubscribed box
+        placements += [Placement("plain 2 threads", 2, 0, False), Placement("sequential 2+2", 2, 2, False)]
+    runs: dict[str, list[float]] = {p.name: [] for p in placements}
+    outputs = {}
+    for _ in range(args.reps):
+        for p in placements:
+            set_threads(target, p.target_threads)
+            if p.draft_threads:
+                set_threads(draft, p.draft_threads)
+                strategy = split_speculative(ModelDrafter(draft, owns_backend=False), 4, predraft=p.predraft)
+            else:
+                strategy = autoregressive
+            tps, toks = _tps(target, prompt, strategy, args.tokens)
+            runs[p.name].append(tps)
+            outputs[p.name] = toks
+    same = all(v == outputs["plain 1 thread"] for v in outputs.values())
+    return {"target": target_path.name, "tokens_per_s": {n: statistics.median(v) for n, v in runs.items()},
+            "identical_output": same, "runs": runs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("which", choices=["specmemo", "split"])
+    ap.add_argument("--params", default="60M", help="cost twin size of stories260K (target)")
+    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--two-threads", action="store_true", help="also time 2-thread placements")
+    ap.add_argument("--share", type=float, default=0.35, help="budget: target + this share of spec memory")
+    args = ap.parse_args()
+    print(json.dumps(specmemo(args) if args.which == "specmemo" else split(args), indent=1))
+
+
+if __name__ == "__main__":
+    main()

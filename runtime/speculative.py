@@ -1,0 +1,292 @@
+"""Speculative decoding as a :mod:`tandem.runtime.generate` strategy, and its factory.
+
+One round: the drafter proposes up to k tokens, the target verifies them in **one**
+``evaluate`` over ``[last committed token] + draft`` asking logits for every row, the
+acceptance kernel (:mod:`tandem.kernels.acceptance`) keeps a prefix and emits one
+token, and both KV caches are rolled back to the committed sequence.
+
+Invariant between rounds: the target cache holds every committed token but the last,
+whose logits the next round's verify call produces anyway. That makes plain decoding
+(k = 0) the same one-token call as :func:`~tandem.runtime.generate.autoregressive`, and
+a round with k drafted tokens one call over k+1 tokens (the c(k) of
+:mod:`tandem.runtime.adaptive`).
+
+Callers (CLI, TUI, server) build a strategy with :func:`build_strategy` and pass it to
+``generate(..., strategy=...)``; see its docstring.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tandem.kernels.acceptance import Verdict, verify_greedy, verify_sampled
+from tandem.kernels.sampling import Sampler
+from tandem.models.errors import TandemError
+from tandem.runtime.adaptive import (
+    AdaptiveConfig,
+    AdaptivePolicy,
+    FixedLength,
+    LengthPolicy,
+    load_cost_curve,
+)
+from tandem.runtime.backend import Backend, common_prefix_len
+from tandem.runtime.drafters.base import Draft, Drafter
+from tandem.runtime.generate import Commit, DecodeStats, autoregressive
+
+RoundHook = Callable[[Backend, Drafter, list[int]], None]
+"""Called after every round with (target, drafter, committed context): a test hook."""
+
+MODES = ("auto", "model", "xvocab", "ngram", "off")
+
+
+def _prefill_all_but_last(target: Backend, prompt: Sequence[int]) -> None:
+    """Cache ``prompt[:-1]`` (reusing the cached prefix); the last token goes with round 1."""
+    reuse = common_prefix_len(target.tokens, prompt[:-1])
+    target.truncate(reuse)
+    if len(prompt) - 1 > reuse:
+        target.evaluate(list(prompt[reuse:-1]))
+
+
+def _history(context: list[int], draft: Sequence[int], i: int, sampler: Sampler) -> Sequence[int]:
+    """What the sampler sees before position ``i`` (only the penalty reads it)."""
+    if sampler.params.repetition_penalty == 1.0:
+        return ()
+    return context + list(draft[:i])
+
+
+def _align_q(q: np.ndarray | None, n_vocab: int) -> np.ndarray | None:
+    """Pad a drafter's q to the target vocabulary (extra target ids get q = 0)."""
+    if q is None or q.shape[1] == n_vocab:
+        return q
+    if q.shape[1] > n_vocab:
+        if np.any(q[:, n_vocab:] > 0):
+            raise TandemError("The drafter proposes token ids the target does not have.")
+        return q[:, :n_vocab]
+    return np.pad(q, ((0, 0), (0, n_vocab - q.shape[1])))
+
+
+def verify_round(
+    logits: np.ndarray, draft: Draft, context: list[int], sampler: Sampler, n_vocab: int
+) -> Verdict:
+    """Target logits rows (``len(draft)+1``) + the draft -> accepted count and next token."""
+    tokens = draft.tokens
+    if sampler.greedy:
+        choices: list[int] = []
+        for i in range(len(tokens) + 1):  # lazily, up to the first mismatch
+            choices.append(sampler(logits[i], _history(context, tokens, i, sampler)))
+            if i < len(tokens) and choices[i] != tokens[i]:
+                break
+        return verify_greedy(tokens, choices)
+    p = np.stack([sampler.distribution(logits[i], _history(context, tokens, i, sampler)) for i in range(len(tokens) + 1)])
+    return verify_sampled(tokens, p, _align_q(draft.q, n_vocab), sampler.rng)
+
+
+def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | None = None):
+    """A strategy drafting with ``drafter``, draft lengths from ``policy``."""
+
+    def strategy(target: Backend, prompt: list[int], sampler: Sampler, stats: DecodeStats) -> Iterator[Commit]:
+        context = list(prompt)
+        _prefill_all_but_last(target, context)
+        if hasattr(drafter, "stop_threshold"):
+            drafter.stop_threshold = policy.stop_threshold
+        calls0 = int(getattr(drafter, "calls", 0))
+        extra = stats.extra
+        for key in ("draft_s", "verify_s", "round_s", "rounds_speculative"):
+            extra.setdefault(key, 0.0)
+        while len(context) <= target.n_ctx:
+            start = time.perf_counter()
+            k = min(policy.next_length(), target.n_ctx - len(context))
+            draft = drafter.propose(context, k, sampler) if k > 0 else Draft([], None, "")
+            keep = policy.trim(draft.confidence, min(k, len(draft.tokens))) if draft.tokens else 0
+            if len(draft.tokens) > keep:
+                draft = Draft(draft.tokens[:keep], None if draft.q is None else draft.q[:keep], draft.source,
+                              None if draft.confidence is None else draft.confidence[:keep])
+            drafted_at = time.perf_counter()
+            n = len(draft.tokens)
+            logits = target.evaluate([context[-1], *draft.tokens], logits_for=range(n + 1))
+            verified_at = time.perf_counter()
+            verdict = verify_round(logits, draft, context, sampler, target.n_vocab)
+            accepted = draft.tokens[: verdict.accepted]
+            target.truncate(len(context) + verdict.accepted)
+            context.extend(accepted)
+            context.append(verdict.token)
+            drafter.commit(context, verdict.accepted)  # also on k = 0: caches stay in sync
+            end = time.perf_counter()
+            stats.target_calls += 1
+            stats.rounds += 1
+            stats.drafted_tokens += n
+            stats.accepted_tokens += verdict.accepted
+            stats.draft_calls = int(getattr(drafter, "calls", 0)) - calls0
+            extra["draft_s"] += drafted_at - start
+            extra["verify_s"] += verified_at - drafted_at
+            extra["round_s"] += end - start
+            if n:
+                extra["rounds_speculative"] += 1
+                src = draft.source or drafter.name
+                extra[f"drafted:{src}"] = extra.get(f"drafted:{src}", 0.0) + n
+                extra[f"accepted:{src}"] = extra.get(f"accepted:{src}", 0.0) + verdict.accepted
+            policy.observe(n, verdict.accepted, drafted_at - start, verified_at - drafted_at, end - start)
+            if hook is not None:
+                hook(target, drafter, context)
+            yield Commit([*accepted, verdict.token], verdict.accepted)
+
+    return strategy
+
+
+@dataclass
+class SpecOptions:
+    """How :func:`build_strategy` sets speculation up."""
+
+    mode: str = "auto"
+    """auto | model | xvocab | ngram | off (see :func:`build_strategy`)."""
+    draft_max: int = 8
+    """Upper bound on tokens drafted per round."""
+    draft_length: int | None = None
+    """A fixed draft length (no adaptation); ``None`` = adaptive."""
+    stop_threshold: float | None = 0.8
+    """SpecDec++ threshold for model drafters (adaptive mode only)."""
+    measure_cost: bool = True
+    """Measure (or load the cached) c(k) of the target; ``False`` assumes a CPU-like curve."""
+
+
+class SpeculativeStrategy:
+    """A ready strategy plus what it owns: call it like any strategy, ``close()`` it.
+
+    ``describe()`` says which drafter and policy are in use (for ``--json`` and the UI);
+    ``drafter`` is ``None`` in plain mode.
+    """
+
+    def __init__(self, drafter: Drafter | None, policy: LengthPolicy | None, hook: RoundHook | None = None) -> None:
+        self.drafter = drafter
+        self.policy = policy
+        self._run = speculative(drafter, policy, hook=hook) if drafter is not None and policy is not None else None
+
+    def __call__(self, target: Backend, prompt: list[int], sampler: Sampler, stats: DecodeStats) -> Iterator[Commit]:
+        if self._run is None:
+            return autoregressive(target, prompt, sampler, stats)
+        return self._run(target, prompt, sampler, stats)
+
+    def describe(self) -> dict:
+        if self.drafter is None:
+            return {"drafter": None, "policy": "off"}
+        policy = self.policy
+        info: dict = {"drafter": self.drafter.name, "policy": type(policy).__name__}
+        if isinstance(policy, FixedLength):
+            info["draft_length"] = policy.k
+        elif isinstance(policy, AdaptivePolicy):
+            info["cost_curve"] = [round(c, 3) for c in policy.cost.c]
+            info["rounds_off"] = policy.rounds_off
+        return info
+
+    def close(self) -> None:
+        if self.drafter is not None:
+            self.drafter.close()
+            self.drafter = None
+            self._run = None
+
+
+# Cost curve assumed when measuring is switched off: the 2-core CPU figures of issue 3.
+CPU_COST_CURVE = (1.0, 1.7, 1.9, 2.1, 2.4, 2.55, 2.7, 2.85, 3.0)
+
+
+def model_free_drafter(target: Backend) -> Drafter:
+    """Suffix-tree drafting (with the in-process global tree for this vocabulary) ahead of
+    prompt lookup."""
+    from tandem.runtime.drafters.chain import ChainDrafter
+    from tandem.runtime.drafters.lookup import PromptLookupDrafter
+    from tandem.runtime.drafters.suffix import SuffixDrafter, global_cache
+
+    suffix = SuffixDrafter(global_cache=global_cache(f"{target.name}:{target.n_vocab}"))
+    return ChainDrafter([suffix, PromptLookupDrafter()])
+
+
+def open_model_drafter(target: Backend, draft: str | Path | Backend, mode: str, *, llama_config=None) -> Drafter:
+    """A model drafter for ``draft`` (a GGUF path, a store name or an open backend):
+    same-vocabulary when the vocabularies match, cross-vocabulary otherwise (``auto``),
+    or as ``mode`` demands."""
+    from tandem.runtime.drafters.model import ModelDrafter, same_vocabulary
+
+    owns = not isinstance(draft, Backend)
+    if owns:
+        from tandem.models.store import resolve_model
+        from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
+
+        config = llama_config or LlamaConfig(n_ctx=target.n_ctx)
+        backend = LlamaCppBackend(resolve_model(str(draft)), config)
+    else:
+        backend = draft
+    try:
+        same = same_vocabulary(target, backend)
+        if mode == "model" and not same:
+            raise TandemError(
+                f"The drafter {backend.name} has a different vocabulary from {target.name}: "
+                "use --draft-mode xvocab (or auto)."
+            )
+        if mode == "model" or (mode == "auto" and same):
+            return ModelDrafter(backend, owns_backend=owns)
+        from tandem.runtime.drafters.xvocab import CrossVocabDrafter
+
+        return CrossVocabDrafter(backend, target, owns_backend=owns)
+    except BaseException:
+        if owns:
+            backend.close()
+        raise
+
+
+def build_strategy(
+    target: Backend,
+    draft: str | Path | Backend | None = None,
+    options: SpecOptions | None = None,
+    *,
+    llama_config=None,
+    hook: RoundHook | None = None,
+) -> SpeculativeStrategy:
+    """THE entry point for speculative decoding (CLI, TUI, server and bench call it).
+
+    ``draft``: a drafter model (GGUF path, store name, or an open :class:`Backend`), or
+    ``None`` for model-free drafting only. ``options.mode``:
+
+    * ``auto`` (default): model-free drafters (suffix tree, prompt lookup) first, then
+      the model drafter if one is given (same-vocab if the vocabularies match, else
+      cross-vocab); adaptive length, switched off when it does not pay;
+    * ``model`` / ``xvocab``: only that model drafter (``draft`` required);
+    * ``ngram``: only the model-free drafters;
+    * ``off``: plain decoding (exactly :func:`autoregressive`).
+
+    Adaptive policies measure the target's verify-cost curve on first use (seconds,
+    cached per model file and machine). Draft-model backends opened here use
+    ``llama_config`` (default: the target's context size). Close the result when done
+    (it frees the drafter); the target stays open. Output is lossless in every mode.
+    """
+    from tandem.runtime.adaptive import CostCurve
+    from tandem.runtime.drafters.chain import ChainDrafter
+
+    opts = options or SpecOptions()
+    if opts.mode not in MODES:
+        raise TandemError(f"Unknown draft mode {opts.mode!r}; choose one of {', '.join(MODES)}.")
+    if opts.mode == "off":
+        return SpeculativeStrategy(None, None)
+    if opts.mode in ("model", "xvocab") and draft is None:
+        raise TandemError(f"--draft-mode {opts.mode} needs a drafter model (--draft).")
+    if opts.draft_max < 1 or (opts.draft_length is not None and opts.draft_length < 0):
+        raise TandemError("The draft length must be positive.")
+    drafters: list[Drafter] = []
+    if opts.mode in ("auto", "ngram"):
+        drafters.append(model_free_drafter(target))
+    if draft is not None and opts.mode != "ngram":
+        drafters.append(open_model_drafter(target, draft, opts.mode, llama_config=llama_config))
+    drafter = drafters[0] if len(drafters) == 1 else ChainDrafter(drafters)
+    policy: LengthPolicy
+    if opts.draft_length is not None:
+        policy = FixedLength(opts.draft_length)
+    else:
+        k_max = opts.draft_max
+        cost = load_cost_curve(target, k_max) if opts.measure_cost else CostCurve(CPU_COST_CURVE, 0.0)
+        policy = AdaptivePolicy(cost, AdaptiveConfig(max_len=k_max, stop_threshold=opts.stop_threshold),
+                                cheap_drafter=draft is None or opts.mode == "ngram")
+    return SpeculativeStrategy(drafter, policy, hook)

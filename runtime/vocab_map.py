@@ -1,0 +1,143 @@
+"""Vocabulary pairs built from backends: pieces, direct map, text alignment helpers.
+
+The pure mapping lives in :mod:`tandem.kernels.vocab_map`; this module reads what it
+needs from anything with the tokenizer half of the ``Backend`` protocol
+(``tokenize``, ``token_bytes``, ``n_vocab``, ``special``) and adds
+:class:`VocabOnlyTokenizer`, a tokenizer-only adapter over a vocab-only GGUF, so
+cross-vocabulary code can be exercised against real tokenizers without weights.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from tandem.kernels.vocab_map import build_direct_map
+from tandem.models.errors import ModelFormatError
+from tandem.runtime.backend import SpecialTokens
+
+
+class Tokenizer(Protocol):
+    """The tokenizer half of :class:`tandem.runtime.backend.Backend`."""
+
+    name: str
+
+    @property
+    def n_vocab(self) -> int: ...
+
+    @property
+    def special(self) -> SpecialTokens: ...
+
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]: ...
+
+    def token_bytes(self, token: int) -> bytes: ...
+
+
+def pieces_of(tok: Tokenizer) -> list[bytes]:
+    """Every token's output bytes, in id order."""
+    return [tok.token_bytes(i) for i in range(tok.n_vocab)]
+
+
+def adds_space_prefix(tok: Tokenizer, pieces: list[bytes] | None = None) -> bool:
+    """Whether tokenizing ``"a"`` yields ``" a"`` (SentencePiece's dummy prefix)."""
+    pieces = pieces or pieces_of(tok)
+    return b"".join(pieces[i] for i in tok.tokenize("a")) == b" a"
+
+
+def complete_utf8_prefix(data: bytes) -> int:
+    """Length of the longest prefix of ``data`` that ends on a character boundary,
+    or -1 when ``data`` is not valid UTF-8 apart from an unfinished last character."""
+    dec = codecs.getincrementaldecoder("utf-8")(errors="strict")
+    try:
+        text = dec.decode(data, final=False)
+    except UnicodeDecodeError:
+        return -1
+    return len(text.encode("utf-8"))
+
+
+@dataclass
+class VocabPair:
+    """A drafter vocabulary and a target vocabulary, with the direct map between them."""
+
+    draft_pieces: list[bytes]
+    target_pieces: list[bytes]
+    direct: np.ndarray
+    draft_space_prefix: bool
+
+    @classmethod
+    def build(cls, drafter: Tokenizer, target: Tokenizer) -> VocabPair:
+        dp, tp = pieces_of(drafter), pieces_of(target)
+        ds, ts = drafter.special, target.special
+        specials: list[tuple[int, int]] = []
+        if ts.eos is not None:
+            specials += [(d, ts.eos) for d in sorted(ds.eog | ({ds.eos} if ds.eos is not None else set()))]
+        direct = build_direct_map(dp, tp, special_pairs=specials)
+        return cls(dp, tp, direct, adds_space_prefix(drafter, dp))
+
+    @cached_property
+    def shared(self) -> int:
+        """Number of drafter ids with a target counterpart."""
+        return int(np.count_nonzero(self.direct >= 0))
+
+    def draft_text(self, ids: list[int]) -> bytes:
+        return b"".join(self.draft_pieces[i] for i in ids)
+
+    def target_text(self, ids: list[int]) -> bytes:
+        return b"".join(self.target_pieces[i] for i in ids)
+
+
+class VocabOnlyTokenizer:
+    """Tokenizer-only view of a GGUF (no weights loaded): the tokenizer half of a Backend."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        import llama_cpp
+
+        self.path = Path(path)
+        self.name = self.path.stem
+        try:
+            self._llm = llama_cpp.Llama(str(self.path), vocab_only=True, verbose=False)
+        except (ValueError, RuntimeError) as exc:
+            raise ModelFormatError(f"llama.cpp could not read the vocabulary of {self.path}: {exc}") from None
+        self._lc = llama_cpp
+        self._vocab = llama_cpp.llama_model_get_vocab(self._llm._model.model)
+        self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self._pieces: dict[int, bytes] = {}
+
+    @property
+    def n_vocab(self) -> int:
+        return self._n_vocab
+
+    @cached_property
+    def special(self) -> SpecialTokens:
+        lc, v = self._lc, self._vocab
+
+        def tok(fn) -> int | None:
+            t = int(fn(v))
+            return t if 0 <= t < self._n_vocab else None
+
+        eog = frozenset(t for t in range(self._n_vocab) if lc.llama_vocab_is_eog(v, t))
+        return SpecialTokens(bos=tok(lc.llama_vocab_bos), eos=tok(lc.llama_vocab_eos), eog=eog)
+
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
+        return list(self._llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special))
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = self._lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = self._lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            piece = self._pieces[token] = buf.raw[:n]
+        return piece
+
+    def close(self) -> None:
+        self._llm.close()

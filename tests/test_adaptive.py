@@ -1,0 +1,130 @@
+"""Adaptive speculation: the c(k) cache and the length policy (synthetic inputs, no timing
+assertions)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from toy_models import ToyBackend, random_table  # noqa: E402
+
+from tandem.runtime.adaptive import (  # noqa: E402
+    AdaptiveConfig,
+    AdaptivePolicy,
+    CostCurve,
+    FixedLength,
+    load_cost_curve,
+    measure_cost_curve,
+)
+from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend  # noqa: E402
+
+CPU = CostCurve((1.0, 1.7, 1.9, 2.1, 2.4, 2.55, 2.7, 2.85, 3.0), 0.1)
+
+
+def feed(policy: AdaptivePolicy, accept_prob: float, rounds: int, seed: int = 0) -> list[int]:
+    """Simulate rounds where each drafted token is accepted with ``accept_prob``."""
+    rng = np.random.default_rng(seed)
+    lengths = []
+    for _ in range(rounds):
+        k = policy.next_length()
+        lengths.append(k)
+        if k == 0:
+            continue
+        accepted = 0
+        while accepted < k and rng.random() < accept_prob:
+            accepted += 1
+        policy.observe(k, accepted, draft_s=0.0, verify_s=policy.cost(k) * 0.1, round_s=policy.cost(k) * 0.1)
+    return lengths
+
+
+def test_policy_turns_off_at_zero_acceptance_and_probes() -> None:
+    policy = AdaptivePolicy(CPU, AdaptiveConfig(max_len=8, probe_every=8, probe_max=64))
+    lengths = feed(policy, 0.0, 400)
+    tail = lengths[100:]
+    assert sum(k > 0 for k in tail) <= 10  # probes only, with back-off
+    assert any(k > 0 for k in tail)  # ... but it does probe again
+    assert policy.best_length() == 0
+
+
+def test_policy_speculates_when_acceptance_is_high() -> None:
+    policy = AdaptivePolicy(CPU, AdaptiveConfig(max_len=8))
+    lengths = feed(policy, 0.97, 300)
+    assert np.median(lengths[50:]) >= 4
+    assert policy.predicted_speedup(policy.best_length()) > 1.5
+
+
+def test_policy_length_grows_with_acceptance_and_shrinks_with_cost() -> None:
+    def settle(curve: CostCurve, p: float) -> int:
+        policy = AdaptivePolicy(curve, AdaptiveConfig(max_len=8))
+        feed(policy, p, 300)
+        return policy.best_length()
+
+    assert settle(CPU, 0.7) <= settle(CPU, 0.95)
+    gpu = CostCurve.linear(0.02)
+    assert settle(gpu, 0.7) >= settle(CPU, 0.7)
+    assert settle(CostCurve.linear(1.0), 0.9) == 0  # verify as dear as decoding: never pays
+
+
+def test_drafter_cost_counts() -> None:
+    cheap = AdaptivePolicy(CostCurve.linear(0.05), AdaptiveConfig(max_len=8))
+    dear = AdaptivePolicy(CostCurve.linear(0.05), AdaptiveConfig(max_len=8), draft_cost=0.5)
+    for p in (cheap, dear):
+        p.reached[:] = 100
+        p.accepted[:] = 80
+    assert dear.best_length() < cheap.best_length()
+
+
+def test_expected_tokens_formula() -> None:
+    policy = AdaptivePolicy(CPU, AdaptiveConfig(max_len=4, prior_weight=1e-9))
+    policy.reached[:] = 1000
+    policy.accepted[:] = 500
+    alpha = 0.5
+    for k in range(5):  # geometric case: (1 - a^(k+1)) / (1 - a)
+        assert abs(policy.expected_tokens(k) - (1 - alpha ** (k + 1)) / (1 - alpha)) < 1e-6
+
+
+def test_cost_curve_measured_once_and_cached(stories260k: Path, monkeypatch) -> None:
+    with LlamaCppBackend(stories260k, LlamaConfig(n_ctx=256, n_threads=1)) as backend:
+        backend.evaluate([1, 2, 3])
+        curve = load_cost_curve(backend, k_max=4)
+        assert backend.tokens == [1, 2, 3]  # the measurement left the cache as it was
+        assert curve.c[0] == 1.0 and len(curve.c) == 5
+        assert all(b >= a for a, b in zip(curve.c, curve.c[1:], strict=False))
+
+        import tandem.runtime.adaptive as adaptive
+
+        def fail(*a, **k):
+            raise AssertionError("measured again")
+
+        monkeypatch.setattr(adaptive, "measure_cost_curve", fail)
+        assert load_cost_curve(backend, k_max=4) == curve
+    from tandem.models.paths import cache_dir
+
+    table = json.loads((cache_dir() / "verify_cost.json").read_text())
+    assert len(table) == 1 and next(iter(table.values()))["c"] == list(curve.c)
+
+
+def test_measure_on_toy_backend_restores_cache() -> None:
+    toy = ToyBackend(random_table(5, np.random.default_rng(0)))
+    toy.evaluate([1, 2])
+    curve = measure_cost_curve(toy, k_max=3, reps=1, context=8)
+    assert toy.tokens == [1, 2] and len(curve.c) == 4
+
+
+def test_trim_gates_cheap_drafts_by_confidence_and_calibrates() -> None:
+    policy = AdaptivePolicy(CPU, AdaptiveConfig(max_len=8, probe_every=1000), cheap_drafter=True)
+    assert policy.next_length() == 8  # asking a model-free drafter is free
+    assert policy.trim([0.99] * 6, 6) >= 3  # a confident long match is worth verifying
+    assert policy.trim([0.2, 0.2], 2) == 0  # a weak one is not: plain round
+    # Confident drafts that keep failing: calibration drops and gating follows.
+    for _ in range(60):
+        n = policy.trim([0.95] * 4, 4)
+        policy.observe(n, 0, 0.0, 0.1 * CPU(n), 0.1 * CPU(n)) if n else None
+    assert policy.calibration() < 0.6  # from 1.0, until gating stops verifying them
+    assert policy.trim([0.95] * 4, 4) == 0
+    assert FixedLength(3).trim([0.0, 0.0], 2) == 2  # fixed policies verify everything
