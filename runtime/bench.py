@@ -64,6 +64,9 @@ class Run:
     prompt: int
     rep: int
     tokens_per_s: float
+    cpu_tokens_per_s: float
+    """Tokens per second of this process's CPU time: on a busy machine with one
+    llama.cpp thread, a far steadier estimate of the unloaded speed than wall time."""
     tokens: list[int]
     target_calls: int
     drafted: int
@@ -113,17 +116,28 @@ class _Histogram:
         self.policy.observe(drafted, accepted, draft_s, verify_s, round_s)
 
 
+def _rate(n_tokens: int, seconds: float) -> float:
+    """Decode rate after the first token, as GenerationStats.tokens_per_s."""
+    return (n_tokens - 1) / seconds if n_tokens > 1 and seconds > 0 else 0.0
+
+
 def run_strategy(target: Backend, prompt: list[int], make: Callable[[], tuple], n: int, cost: CostCurve) -> dict:
     drafter, policy = make()
     hist = _Histogram(policy) if policy is not None else None
     strategy = autoregressive if drafter is None else speculative(drafter, hist)
     target.truncate(0)
-    *_, done = generate(target, prompt, Sampler(SamplingParams.greedy_params()), strategy=strategy,
-                        max_tokens=n, stop_at_eog=False)
+    cpu_first = None
+    for event in generate(target, prompt, Sampler(SamplingParams.greedy_params()), strategy=strategy,
+                          max_tokens=n, stop_at_eog=False):
+        if cpu_first is None:
+            cpu_first = time.process_time()
+        done = event
+    cpu_s = time.process_time() - (cpu_first or 0.0)
     assert isinstance(done, DoneEvent)
     s = done.stats
     predicted = None if hist is None else sum(c * cost(k) for k, c in hist.counts.items())
-    return {"tokens_per_s": s.tokens_per_s, "tokens": done.tokens, "target_calls": s.target_calls,
+    return {"tokens_per_s": s.tokens_per_s, "cpu_tokens_per_s": _rate(len(done.tokens), cpu_s),
+            "tokens": done.tokens, "target_calls": s.target_calls,
             "drafted": s.drafted_tokens, "accepted": s.accepted_tokens, "predicted_time": predicted}
 
 
@@ -140,18 +154,19 @@ def run_llama_lookup(llm, prompt: list[int], n: int, k: int = 10) -> dict:
     llm.eval = counting_eval
     out: list[int] = []
     first = end = time.perf_counter()
+    cpu_first = cpu_end = time.process_time()
     try:
         for tok in llm.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True):
             out.append(int(tok))
-            end = time.perf_counter()
+            end, cpu_end = time.perf_counter(), time.process_time()
             if len(out) == 1:
-                first = end
+                first, cpu_first = end, cpu_end
             if len(out) >= n:
                 break
     finally:
         llm.eval = original
     tps = (len(out) - 1) / (end - first) if len(out) > 1 and end > first else 0.0
-    return {"tokens_per_s": tps, "tokens": out, "target_calls": calls[0], "drafted": 0, "accepted": 0,
+    return {"tokens_per_s": tps, "cpu_tokens_per_s": _rate(len(out), cpu_end - cpu_first), "tokens": out, "target_calls": calls[0], "drafted": 0, "accepted": 0,
             "predicted_time": None}
 
 
@@ -162,10 +177,13 @@ def summarize(runs: list[Run], cost: CostCurve) -> dict:
     for r in runs:
         base = plain[(r.workload, r.prompt, r.rep)]
         row = out.setdefault(r.workload, {}).setdefault(r.config, {"speedups": [], "tps": [], "identical": True,
+                                                                     "cpu_speedups": [], "cpu_tps": [],
                                                                      "drafted": 0, "accepted": 0, "calls": 0,
                                                                      "tokens": 0, "pred": []})
         row["speedups"].append(r.tokens_per_s / base.tokens_per_s if base.tokens_per_s else 0.0)
         row["tps"].append(r.tokens_per_s)
+        row["cpu_tps"].append(r.cpu_tokens_per_s)
+        row["cpu_speedups"].append(r.cpu_tokens_per_s / base.cpu_tokens_per_s if base.cpu_tokens_per_s else 0.0)
         row["identical"] &= r.tokens == base.tokens
         row["drafted"] += r.drafted
         row["accepted"] += r.accepted
@@ -180,19 +198,24 @@ def summarize(runs: list[Run], cost: CostCurve) -> dict:
             table[wl][name] = {
                 "tokens_per_s": statistics.median(row["tps"]),
                 "speedup": statistics.median(row["speedups"]),
+                "cpu_tokens_per_s": statistics.median(row["cpu_tps"]),
+                "cpu_speedup": statistics.median(row["cpu_speedups"]),
                 "acceptance": row["accepted"] / row["drafted"] if row["drafted"] else None,
                 "tokens_per_call": row["tokens"] / row["calls"] if row["calls"] else None,
                 "identical": row["identical"],
                 "predicted_speedup": statistics.median(row["pred"]) if row["pred"] else None,
             }
         fixed = {k: v for k, v in table[wl].items() if "@" in k}
-        best = max(fixed, key=lambda k: fixed[k]["speedup"]) if fixed else "plain"
-        best_speed = max(1.0, fixed[best]["speedup"]) if fixed else 1.0
-        table[wl]["_targets"] = {
-            "best_fixed": best if fixed and fixed[best]["speedup"] > 1.0 else "plain",
-            "best_fixed_speedup": best_speed,
-            "auto_vs_best": {k: v["speedup"] / best_speed for k, v in table[wl].items() if k.startswith("auto")},
-        }
+        targets = {}
+        for metric in ("speedup", "cpu_speedup"):
+            best = max(fixed, key=lambda k: fixed[k][metric]) if fixed else "plain"
+            best_speed = max(1.0, fixed[best][metric]) if fixed else 1.0
+            targets[metric] = {
+                "best_fixed": best if fixed and fixed[best][metric] > 1.0 else "plain",
+                "best_fixed_speedup": best_speed,
+                "auto_vs_best": {k: v[metric] / best_speed for k, v in table[wl].items() if k.startswith("auto")},
+            }
+        table[wl]["_targets"] = targets
     return {"cost_curve": list(cost.c), "t1_s": cost.t1_s, "workloads": table}
 
 
@@ -262,6 +285,7 @@ def run_bench(cfg: BenchConfig) -> dict:
                                else run_strategy(target, prompt, makers[name], cfg.n_tokens, cost))
                         runs.append(Run(name, wl, pi, rep, **res))
                         cfg.log(f"rep {rep} {wl:10s} p{pi} {name:12s} {res['tokens_per_s']:7.2f} tok/s "
+                                f"cpu {res['cpu_tokens_per_s']:7.2f} tok/s "
                                 f"calls {res['target_calls']:4d} acc {res['accepted']}/{res['drafted']}")
         report = summarize(runs, cost)
         report["config"] = {"target": str(cfg.target), "draft": str(cfg.draft) if cfg.draft else None,
@@ -278,18 +302,20 @@ def run_bench(cfg: BenchConfig) -> dict:
 def format_report(report: dict) -> str:
     lines = ["c(k): " + " ".join(f"{c:.2f}" for c in report["cost_curve"])]
     for wl, table in report["workloads"].items():
-        lines.append(f"\n[{wl}]  {'config':14s} {'tok/s':>7s} {'speedup':>8s} {'pred':>6s} {'accept':>7s} "
-                     f"{'tok/call':>8s} identical")
+        lines.append(f"\n[{wl}]  {'config':12s} {'tok/s':>7s} {'speedup':>8s} {'cpu tok/s':>9s} {'cpu spd':>8s} "
+                     f"{'pred':>6s} {'accept':>7s} {'tok/call':>8s} identical")
         for name, row in table.items():
             if name.startswith("_"):
                 continue
             acc = f"{row['acceptance']:.0%}" if row["acceptance"] is not None else "-"
             pred = f"{row['predicted_speedup']:.2f}" if row["predicted_speedup"] else "-"
-            lines.append(f"  {name:20s} {row['tokens_per_s']:7.2f} {row['speedup']:7.2f}x {pred:>6s} {acc:>7s} "
+            lines.append(f"  {name:20s} {row['tokens_per_s']:7.2f} {row['speedup']:7.2f}x "
+                         f"{row['cpu_tokens_per_s']:9.2f} {row['cpu_speedup']:7.2f}x {pred:>6s} {acc:>7s} "
                          f"{row['tokens_per_call'] or 0:8.2f} {'yes' if row['identical'] else 'NO'}")
-        t = table["_targets"]
-        autos = ", ".join(f"{k} {v:.2f}" for k, v in t["auto_vs_best"].items())
-        lines.append(f"  best fixed: {t['best_fixed']} ({t['best_fixed_speedup']:.2f}x); auto / best: {autos}")
+        for metric, t in table["_targets"].items():
+            autos = ", ".join(f"{k} {v:.2f}" for k, v in t["auto_vs_best"].items())
+            lines.append(f"  [{metric}] best fixed: {t['best_fixed']} ({t['best_fixed_speedup']:.2f}x); "
+                         f"auto / best: {autos}")
     return "\n".join(lines)
 
 
@@ -304,9 +330,13 @@ def plot_report(report: dict, path: str | Path, configs: Sequence[str] | None = 
     for ax, wl in zip(axes, wls, strict=False):
         rows = {k: v for k, v in report["workloads"][wl].items() if not k.startswith("_")}
         names = list(configs or rows)
-        ax.barh(names, [rows[n]["speedup"] for n in names if n in rows], color="tab:blue", label="measured")
-        pred = [rows[n]["predicted_speedup"] or 0 for n in names if n in rows]
-        ax.scatter(pred, names, color="tab:orange", marker="|", s=200, label="predicted from c(k)")
+        names = [n for n in names if n in rows]
+        y = np.arange(len(names))
+        ax.barh(y - 0.2, [rows[n]["speedup"] for n in names], height=0.4, color="tab:blue", label="wall clock")
+        ax.barh(y + 0.2, [rows[n]["cpu_speedup"] for n in names], height=0.4, color="tab:green", label="CPU time")
+        pred = [rows[n]["predicted_speedup"] or 0 for n in names]
+        ax.scatter(pred, y, color="tab:orange", marker="|", s=200, label="predicted from c(k)")
+        ax.set_yticks(y, names)
         ax.axvline(1.0, color="k", lw=0.8)
         ax.set_title(f"{wl}: speedup vs plain")
         ax.tick_params(axis="y", labelsize=7)

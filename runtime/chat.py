@@ -9,7 +9,7 @@ single KV cache with a lock.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.models.chat_template import Message, render_chat
@@ -17,19 +17,20 @@ from tandem.models.errors import PromptError
 from tandem.runtime.backend import Backend
 from tandem.runtime.generate import Event, Strategy, autoregressive, generate
 
-StrategyFactory = Callable[[], Strategy]
-
 
 class ChatEngine:
+    """Owns the target, the decoding strategy (kept across turns, so drafter caches and
+    adaptive statistics persist) and the drafter backend if any; :meth:`close` frees all."""
+
     def __init__(
         self,
         target: Backend,
-        strategy_factory: StrategyFactory | None = None,
+        strategy: Strategy | None = None,
         *,
         drafter: Backend | None = None,
     ) -> None:
         self.target = target
-        self.strategy_factory = strategy_factory
+        self.strategy = strategy or autoregressive
         self.drafter = drafter
         self.lock = threading.Lock()
 
@@ -70,12 +71,11 @@ class ChatEngine:
         """Stream the assistant's reply to ``messages`` (the last one is the user's)."""
         with self.lock:
             ids, stops = self.render(self.fit(messages, max_tokens))
-            strategy = self.strategy_factory() if self.strategy_factory else autoregressive
             yield from generate(
                 self.target,
                 ids,
                 Sampler(params),
-                strategy=strategy,
+                strategy=self.strategy,
                 max_tokens=max_tokens,
                 stop=[*stops, *stop],
                 cancel=cancel,
@@ -92,3 +92,11 @@ class ChatEngine:
             "total": t.total + (d.total if d else 0),
         }
 
+    def close(self) -> None:
+        with self.lock:
+            close = getattr(self.strategy, "close", None)
+            if callable(close):
+                close()
+            for backend in (self.drafter, self.target):
+                if backend is not None:
+                    backend.close()

@@ -139,8 +139,8 @@ CHAT = textwrap.dedent("""
         drafter = ModelDrafter(LlamaCppBackend(plan.draft.path, plan.draft.llama_config()))
         if plan.draft.window:
             drafter = WindowedDrafter(drafter, plan.draft.window)
-    factory = (lambda: split_speculative(drafter, plan.draft_max, predraft=False)) if drafter else None
-    engine = ChatEngine(target, factory)
+    strategy = split_speculative(drafter, plan.draft_max, predraft=False) if drafter else None
+    engine = ChatEngine(target, strategy)
     messages = []
     for turn in range(turns):
         messages.append({"role": "user", "content": f"Tell me story number {turn} about a cat and a dog."})

@@ -89,6 +89,8 @@ async def await_reply(pilot, screen: ChatScreen, *keys: str) -> None:
     done = screen.replies_done
     await pilot.press(*keys)
     await until(pilot, lambda: screen.replies_done > done)
+    # The final stats are drawn by the throttled redraw: wait until no view is still live.
+    await until(pilot, lambda: not any("streaming" in str(s.render()) for s in screen.query(".stats")))
     await pilot.pause()
 
 

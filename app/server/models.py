@@ -52,15 +52,13 @@ class ModelSlot:
 
     def close(self) -> None:
         self.worker.close()
-        if self.strategy is not None and hasattr(self.strategy, "close"):
-            self.strategy.close()
-        self.target.close()
+        self.engine.close()
 
 
 def make_slot(target: Backend, *, name: str | None = None, draft: str | None = None, speculative: bool = True,
               ngram: NgramModel | None = None, max_queue: int = 64, llama_config=None) -> ModelSlot:
     strategy, desc = speculative_factory(target, draft, llama_config) if speculative else (None, "off")
-    engine = ChatEngine(target, (lambda: strategy) if strategy is not None else None)
+    engine = ChatEngine(target, strategy)
     slot_name = name or target.name
     return ModelSlot(slot_name, target, engine, ModelWorker(slot_name, max_queue), ngram, desc, strategy)
 

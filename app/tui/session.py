@@ -276,18 +276,10 @@ def load_engine(choice: ModelChoice) -> Any:
             drafter.close()
         target.close()
         raise
-    engine = ChatEngine(target, lambda: strategy, drafter=drafter)
-    engine.tandem_strategy = strategy  # closed by close_engine
-    return engine
+    return ChatEngine(target, strategy, drafter=drafter)
 
 
 def close_engine(engine: Any) -> None:
-    """Free the engine's strategy and models (ChatEngine has no close of its own)."""
-    if engine is None:
-        return
-    strategy = getattr(engine, "tandem_strategy", None)
-    if strategy is not None and hasattr(strategy, "close"):
-        strategy.close()
-    for backend in (getattr(engine, "drafter", None), getattr(engine, "target", None)):
-        if backend is not None:
-            backend.close()
+    """Free the engine's strategy and models (``None`` is fine: nothing was loaded)."""
+    if engine is not None:
+        engine.close()

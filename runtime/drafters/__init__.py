@@ -10,7 +10,12 @@ from tandem.runtime.drafters.base import Draft, Drafter
 from tandem.runtime.drafters.chain import ChainDrafter
 from tandem.runtime.drafters.lookup import PromptLookupDrafter
 from tandem.runtime.drafters.model import ModelDrafter, same_vocabulary
-from tandem.runtime.drafters.suffix import GlobalSuffixCache, SuffixDrafter, SuffixParams, global_cache
+from tandem.runtime.drafters.suffix import (
+    GlobalSuffixCache,
+    SuffixDrafter,
+    SuffixParams,
+    global_cache,
+)
 
 __all__ = [
     "ChainDrafter",

@@ -65,9 +65,6 @@ class OffloadStats:
     waited: int = 0
     low_precision: int = 0
     bytes_loaded: int = 0
-    evictions: int = 0
-    predicted: int = 0
-    predicted_right: int = 0
     recall_by_layer: dict[int, list[int]] = field(default_factory=dict)
 
     @property
@@ -277,8 +274,7 @@ def enable_offload(backend, cfg: OffloadConfig, source: str = "gguf") -> Offload
     ``source="gguf"`` reads experts from the model file through mmap (the resident
     copies are dropped); ``"ram"`` keeps them in host RAM (pinned when CUDA is present).
     """
-    from tandem.models.errors import UnsupportedModel
-from tandem.runtime.torch_engine.expert_store import GGUFExpertSource, RamExpertSource
+    from tandem.runtime.torch_engine.expert_store import GGUFExpertSource, RamExpertSource
 
     ffns = moe_layers(backend)
     if source == "gguf":
