@@ -18,8 +18,8 @@ import numpy as np
 
 from tandem.models.errors import ModelFormatError, PromptError, TandemError, UnsupportedModel
 from tandem.models.gguf_file import GGUFInfo, check_runnable, inspect_gguf
-from tandem.models.vocab_coverage import coverage_check
-from tandem.runtime.backend import MemoryReport, SpecialTokens
+from tandem.runtime.backend import MemoryReport
+from tandem.runtime.llama_vocab import LlamaVocab, TokenizerDelegate
 
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 """KV cache element types by name (ggml type ids), as llama.cpp's ``-ctk``/``-ctv``."""
@@ -79,7 +79,7 @@ def check_kv_types(info: GGUFInfo, type_k: str, type_v: str) -> None:
             )
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(TokenizerDelegate):
     """A GGUF model and its KV cache (see :class:`tandem.runtime.backend.Backend`)."""
 
     def __init__(self, path: str | os.PathLike[str], config: LlamaConfig | None = None) -> None:
@@ -114,16 +114,14 @@ class LlamaCppBackend:
             ) from None
         self._ctx = self.llm._ctx.ctx
         self._model = self.llm._model.model
-        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.tokenizer = LlamaVocab(self.llm)
         self._mem = llama_cpp.llama_get_memory(self._ctx)
-        self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self._n_vocab = self.tokenizer.n_vocab
         self._n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
         # llama-cpp-python caps n_batch at the requested n_ctx; chunk by what the context took.
         self._n_batch = int(llama_cpp.llama_n_batch(self._ctx))
         self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
         self._tokens: list[int] = []
-        self._pieces: dict[int, bytes] = {}
-        self._special: SpecialTokens | None = None
         self.kv_bytes_per_token = kv_bytes_per_token(self.info, cfg.type_k, cfg.type_v)
 
     # -- protocol -------------------------------------------------------------------
@@ -138,75 +136,6 @@ class LlamaCppBackend:
     @property
     def tokens(self) -> list[int]:
         return list(self._tokens)
-
-    @property
-    def special(self) -> SpecialTokens:
-        if self._special is None:
-            v = self._vocab
-
-            def tok(fn) -> int | None:
-                t = int(fn(v))
-                return t if 0 <= t < self._n_vocab else None
-
-            eog = frozenset(t for t in range(self._n_vocab) if llama_cpp.llama_vocab_is_eog(v, t))
-            self._special = SpecialTokens(
-                bos=tok(llama_cpp.llama_vocab_bos),
-                eos=tok(llama_cpp.llama_vocab_eos),
-                eog=eog,
-                fim_prefix=tok(llama_cpp.llama_vocab_fim_pre),
-                fim_suffix=tok(llama_cpp.llama_vocab_fim_suf),
-                fim_middle=tok(llama_cpp.llama_vocab_fim_mid),
-                bos_text=self._control_text(tok(llama_cpp.llama_vocab_bos)),
-                eos_text=self._control_text(tok(llama_cpp.llama_vocab_eos)),
-            )
-        return self._special
-
-    def _control_text(self, token: int | None) -> str:
-        if token is None:
-            return ""
-        buf = ctypes.create_string_buffer(256)
-        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
-        return buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
-
-    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
-        covers = self._coverage()
-        if covers is not None and not all(covers(ch) for ch in set(text)):
-            text, special = self._replace_uncovered(text, covers, special)
-        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special))
-
-    def _coverage(self):
-        if not hasattr(self, "_covers"):
-            texts = (
-                llama_cpp.llama_vocab_get_text(self._vocab, t).decode("utf-8", errors="replace")
-                for t in range(self._n_vocab)
-            )
-            self._covers = coverage_check(self.llm.metadata.get("tokenizer.ggml.model"), texts)
-        return self._covers
-
-    def _replace_uncovered(self, text: str, covers, special: bool) -> tuple[str, bool]:
-        """Swap characters the vocabulary cannot encode for its unknown token."""
-        unk_id = self.llm.metadata.get("tokenizer.ggml.unknown_token_id")
-        unk = self._control_text(int(unk_id)) if unk_id is not None else ""
-        if not unk:
-            bad = "".join(sorted({ch for ch in text if not covers(ch)})[:5])
-            raise TandemError(f"This model's vocabulary cannot encode {bad!r} and has no unknown token.")
-        if not special:  # literal text that looks like the unknown token must stay literal
-            text = text.replace(unk, unk[:-1])
-        return "".join(ch if covers(ch) else unk for ch in text), True
-
-    def token_bytes(self, token: int) -> bytes:
-        piece = self._pieces.get(token)
-        if piece is None:
-            buf = ctypes.create_string_buffer(64)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-            piece = self._pieces[token] = buf.raw[:n]
-        return piece
-
-    def chat_template(self) -> str | None:
-        return self.llm.metadata.get("tokenizer.chat_template")
 
     def evaluate(self, tokens: Sequence[int], logits_for: Sequence[int] | None = None) -> np.ndarray:
         tokens = list(tokens)

@@ -22,9 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from tandem.models.errors import ModelFormatError, ModelNotFound, PromptError, TandemError
-from tandem.runtime.backend import MemoryReport, SpecialTokens
+from tandem.runtime.backend import MemoryReport
+from tandem.runtime.llama_vocab import LlamaVocab, TokenizerDelegate
 from tandem.runtime.onnx_export import FP32_FILE, INT8_FILE, META_FILE
-from tandem.runtime.torch_engine.tokenizer import GGUFTokenizer, HFTokenizer
+from tandem.runtime.torch_engine.tokenizer import HFTokenizer
 
 log = logging.getLogger(__name__)
 CUDA_EP, CPU_EP = "CUDAExecutionProvider", "CPUExecutionProvider"
@@ -94,7 +95,7 @@ def make_session(graph: Path, device: str | None, n_threads: int | None):
     return session, note
 
 
-class OnnxBackend:
+class OnnxBackend(TokenizerDelegate):
     """An ONNX decoder-with-past graph and its KV cache (see :class:`tandem.runtime.backend.Backend`)."""
 
     def __init__(self, path: str | os.PathLike[str], config: OnnxConfig | None = None) -> None:
@@ -108,7 +109,7 @@ class OnnxBackend:
         self.device = "cuda" if CUDA_EP in self.session.get_providers() else "cpu"
         meta = self._read_json(folder / META_FILE)
         hf_config = self._read_json(folder / "config.json")
-        self.tokenizer = GGUFTokenizer(folder / "vocab.gguf") if (folder / "vocab.gguf").exists() else HFTokenizer(folder)
+        self.tokenizer = LlamaVocab.open(folder / "vocab.gguf") if (folder / "vocab.gguf").exists() else HFTokenizer(folder)
         self._inputs = {i.name: i for i in self.session.get_inputs()}
         self._outputs = [o.name for o in self.session.get_outputs()]
         self._past_names = [n for n in self._inputs if n.startswith("past_key_values.")]
@@ -130,7 +131,6 @@ class OnnxBackend:
         self._n_ctx = cfg.n_ctx or min(trained, 4096)
         self._past = self._empty_past()
         self._tokens: list[int] = []
-        self._special: SpecialTokens | None = None
 
     @staticmethod
     def _read_json(path: Path) -> dict:
@@ -154,21 +154,6 @@ class OnnxBackend:
     @property
     def tokens(self) -> list[int]:
         return list(self._tokens)
-
-    @property
-    def special(self) -> SpecialTokens:
-        if self._special is None:
-            self._special = self.tokenizer.special()
-        return self._special
-
-    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
-        return self.tokenizer.tokenize(text, add_bos=add_bos, special=special)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self.tokenizer.token_bytes(token)
-
-    def chat_template(self) -> str | None:
-        return self.tokenizer.chat_template()
 
     def evaluate(self, tokens: Sequence[int], logits_for: Sequence[int] | None = None) -> np.ndarray:
         tokens = list(tokens)

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from tandem.models.errors import ModelNotFound, PromptError, TandemError
-from tandem.runtime.backend import MemoryReport, SpecialTokens
+from tandem.runtime.backend import MemoryReport
+from tandem.runtime.llama_vocab import TokenizerDelegate
 from tandem.runtime.torch_engine.cache import KVCache
 from tandem.runtime.torch_engine.config import ModelConfig
 from tandem.runtime.torch_engine.llama import LlamaModel
@@ -78,7 +79,7 @@ def tree_depths(parents: Sequence[int]) -> list[int]:
     return depth
 
 
-class TorchBackend:
+class TorchBackend(TokenizerDelegate):
     """A Llama-family model on torch and its KV cache (see :class:`tandem.runtime.backend.Backend`)."""
 
     def __init__(self, path: str | os.PathLike[str], config: TorchConfig | None = None) -> None:
@@ -102,7 +103,6 @@ class TorchBackend:
         self._n_ctx = cfg.n_ctx or min(self.model_config.context_length, 4096)
         self.cache = (cfg.cache_factory or full_cache)(self.model_config, self.dtype, self.device)
         self._tokens: list[int] = []
-        self._special: SpecialTokens | None = None
         self._tree: tuple[int, list[int]] | None = None
 
     # -- protocol -------------------------------------------------------------------
@@ -121,21 +121,6 @@ class TorchBackend:
     @property
     def tokens(self) -> list[int]:
         return list(self._tokens)
-
-    @property
-    def special(self) -> SpecialTokens:
-        if self._special is None:
-            self._special = self.tokenizer.special()
-        return self._special
-
-    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
-        return self.tokenizer.tokenize(text, add_bos=add_bos, special=special)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self.tokenizer.token_bytes(token)
-
-    def chat_template(self) -> str | None:
-        return self.tokenizer.chat_template()
 
     def evaluate(self, tokens: Sequence[int], logits_for: Sequence[int] | None = None) -> np.ndarray:
         tokens = list(tokens)

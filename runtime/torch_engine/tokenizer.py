@@ -9,96 +9,31 @@
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Protocol
 
 from tandem.models.errors import ModelFormatError
+from tandem.models.vocab_coverage import gpt2_byte_chars
 from tandem.runtime.backend import SpecialTokens
+from tandem.runtime.llama_vocab import LlamaVocab
 
 
 class Tokenizer(Protocol):
     n_vocab: int
+    special: SpecialTokens
 
     def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]: ...
     def token_bytes(self, token: int) -> bytes: ...
-    def special(self) -> SpecialTokens: ...
     def chat_template(self) -> str | None: ...
-
-
-class GGUFTokenizer:
-    """The vocabulary of a GGUF file through llama.cpp (``vocab_only``)."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        import llama_cpp
-
-        self._lib = llama_cpp
-        try:
-            self.llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-        except (ValueError, RuntimeError) as exc:
-            raise ModelFormatError(f"llama.cpp could not read the vocabulary of {path}: {exc}") from None
-        self._vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
-        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
-        self._pieces: dict[int, bytes] = {}
-
-    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
-        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special))
-
-    def _piece(self, token: int, special: bool) -> bytes:
-        buf = ctypes.create_string_buffer(64)
-        n = self._lib.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = self._lib.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
-        return buf.raw[: max(n, 0)]
-
-    def token_bytes(self, token: int) -> bytes:
-        piece = self._pieces.get(token)
-        if piece is None:
-            piece = self._pieces[token] = self._piece(token, False)
-        return piece
-
-    def special(self) -> SpecialTokens:
-        lib, v = self._lib, self._vocab
-
-        def tok(fn) -> int | None:
-            t = int(fn(v))
-            return t if 0 <= t < self.n_vocab else None
-
-        bos, eos = tok(lib.llama_vocab_bos), tok(lib.llama_vocab_eos)
-        return SpecialTokens(
-            bos=bos,
-            eos=eos,
-            eog=frozenset(t for t in range(self.n_vocab) if lib.llama_vocab_is_eog(v, t)),
-            fim_prefix=tok(lib.llama_vocab_fim_pre),
-            fim_suffix=tok(lib.llama_vocab_fim_suf),
-            fim_middle=tok(lib.llama_vocab_fim_mid),
-            bos_text=self._piece(bos, True).decode("utf-8", "replace") if bos is not None else "",
-            eos_text=self._piece(eos, True).decode("utf-8", "replace") if eos is not None else "",
-        )
-
-    def chat_template(self) -> str | None:
-        return self.llm.metadata.get("tokenizer.chat_template")
-
-    def close(self) -> None:
-        self.llm.close()
 
 
 @lru_cache(maxsize=1)
 def _gpt2_unicode_to_byte() -> dict[str, int]:
     """GPT-2's reversible byte <-> printable-unicode table, inverted."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+    return {c: b for b, c in enumerate(gpt2_byte_chars())}
 
 
 class HFTokenizer:
@@ -131,7 +66,7 @@ class HFTokenizer:
         # The tokenizers library always matches added-token text, so ``special`` cannot
         # turn that off; ordinary prompts never contain those strings.
         ids = self.tok.encode(text, add_special_tokens=False).ids
-        bos = self.special().bos
+        bos = self.special.bos
         if add_bos and bos is not None and (not ids or ids[0] != bos):
             ids = [bos, *ids]
         return ids
@@ -165,6 +100,7 @@ class HFTokenizer:
             name = name.get("content")
         return self.tok.token_to_id(name) if isinstance(name, str) else None
 
+    @cached_property
     def special(self) -> SpecialTokens:
         bos, eos = self._token_id("bos"), self._token_id("eos")
         eog = {eos} if eos is not None else set()
@@ -187,5 +123,5 @@ class HFTokenizer:
         pass
 
 
-def load_tokenizer(path: str | os.PathLike[str]) -> GGUFTokenizer | HFTokenizer:
-    return HFTokenizer(path) if Path(path).is_dir() else GGUFTokenizer(path)
+def load_tokenizer(path: str | os.PathLike[str]) -> LlamaVocab | HFTokenizer:
+    return HFTokenizer(path) if Path(path).is_dir() else LlamaVocab.open(path)
