@@ -1,0 +1,56 @@
+"""Drafter and target on different devices keep greedy output identical (needs CUDA).
+
+The Dovetail placement: the drafter on the GPU (torch engine), the target on CPU
+threads (llama.cpp), with and without pre-drafting; and the reverse placement.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.runtime.drafters.model import ModelDrafter
+from tandem.runtime.generate import DoneEvent, autoregressive, generate
+from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
+from tandem.runtime.split import split_speculative
+from tandem.runtime.torch_engine.backend import TorchBackend, TorchConfig
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
+PROMPTS = ["Once upon a time", "The little dog", "Lily and Ben went to the park. They"]
+
+
+def tokens_of(target, prompt: list[int], strategy) -> list[int]:
+    target.truncate(0)
+    events = generate(target, prompt, Sampler(SamplingParams.greedy_params()), strategy=strategy,
+                      max_tokens=64, stop_at_eog=False)
+    return [e for e in events if isinstance(e, DoneEvent)][0].tokens
+
+
+@pytest.mark.parametrize("predraft", [False, True])
+def test_drafter_on_gpu_target_on_cpu(stories260k: Path, predraft: bool) -> None:
+    target = LlamaCppBackend(stories260k, LlamaConfig(n_ctx=512, n_threads=2))
+    drafter = ModelDrafter(TorchBackend(stories260k, TorchConfig(device="cuda", n_ctx=512)))
+    assert drafter.backend.memory().device.startswith("cuda")
+    try:
+        for text in PROMPTS:
+            prompt = target.tokenize(text, add_bos=True)
+            assert tokens_of(target, prompt, split_speculative(drafter, 4, predraft=predraft)) == \
+                tokens_of(target, prompt, autoregressive)
+    finally:
+        target.close()
+        drafter.close()
+
+
+def test_target_on_gpu_drafter_on_cpu(stories260k: Path) -> None:
+    target = TorchBackend(stories260k, TorchConfig(device="cuda", n_ctx=512))
+    drafter = ModelDrafter(LlamaCppBackend(stories260k, LlamaConfig(n_ctx=512, n_threads=2)))
+    try:
+        for text in PROMPTS:
+            prompt = target.tokenize(text, add_bos=True)
+            assert tokens_of(target, prompt, split_speculative(drafter, 4)) == tokens_of(target, prompt, autoregressive)
+    finally:
+        target.close()
+        drafter.close()
