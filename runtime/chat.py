@@ -71,15 +71,24 @@ class ChatEngine:
         """Stream the assistant's reply to ``messages`` (the last one is the user's)."""
         with self.lock:
             ids, stops = self.render(self.fit(messages, max_tokens))
-            yield from generate(
-                self.target,
-                ids,
-                Sampler(params),
-                strategy=self.strategy,
-                max_tokens=max_tokens,
-                stop=[*stops, *stop],
-                cancel=cancel,
-            )
+            yield from self._generate(ids, params, max_tokens, [*stops, *stop], cancel)
+
+    def complete(
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        max_tokens: int = 512,
+        stop: Sequence[str] = (),
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        """Stream a plain continuation of ``prompt`` ids (no chat template)."""
+        with self.lock:
+            yield from self._generate(list(prompt), params, max_tokens, list(stop), cancel)
+
+    def _generate(self, ids: list[int], params: SamplingParams, max_tokens: int, stop: list[str],
+                  cancel: threading.Event | None) -> Iterator[Event]:
+        yield from generate(self.target, ids, Sampler(params), strategy=self.strategy,
+                            max_tokens=max_tokens, stop=stop, cancel=cancel)
 
     def stats_memory(self) -> dict[str, int]:
         """Bytes in use: target weights, drafter weights, KV caches (both models)."""

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 from tandem.app.server.models import ModelSlot
 from tandem.app.server.openai import GenRequest
-from tandem.kernels.sampling import Sampler
-from tandem.runtime.generate import Event, autoregressive, generate
+from tandem.runtime.generate import Event
 from tandem.runtime.superposed import SuperposedResult
 
 
@@ -38,11 +37,7 @@ def chat_job(slot: ModelSlot, messages: list[dict[str, str]], req: GenRequest):
 
 def completion_job(slot: ModelSlot, ids: list[int], req: GenRequest):
     def run(cancel: threading.Event) -> Iterator[Event]:
-        with slot.engine.lock:
-            factory = slot.engine.strategy_factory
-            yield from generate(slot.target, ids, Sampler(req.params),
-                                strategy=factory() if factory else autoregressive,
-                                max_tokens=req.max_tokens, stop=req.stop, cancel=cancel)
+        yield from slot.engine.complete(ids, req.params, req.max_tokens, req.stop, cancel)
 
     return run
 
