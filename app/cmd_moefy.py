@@ -63,7 +63,9 @@ def calibration_inputs(src: Path, text: str | None, n_tokens: int, seed: int = 0
     """Per layer (N, d) FFN inputs from running the dense model on ``text`` or its own samples."""
     from tandem.runtime.torch_engine.backend import TorchBackend, TorchConfig
 
-    b = TorchBackend(src, TorchConfig(device="cpu"))
+    threads = torch.get_num_threads()
+    # One-token steps of a small model: one thread avoids oversubscription on busy machines.
+    b = TorchBackend(src, TorchConfig(device="cpu", n_threads=1))
     n_layers = b.model_config.n_layers
     rng = np.random.default_rng(seed)
     with _record_ffn_inputs(n_layers) as seen:
@@ -86,6 +88,7 @@ def calibration_inputs(src: Path, text: str | None, n_tokens: int, seed: int = 0
                         break
                     logits = b.evaluate([t])[-1]
     b.close()
+    torch.set_num_threads(threads)
     return [torch.cat(layer).numpy() for layer in seen]
 
 

@@ -48,10 +48,15 @@ def settings(window: int) -> dict[str, KVCompressConfig | None]:
         f"cake budget{window + 4} obs{min(32, window)}": KVCompressConfig(
             policy="cake", sinks=4, window=min(32, window), budget=window + 4
         ),
-        "rotatekv 4-bit g32": KVCompressConfig(policy="none", bits=4, group=32),
-        "plain 4-bit g32 (no Hadamard)": KVCompressConfig(policy="none", bits=4, group=32, rotate=False),
-        "rotatekv 2-bit g32": KVCompressConfig(policy="none", bits=2, group=32),
-        f"sinks+window{window} + 4-bit": KVCompressConfig(policy="window", sinks=4, window=window, bits=4),
+        "rotatekv K4 V4 g32": KVCompressConfig(policy="none", bits=4, group=32),
+        "plain K4 V4 g32 (no Hadamard)": KVCompressConfig(policy="none", bits=4, group=32, rotate=False),
+        "rotatekv K8 V4 g32": KVCompressConfig(policy="none", bits=4, key_bits=8, group=32),
+        "rotatekv K4 V2 g32": KVCompressConfig(policy="none", bits=2, key_bits=4, group=32),
+        "rotatekv K2 V2 g32": KVCompressConfig(policy="none", bits=2, group=32),
+        f"cake budget{window + 4} + K8 V4": KVCompressConfig(
+            policy="cake", sinks=4, window=min(32, window), budget=window + 4, bits=4, key_bits=8, group=32
+        ),
+        f"sinks4+window{window} + K8 V4": KVCompressConfig(policy="window", sinks=4, window=window, bits=4, key_bits=8),
     }
 
 
@@ -92,7 +97,7 @@ def main() -> None:
     for _ in range(args.tokens):
         gen.append(int(logits.argmax()))
         logits = ref.evaluate([gen[-1]])[-1]
-    held = ref.tokenize(HELD_OUT, add_bos=True)
+    held = ref.tokenize(HELD_OUT, add_bos=True)[: ref.n_ctx - 1]
     full_bytes = ref.cache.nbytes() / max(1, len(ref.tokens))
     elem = ref.model_config.n_layers * 2 * ref.model_config.kv_width
     print(f"model {args.model.name}: {args.tokens} generated tokens, held-out {len(held)} tokens, window {args.window}")
@@ -109,7 +114,7 @@ def main() -> None:
             if rep:
                 continue
             stored = sum(b.cache.stored(i) for i in range(b.model_config.n_layers)) if cfg else None
-            kv = b.cache.nbytes()
+            kv = b.cache.nbytes() if cfg else 4 * elem * len(b.tokens)
             per_tok = kv / len(b.tokens)
             logp = log_softmax(lg.astype(np.float64))
             if base_logp is None:
@@ -120,7 +125,8 @@ def main() -> None:
             nll = -log_softmax(hl.astype(np.float64))[np.arange(len(held) - 1), held[1:]].mean()
             results[name] = (kv, per_tok, stored, kl, agree, float(np.exp(nll)))
     base_ppl = results["full (fp32)"][5]
-    print("| setting | KV bytes/token (avg over run) | vs fp32 full | vs fp16 full | KL(full||x) | top-1 agree | held-out PPL | PPL change | tokens/s (median) |")
+    print(f"bytes/token = KV bytes held after the {len(prompt) + args.tokens - 1}-token run / tokens")
+    print("| setting | KV bytes/token | vs fp32 full | vs fp16 full | KL(full||x) | top-1 agree | held-out PPL | PPL change | tokens/s (median) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, (_, per_tok, _, kl, agree, ppl) in results.items():
         print(

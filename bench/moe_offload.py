@@ -64,6 +64,7 @@ def main() -> None:
     ap.add_argument("--low-bits", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dense", type=Path, default=None, help="the dense source, to report what MoEfication cost")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     src = GGUFExpertSource(args.model)
@@ -79,6 +80,11 @@ def main() -> None:
         logits = ref.evaluate(gen[-1:])[-1]
     held = ref.tokenize(HELD_OUT, add_bos=True)[:256]
     cfgs = settings(budget, args.low_bits)
+    if args.dense is not None:
+        d = TorchBackend(args.dense, TorchConfig(device=args.device))
+        hl, _ = run(d, held[:1], held[1:] + [0])
+        ppl = float(np.exp(-log_softmax(hl.astype(np.float64))[np.arange(len(held) - 1), held[1:]].mean()))
+        print(f"dense source {args.dense.name}: held-out PPL {ppl:.3f}")
     print(f"model {args.model.name} on {args.device}: {src.n_layers} layers x {src.n_experts} experts, "
           f"top-{ref.model_config.n_experts_used}, expert {one / 1e6:.2f} MB, budget {budget / 1e6:.1f} MB "
           f"({budget // one} of {n_total} experts)")

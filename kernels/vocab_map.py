@@ -170,3 +170,25 @@ def aligned_spans(
     d_at[0] = t_at[0] = 0
     cuts = sorted(c for c in d_at.keys() & t_at.keys() if start <= c <= stop)
     return [((d_at[a], d_at[b]), (t_at[a], t_at[b])) for a, b in zip(cuts, cuts[1:], strict=False)]
+
+
+def merged_confidence(tr: Translation, conf: list[float]) -> list[float]:
+    """Per target token: the product of the drafter's confidence in the tokens it merges."""
+    ends = tr.draft_pos[1:] + [tr.consumed] if tr.draft_pos else []
+    out = []
+    for i, (a, b) in enumerate(zip(tr.draft_pos, ends, strict=True)):
+        out.append(float(np.prod(conf[a:b])) if i == 0 or tr.draft_pos[i - 1] != a else 1.0)
+    return out
+
+
+def text_confidence(token_ends: list[int], draft_ends: list[int], conf: list[float]) -> list[float]:
+    """Per target token: the product of the drafter's confidence in the drafter tokens
+    needed to spell it (those not already needed by the previous target token)."""
+    out, j = [], 0
+    for end in token_ends:
+        c = 1.0
+        while j < len(draft_ends) and (j == 0 or draft_ends[j - 1] < end):
+            c *= conf[j]
+            j += 1
+        out.append(c)
+    return out

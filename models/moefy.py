@@ -126,6 +126,23 @@ def balanced_kmeans(features: np.ndarray, n_clusters: int, iters: int, seed: int
     return [np.flatnonzero(assign == c) for c in range(n_clusters)]
 
 
+def _fill_dead(groups: list[np.ndarray], live: np.ndarray, dead: np.ndarray, width: int) -> list[np.ndarray]:
+    """Map clustered live-neuron groups back to neuron ids and top them up with dead (all-zero) neurons.
+
+    Cost twins pad the FFN with all-zero neurons; clustering those would put every real
+    neuron into one expert. Instead the real neurons are clustered alone and the zero
+    ones (which output exactly 0) fill the experts up to a common width, so a twin's
+    experts have the twin's size and the source model's routing.
+    """
+    out, rest = [], list(dead)
+    for g in groups:
+        ids = live[g].tolist()
+        take = max(0, width - len(ids))
+        out.append(np.array(sorted(ids + rest[:take]), dtype=np.int64))
+        rest = rest[take:]
+    return out
+
+
 def split_experts(ffn: DenseFFN, groups: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Expert tensors from neuron groups, zero-padded to a common width."""
     width = max(len(g) for g in groups)
@@ -175,8 +192,14 @@ def router_recall(router: torch.Tensor, x: torch.Tensor, scores: torch.Tensor, t
 def moefy_layer(ffn: DenseFFN, x: np.ndarray, cfg: MoefyConfig, layer_seed: int) -> MoELayer:
     """Split one dense FFN into experts and train its router on FFN inputs ``x`` (N, d)."""
     feats = np.concatenate((ffn.gate, ffn.up), axis=1)
-    feats = feats / np.maximum(np.linalg.norm(feats, axis=1, keepdims=True), 1e-12)
-    groups = balanced_kmeans(feats.astype(np.float64), cfg.n_experts, cfg.kmeans_iters, cfg.seed + layer_seed)
+    norms = np.linalg.norm(feats, axis=1)
+    feats = feats / np.maximum(norms[:, None], 1e-12)
+    live = np.flatnonzero(norms > 0)
+    if len(live):
+        groups = balanced_kmeans(feats[live].astype(np.float64), cfg.n_experts, cfg.kmeans_iters, cfg.seed + layer_seed)
+    else:  # an all-zero FFN (a twin's identity layer): every expert outputs 0
+        groups = [np.zeros(0, dtype=np.int64) for _ in range(cfg.n_experts)]
+    groups = _fill_dead(groups, live, np.flatnonzero(norms == 0), -(-len(norms) // cfg.n_experts))
     gate, up, down = split_experts(ffn, groups)
     xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
     outs = expert_outputs(xt, gate, up, down)

@@ -64,7 +64,7 @@ def measure_cost_curve(backend: Backend, k_max: int = 8, reps: int | None = None
 
     Each c(k) is a ratio of *minimum* times over the repetitions: on a shared machine
     noise only ever adds time, and sub-millisecond calls are otherwise dominated by it.
-    ``reps=None`` spends about two seconds (5 to 20 repetitions).
+    ``reps=None`` spends about two seconds (3 to 20 repetitions of 3-call blocks).
     """
     saved = backend.tokens
     rng = np.random.default_rng(0)
@@ -73,18 +73,27 @@ def measure_cost_curve(backend: Backend, k_max: int = 8, reps: int | None = None
     backend.truncate(0)
     backend.evaluate(prefix)
 
+    config = getattr(backend, "config", None)
+    # With one compute thread, CPU time is the steadiest measure on a busy machine (it
+    # excludes time other processes take); with several, idle-spinning threads would
+    # inflate it, so wall time it is.
+    clock = time.process_time if getattr(config, "n_threads", None) == 1 else time.perf_counter
+
     def timed(k: int) -> float:
         feed = [int(t) for t in rng.integers(3, backend.n_vocab, k + 1)]
-        start = time.perf_counter()
+        start = clock()
         backend.evaluate(feed, logits_for=range(k + 1))
-        elapsed = time.perf_counter() - start
+        elapsed = clock() - start
         backend.truncate(n_ctx)
         return elapsed
 
     warm = [timed(k) for k in range(k_max + 1)]  # warm-up pass, also sizes the budget
     if reps is None:
-        reps = int(np.clip(2.0 / max(sum(warm), 1e-6), 5, 20))
-    times = np.array([[timed(k) for k in range(k_max + 1)] for _ in range(reps)])
+        reps = int(np.clip(2.0 / max(sum(warm), 1e-6), 3, 20))
+    # Each k gets a short block of consecutive calls (min taken): decoding repeats one
+    # batch shape round after round, and llama.cpp reuses the compute graph for a
+    # repeated shape, which a strictly interleaved order would never let it do.
+    times = np.array([[min(timed(k) for _ in range(3)) for k in range(k_max + 1)] for _ in range(reps)])
     backend.truncate(0)
     if saved:
         backend.evaluate(saved)
@@ -119,7 +128,7 @@ def cost_curve_key(backend: Backend) -> str | None:
         from dataclasses import replace
 
         config = replace(config, n_ctx=None)
-    raw = f"{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}|{config!r}|{machine_id()}"
+    raw = f"{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}|{config!r}|{machine_id()}|v3"
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 
@@ -155,11 +164,13 @@ class LengthPolicy(Protocol):
 
     def next_length(self) -> int: ...
 
-    def trim(self, confidence: Sequence[float] | None, n: int) -> int:
+    def trim(self, confidence: Sequence[float] | None, n: int, source: str = "") -> int:
         """How many of the ``n`` drafted tokens to verify (may be all, or none)."""
         ...
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float) -> None: ...
+    def observe(
+        self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float, source: str = ""
+    ) -> None: ...
 
 
 @dataclass
@@ -172,10 +183,12 @@ class FixedLength:
     def next_length(self) -> int:
         return self.k
 
-    def trim(self, confidence: Sequence[float] | None, n: int) -> int:
+    def trim(self, confidence: Sequence[float] | None, n: int, source: str = "") -> int:
         return n
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float) -> None:
+    def observe(
+        self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float, source: str = ""
+    ) -> None:
         return None
 
 
@@ -209,6 +222,10 @@ class AdaptivePolicy:
     cheap_drafter: bool = False
     """Model-free drafters cost ~nothing to ask: ask every round and let :meth:`trim`
     decide from the draft's own confidence whether verifying any of it pays."""
+    cheap_sources: frozenset[str] = frozenset()
+    """In a chain of model-free drafters ahead of a model drafter: the model-free
+    sources. Their drafts are gated by :meth:`trim` and kept out of the model drafter's
+    statistics; the model drafter gets :attr:`model_budget` tokens per round."""
 
     def __post_init__(self) -> None:
         n = self.config.max_len
@@ -223,6 +240,7 @@ class AdaptivePolicy:
         self._calib_acc = 0.0
         self._calib_conf = 0.0
         self._last_conf: np.ndarray | None = None
+        self.model_budget: int | None = None
 
     # -- model ------------------------------------------------------------------------
     def acceptance(self) -> np.ndarray:
@@ -267,9 +285,13 @@ class AdaptivePolicy:
         if self.cheap_drafter:
             return self.config.max_len  # asking is free; trim() decides what to verify
         k = self.best_length()
-        return self._on(k) if k > 0 else self._off(self.config.max_len)
+        k = self._on(k) if k > 0 else self._off(self.config.max_len)
+        if self.cheap_sources:  # model-free drafters are always asked; the model gets k
+            self.model_budget = k
+            return self.config.max_len
+        return k
 
-    def trim(self, confidence: Sequence[float] | None, n: int) -> int:
+    def trim(self, confidence: Sequence[float] | None, n: int, source: str = "") -> int:
         """How many of ``n`` drafted tokens to verify (cheap drafters only).
 
         Uses the draft's own per-token confidence (suffix-tree frequencies, drafter
@@ -277,8 +299,9 @@ class AdaptivePolicy:
         the running per-position estimates; keeps the prefix maximising E(m)/T(m).
         """
         self._last_conf = None
-        if not self.cheap_drafter or n == 0:
-            return n
+        mixed = source in self.cheap_sources
+        if not (self.cheap_drafter or mixed) or n == 0:
+            return min(n, self.model_budget) if self.cheap_sources and self.model_budget is not None else n
         if confidence is not None:
             raw = np.asarray(confidence[:n], dtype=np.float64)
             a = np.clip(raw * self.calibration(), 0.0, 0.999)
@@ -287,24 +310,29 @@ class AdaptivePolicy:
             a = self.acceptance()[:n]
         rates = [(1.0 + float(np.sum(np.cumprod(a[:m])))) / self.expected_time(m) for m in range(n + 1)]
         m = int(np.argmax(rates))
-        return self._on(m) if m > 0 and rates[m] >= self.config.min_gain else self._off(n)
+        pays = m > 0 and rates[m] >= self.config.min_gain
+        if mixed:  # probing is the model drafter's business
+            return m if pays else 0
+        return self._on(m) if pays else self._off(n)
 
     def calibration(self) -> float:
         """Observed acceptances per unit of predicted confidence (decayed)."""
         return float(np.clip((self._calib_acc + 1.0) / (self._calib_conf + 1.0), 0.0, 1.5))
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float) -> None:
+    def observe(
+        self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float, source: str = ""
+    ) -> None:
         if drafted == 0:
+            return
+        if source in self.cheap_sources:
+            self._calibrate(drafted, accepted)
             return
         self.reached *= self.config.decay
         self.accepted *= self.config.decay
         tested = min(drafted, accepted + 1)
         self.reached[:tested] += 1.0
         self.accepted[:accepted] += 1.0
-        if self._last_conf is not None:
-            self._calib_acc = self.config.decay * self._calib_acc + accepted
-            self._calib_conf = self.config.decay * self._calib_conf + float(np.sum(self._last_conf[:tested]))
-            self._last_conf = None
+        self._calibrate(drafted, accepted)
         # One-token call time, from this verify and the cost curve; then relative costs.
         t1 = verify_s / self.cost(drafted)
         self.t1_s = 0.9 * self.t1_s + 0.1 * t1 if self.t1_s > 0 else t1
@@ -312,3 +340,10 @@ class AdaptivePolicy:
             self.draft_cost = 0.8 * self.draft_cost + 0.2 * (draft_s / drafted / self.t1_s)
             extra = max(0.0, round_s - draft_s - verify_s) / self.t1_s
             self.overhead = 0.8 * self.overhead + 0.2 * extra
+
+    def _calibrate(self, drafted: int, accepted: int) -> None:
+        if self._last_conf is not None:
+            tested = min(drafted, accepted + 1)
+            self._calib_acc = self.config.decay * self._calib_acc + accepted
+            self._calib_conf = self.config.decay * self._calib_conf + float(np.sum(self._last_conf[:tested]))
+            self._last_conf = None

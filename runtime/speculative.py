@@ -42,6 +42,8 @@ RoundHook = Callable[[Backend, Drafter, list[int]], None]
 """Called after every round with (target, drafter, committed context): a test hook."""
 
 MODES = ("auto", "model", "xvocab", "ngram", "off")
+MODEL_FREE_SOURCES = frozenset({"suffix", "lookup"})
+"""Draft sources that cost nothing to ask (see AdaptivePolicy.cheap_sources)."""
 
 
 def _prefill_all_but_last(target: Backend, prompt: Sequence[int]) -> None:
@@ -68,6 +70,13 @@ def _align_q(q: np.ndarray | None, n_vocab: int) -> np.ndarray | None:
             raise TandemError("The drafter proposes token ids the target does not have.")
         return q[:, :n_vocab]
     return np.pad(q, ((0, 0), (0, n_vocab - q.shape[1])))
+
+
+def _set_budget(drafter: Drafter, budget: int | None) -> None:
+    """Tell model drafters inside a chain how many tokens the policy wants from them."""
+    for d in getattr(drafter, "drafters", [drafter]):
+        if hasattr(d, "budget"):
+            d.budget = budget
 
 
 def verify_round(
@@ -101,8 +110,10 @@ def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | Non
         while len(context) <= target.n_ctx:
             start = time.perf_counter()
             k = min(policy.next_length(), target.n_ctx - len(context))
+            _set_budget(drafter, getattr(policy, "model_budget", None))
             draft = drafter.propose(context, k, sampler) if k > 0 else Draft([], None, "")
-            keep = policy.trim(draft.confidence, min(k, len(draft.tokens))) if draft.tokens else 0
+            source = draft.source or drafter.name
+            keep = policy.trim(draft.confidence, min(k, len(draft.tokens)), source) if draft.tokens else 0
             if len(draft.tokens) > keep:
                 draft = Draft(draft.tokens[:keep], None if draft.q is None else draft.q[:keep], draft.source,
                               None if draft.confidence is None else draft.confidence[:keep])
@@ -127,10 +138,9 @@ def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | Non
             extra["round_s"] += end - start
             if n:
                 extra["rounds_speculative"] += 1
-                src = draft.source or drafter.name
-                extra[f"drafted:{src}"] = extra.get(f"drafted:{src}", 0.0) + n
-                extra[f"accepted:{src}"] = extra.get(f"accepted:{src}", 0.0) + verdict.accepted
-            policy.observe(n, verdict.accepted, drafted_at - start, verified_at - drafted_at, end - start)
+                extra[f"drafted:{source}"] = extra.get(f"drafted:{source}", 0.0) + n
+                extra[f"accepted:{source}"] = extra.get(f"accepted:{source}", 0.0) + verdict.accepted
+            policy.observe(n, verdict.accepted, drafted_at - start, verified_at - drafted_at, end - start, source)
             if hook is not None:
                 hook(target, drafter, context)
             yield Commit([*accepted, verdict.token], verdict.accepted)
@@ -287,6 +297,8 @@ def build_strategy(
     else:
         k_max = opts.draft_max
         cost = load_cost_curve(target, k_max) if opts.measure_cost else CostCurve(CPU_COST_CURVE, 0.0)
+        model_free = draft is None or opts.mode == "ngram"
         policy = AdaptivePolicy(cost, AdaptiveConfig(max_len=k_max, stop_threshold=opts.stop_threshold),
-                                cheap_drafter=draft is None or opts.mode == "ngram")
+                                cheap_drafter=model_free,
+                                cheap_sources=frozenset() if model_free or len(drafters) == 1 else MODEL_FREE_SOURCES)
     return SpeculativeStrategy(drafter, policy, hook)

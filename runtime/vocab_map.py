@@ -2,25 +2,21 @@
 
 The pure mapping lives in :mod:`tandem.kernels.vocab_map`; this module reads what it
 needs from anything with the tokenizer half of the ``Backend`` protocol
-(``tokenize``, ``token_bytes``, ``n_vocab``, ``special``) and adds
-:class:`VocabOnlyTokenizer`, a tokenizer-only adapter over a vocab-only GGUF, so
+(``tokenize``, ``token_bytes``, ``n_vocab``, ``special``), so a backend or a
+tokenizer-only :meth:`tandem.runtime.llama_vocab.LlamaVocab.open` serves, and
 cross-vocabulary code can be exercised against real tokenizers without weights.
 """
 
 from __future__ import annotations
 
 import codecs
-import ctypes
-import os
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from tandem.kernels.vocab_map import build_direct_map
-from tandem.models.errors import ModelFormatError
 from tandem.runtime.backend import SpecialTokens
 
 
@@ -91,53 +87,3 @@ class VocabPair:
 
     def target_text(self, ids: list[int]) -> bytes:
         return b"".join(self.target_pieces[i] for i in ids)
-
-
-class VocabOnlyTokenizer:
-    """Tokenizer-only view of a GGUF (no weights loaded): the tokenizer half of a Backend."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        import llama_cpp
-
-        self.path = Path(path)
-        self.name = self.path.stem
-        try:
-            self._llm = llama_cpp.Llama(str(self.path), vocab_only=True, verbose=False)
-        except (ValueError, RuntimeError) as exc:
-            raise ModelFormatError(f"llama.cpp could not read the vocabulary of {self.path}: {exc}") from None
-        self._lc = llama_cpp
-        self._vocab = llama_cpp.llama_model_get_vocab(self._llm._model.model)
-        self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
-        self._pieces: dict[int, bytes] = {}
-
-    @property
-    def n_vocab(self) -> int:
-        return self._n_vocab
-
-    @cached_property
-    def special(self) -> SpecialTokens:
-        lc, v = self._lc, self._vocab
-
-        def tok(fn) -> int | None:
-            t = int(fn(v))
-            return t if 0 <= t < self._n_vocab else None
-
-        eog = frozenset(t for t in range(self._n_vocab) if lc.llama_vocab_is_eog(v, t))
-        return SpecialTokens(bos=tok(lc.llama_vocab_bos), eos=tok(lc.llama_vocab_eos), eog=eog)
-
-    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
-        return list(self._llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special))
-
-    def token_bytes(self, token: int) -> bytes:
-        piece = self._pieces.get(token)
-        if piece is None:
-            buf = ctypes.create_string_buffer(64)
-            n = self._lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = self._lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-            piece = self._pieces[token] = buf.raw[:n]
-        return piece
-
-    def close(self) -> None:
-        self._llm.close()

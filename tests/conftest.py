@@ -100,4 +100,4 @@ def stories_moe(stories260k: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     from tandem.app.cmd_moefy import moefy_file
 
     out = tmp_path_factory.mktemp("moefy") / "stories260K-moe8x2.gguf"
-    return moefy_file(stories260k, out, 8, 2, n_tokens=600).path
+    return moefy_file(stories260k, out, 8, 2, n_tokens=400).path

@@ -128,3 +128,18 @@ def test_trim_gates_cheap_drafts_by_confidence_and_calibrates() -> None:
     assert policy.calibration() < 0.6  # from 1.0, until gating stops verifying them
     assert policy.trim([0.95] * 4, 4) == 0
     assert FixedLength(3).trim([0.0, 0.0], 2) == 2  # fixed policies verify everything
+
+
+def test_mixed_chain_keeps_model_free_out_of_model_stats() -> None:
+    policy = AdaptivePolicy(CPU, AdaptiveConfig(max_len=8, probe_every=1000), cheap_sources=frozenset({"suffix"}))
+    for _ in range(40):  # the model drafter keeps failing: its budget goes to 0
+        assert policy.next_length() == 8  # model-free drafters are still asked every round
+        k = policy.model_budget
+        if k:
+            policy.observe(k, 0, 0.0, 0.1 * CPU(k), 0.1 * CPU(k), source="model:x")
+    assert policy.model_budget == 0
+    before = policy.acceptance().copy()
+    n = policy.trim([0.99] * 8, 8, source="suffix")  # a confident suffix draft still goes through
+    assert n >= 4
+    policy.observe(n, n, 0.0, 0.1 * CPU(n), 0.1 * CPU(n), source="suffix")
+    assert np.array_equal(policy.acceptance(), before)  # and does not touch the model's estimate

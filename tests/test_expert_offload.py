@@ -28,14 +28,14 @@ def _run(b: TorchBackend, ids: list[int], n: int = 16) -> tuple[list[int], np.nd
 
 @pytest.fixture()
 def moe(stories_moe: Path) -> TorchBackend:
-    return TorchBackend(stories_moe, TorchConfig(device="cpu"))
+    return TorchBackend(stories_moe, TorchConfig(device="cpu", n_threads=1))
 
 
 @pytest.mark.parametrize("source", ["gguf", "ram"])
 def test_everything_cached_equals_unoffloaded(stories_moe: Path, moe: TorchBackend, source: str) -> None:
     ids = moe.tokenize(TEXT, add_bos=True)
     ref_tokens, ref_logits = _run(moe, ids)
-    b = TorchBackend(stories_moe, TorchConfig(device="cpu"))
+    b = TorchBackend(stories_moe, TorchConfig(device="cpu", n_threads=1))
     mgr = enable_offload(b, OffloadConfig(budget_bytes=1 << 30, prefetch=True), source=source)
     tokens, logits = _run(b, ids)
     mgr.close()
@@ -48,7 +48,7 @@ def test_small_budget_still_exact_and_counts(stories_moe: Path, moe: TorchBacken
     """Evicting and reloading full-precision experts changes nothing but the I/O."""
     ids = moe.tokenize(TEXT, add_bos=True)
     ref_tokens, ref_logits = _run(moe, ids, 8)
-    b = TorchBackend(stories_moe, TorchConfig(device="cpu"))
+    b = TorchBackend(stories_moe, TorchConfig(device="cpu", n_threads=1))
     one = GGUFExpertSource(stories_moe).load(0, 0)[0].nbytes
     mgr = enable_offload(b, OffloadConfig(budget_bytes=10 * one, prefetch=True))
     tokens, logits = _run(b, ids, 8)
@@ -63,7 +63,7 @@ def test_small_budget_still_exact_and_counts(stories_moe: Path, moe: TorchBacken
 def test_misprediction_falls_back_to_synchronous_load(stories_moe: Path, moe: TorchBackend) -> None:
     ids = moe.tokenize(TEXT, add_bos=True)
     ref_tokens, ref_logits = _run(moe, ids, 6)
-    b = TorchBackend(stories_moe, TorchConfig(device="cpu"))
+    b = TorchBackend(stories_moe, TorchConfig(device="cpu", n_threads=1))
     one = GGUFExpertSource(stories_moe).load(0, 0)[0].nbytes
     mgr = enable_offload(b, OffloadConfig(budget_bytes=6 * one, prefetch=True))
     # A deliberately wrong cross-layer gate: prefetch the experts the real router ranks last.
@@ -108,7 +108,7 @@ def test_hobbit_prefers_evicting_far_layers_and_lru_recency() -> None:
 def test_mixed_precision_uses_low_bit_copies(stories_moe: Path, moe: TorchBackend) -> None:
     ids = moe.tokenize(TEXT, add_bos=True)
     _, ref_logits = _run(moe, ids, 8)
-    b = TorchBackend(stories_moe, TorchConfig(device="cpu"))
+    b = TorchBackend(stories_moe, TorchConfig(device="cpu", n_threads=1))
     one = GGUFExpertSource(stories_moe).load(0, 0)[0].nbytes
     mgr = enable_offload(b, OffloadConfig(budget_bytes=10 * one, mixed_precision=True, low_weight=0.55, low_bits=8))
     _, logits = _run(b, ids, 8)
@@ -119,6 +119,6 @@ def test_mixed_precision_uses_low_bit_copies(stories_moe: Path, moe: TorchBacken
 
 
 def test_dense_model_cannot_be_offloaded(stories260k: Path) -> None:
-    b = TorchBackend(stories260k, TorchConfig(device="cpu"))
+    b = TorchBackend(stories260k, TorchConfig(device="cpu", n_threads=1))
     with pytest.raises(UnsupportedModel):
         enable_offload(b, OffloadConfig(budget_bytes=1 << 20))

@@ -15,7 +15,14 @@ from tandem.kernels.kv_budget import (
     select_keep,
     sinks_window_keep,
 )
-from tandem.kernels.kv_quant import bytes_per_row, dequantize, max_error_bound, pack, quantize, unpack
+from tandem.kernels.kv_quant import (
+    bytes_per_row,
+    dequantize,
+    max_error_bound,
+    pack,
+    quantize,
+    unpack,
+)
 
 
 @pytest.mark.parametrize("n", [1, 2, 8, 16, 64, 128, 24, 96])

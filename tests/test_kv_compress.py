@@ -9,13 +9,17 @@ import pytest
 import torch
 
 from tandem.runtime.torch_engine.backend import TorchBackend, TorchConfig
-from tandem.runtime.torch_engine.kv_compress import CompressedKVCache, KVCompressConfig, use_compressed_cache
+from tandem.runtime.torch_engine.kv_compress import (
+    CompressedKVCache,
+    KVCompressConfig,
+    use_compressed_cache,
+)
 
 PROMPT = "Once upon a time, there was a little girl named Lily. She loved to play"
 
 
 def _backend(path: Path, cfg: KVCompressConfig | None) -> TorchBackend:
-    b = TorchBackend(path, TorchConfig(device="cpu"))
+    b = TorchBackend(path, TorchConfig(device="cpu", n_threads=1))
     if cfg is not None:
         use_compressed_cache(b, cfg)
     return b

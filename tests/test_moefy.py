@@ -72,7 +72,7 @@ def test_moefied_gguf_loads_in_llama_cpp_and_torch(stories_moe: Path) -> None:
     assert names["blk.0.ffn_down_exps.weight"] == (22, 64, 8)
     assert "blk.0.ffn_gate.weight" not in names
     lc = LlamaCppBackend(stories_moe, LlamaConfig(n_ctx=128))
-    tb = TorchBackend(stories_moe, TorchConfig(device="cpu"))
+    tb = TorchBackend(stories_moe, TorchConfig(device="cpu", n_threads=1))
     ids = lc.tokenize("Once upon a time", add_bos=True)
     a, b = lc.evaluate(ids), tb.evaluate(ids)
     # Same routing and weights in both runtimes; 1e-2 is what the dense model itself shows.
@@ -88,7 +88,7 @@ def test_moefied_gguf_loads_in_llama_cpp_and_torch(stories_moe: Path) -> None:
 def test_routing_is_input_dependent(stories_moe: Path) -> None:
     from tandem.runtime.torch_engine.backend import TorchBackend, TorchConfig
 
-    tb = TorchBackend(stories_moe, TorchConfig(device="cpu"))
+    tb = TorchBackend(stories_moe, TorchConfig(device="cpu", n_threads=1))
     chosen: list[set[tuple[int, ...]]] = [set() for _ in range(tb.model_config.n_layers)]
     for block in tb.model.blocks:
         original = block.ffn.route

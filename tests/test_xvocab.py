@@ -190,9 +190,9 @@ PAIRS = [("llama-spm", "gpt-2"), ("gpt-2", "starcoder"), ("phi-3", "llama-spm"),
 
 @pytest.fixture(scope="module")
 def tokenizers(vocab_gguf: Path):
-    from tandem.runtime.vocab_map import VocabOnlyTokenizer
+    from tandem.runtime.llama_vocab import LlamaVocab
 
-    toks = {name: VocabOnlyTokenizer(vocab_gguf / f"ggml-vocab-{name}.gguf") for name in {n for p in PAIRS for n in p}}
+    toks = {name: LlamaVocab.open(vocab_gguf / f"ggml-vocab-{name}.gguf") for name in {n for p in PAIRS for n in p}}
     yield toks
     for t in toks.values():
         t.close()

@@ -54,6 +54,9 @@ class ModelDrafter:
         self.owns_backend = owns_backend
         self.calls = 0
         """Forward calls made so far (catch-up and drafting), for DecodeStats.draft_calls."""
+        self.budget: int | None = None
+        """Set by an adaptive policy when this drafter sits behind model-free ones in a
+        chain: at most this many tokens per round (``None``: no limit)."""
 
     def _catch_up(self, context: Sequence[int]) -> np.ndarray:
         """Bring the cache to ``context`` and return the logits after its last token."""
@@ -64,6 +67,8 @@ class ModelDrafter:
 
     def propose(self, context: Sequence[int], max_tokens: int, sampler: Sampler) -> Draft:
         k = min(max_tokens, self.backend.n_ctx - len(context))
+        if self.budget is not None:
+            k = min(k, self.budget)
         if k <= 0 or not context:
             return Draft([], None, self.name)
         logits = self._catch_up(context)

@@ -1,25 +1,34 @@
-"""Cross-vocabulary drafting: any drafter model for any target (OmniDraft, TLI).
+"""Cross-vocabulary drafting: any drafter model for any target (UAG text, OmniDraft, TLI).
 
 The drafter never sees target ids. Each round it is brought to the committed *text*:
 the target context's bytes are re-encoded with the drafter's tokenizer and its KV cache
 is rolled back to where that encoding departs from what it holds (back-translation;
-accepted draft fragments that re-encode differently are recomputed). It then drafts k
-tokens in its own vocabulary, which are translated into target ids:
+accepted draft fragments that re-encode differently are recomputed). It then drafts
+tokens in its own vocabulary, which are turned into target ids:
 
-* ``omni`` (OmniDraft, default): left to right, the longest n-gram-cache match, else
-  the direct map, else stop. The cache learns from every committed round which drafter
-  sequences spell which target tokens, and is persisted per tokenizer pair. Greedy is
-  exactly lossless (the verifier accepts only the target's argmax); sampling is
-  near-lossless, as in the paper (a merged token can arise from other drafter paths).
+* ``text`` (default): the drafted *text* is re-tokenized with the target tokenizer
+  behind a committed look-behind window (:mod:`.xvocab_text`, after HF's Universal
+  Assisted Generation). A committed trailing space is held back from a drafter whose
+  pieces carry leading spaces, so it drafts ``▁little`` rather than a lone space. The
+  drafter drafts greedily and the proposal is a deterministic function of the context,
+  verified with a one-hot ``q``: exactly lossless for greedy *and* sampling (under
+  sampling a token is accepted with probability ``p(x)``). When no text translation
+  exists the round falls back to ``omni``'s token-level translation (also
+  deterministic here).
+* ``omni`` (OmniDraft): left to right, the longest n-gram-cache match, else the direct
+  map, else stop. The cache learns from every committed round which drafter sequences
+  spell which target tokens, and is persisted per tokenizer pair. Greedy is exactly
+  lossless (the verifier accepts only the target's argmax); sampling is near-lossless,
+  as in the paper (a merged token can arise from other drafter paths).
 * ``tli`` (token-level intersection): drafter logits outside the shared vocabulary are
   suppressed and its distribution is scattered onto the target vocabulary, so ``q`` is
-  the exact proposal distribution and sampling is exactly lossless.
+  the exact proposal distribution and sampling is exactly lossless with a sampled draft.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,23 +40,36 @@ from tandem.kernels.vocab_map import (
     aligned_spans,
     byte_offsets,
     intersection_mask,
+    merged_confidence,
     restrict_logits,
     scatter_to_target,
+    text_confidence,
     translate,
 )
 from tandem.models.errors import TandemError
 from tandem.runtime.backend import Backend, prefill
 from tandem.runtime.drafters.base import Draft
 from tandem.runtime.drafters.model import token_probability
+from tandem.runtime.drafters.xvocab_stats import XVocabStats
+from tandem.runtime.drafters.xvocab_text import (
+    TextProposal,
+    TextTranslator,
+    encodable_prefix,
+    encodable_units,
+)
 from tandem.runtime.ngram_cache import NGramCache, default_cache_path, vocab_fingerprint
 from tandem.runtime.vocab_map import Tokenizer, VocabPair, complete_utf8_prefix
 
-MODES = ("omni", "tli")
+MODES = ("text", "omni", "tli")
 
 
 @dataclass
 class XVocabConfig:
-    mode: str = "omni"
+    mode: str = "text"
+    """text | omni | tli (see the module docstring)."""
+    text_draft_cap: float = 3.0
+    """``text`` mode: drafter tokens per requested target token, at most (a target
+    token often spells several drafter tokens, and the newest is held back)."""
     learn: bool = True
     """Add n-gram cache entries from every committed round."""
     persist: bool = True
@@ -55,38 +77,6 @@ class XVocabConfig:
     cache_capacity: int = 50_000
     cache_path: Path | None = None
     """Override the per-pair file in the data dir."""
-
-
-@dataclass
-class XVocabStats:
-    rounds: int = 0
-    drafted: int = 0
-    """Drafter-vocabulary tokens generated."""
-    proposed: int = 0
-    """Target-vocabulary tokens proposed after translation."""
-    accepted: int = 0
-    from_cache: int = 0
-    """Proposed tokens that came from the n-gram cache."""
-    learnt: int = 0
-    """New cache entries this session."""
-    unsynced: int = 0
-    """Rounds skipped because the context text could not be re-encoded exactly."""
-    extra: dict[str, float] = field(default_factory=dict)
-
-    def as_dict(self, cache_size: int) -> dict[str, float]:
-        return {
-            "rounds": self.rounds,
-            "drafted": self.drafted,
-            "proposed": self.proposed,
-            "accepted": self.accepted,
-            "acceptance_rate": self.accepted / self.proposed if self.proposed else 0.0,
-            "cache_hit_rate": self.from_cache / self.proposed if self.proposed else 0.0,
-            "proposed_per_round": self.proposed / self.rounds if self.rounds else 0.0,
-            "accepted_per_round": self.accepted / self.rounds if self.rounds else 0.0,
-            "cache_size": cache_size,
-            "learnt": self.learnt,
-            "unsynced": self.unsynced,
-        }
 
 
 @dataclass
@@ -98,6 +88,9 @@ class _Synced:
     draft_ids: list[int]
     offset: int
     """Bytes the drafter's decoding has before ``text`` (SentencePiece's dummy space)."""
+    held: bytes = b""
+    """Committed bytes after ``text`` not given to the drafter (a trailing space its
+    next piece will carry); its draft must start with them."""
 
 
 class CrossVocabDrafter:
@@ -139,21 +132,34 @@ class CrossVocabDrafter:
         else:
             self.cache = NGramCache(cfg.cache_capacity)
         self.stats = XVocabStats()
-        self._synced: _Synced | None = None
+        self.text = TextTranslator(target, self.pair.target_pieces) if cfg.mode == "text" else None
+        self._synced: dict[bool, _Synced] = {}
+        self.last_drafted = b""
+        self._draft_units = encodable_units(self.pair.draft_pieces)
+        """``text`` mode: the drafted text (after the committed context) of the last round."""
         self._learnt_ctx: list[int] = []
         self._learnt_byte = 0
         self._dirty = False
 
     # -- back-translation ---------------------------------------------------------------
-    def _sync(self, context: Sequence[int]) -> _Synced | None:
-        """Encode the committed target text with the drafter's tokenizer (memoised)."""
+    def _sync(self, context: Sequence[int], hold_space: bool = False) -> _Synced | None:
+        """Encode the committed target text with the drafter's tokenizer (memoised).
+
+        ``hold_space``: leave a trailing space out when the drafter's pieces carry
+        leading spaces, so the drafter writes ``▁word`` instead of a lone ``▁`` it
+        rarely saw in training (the 656k target ends most tokens with a space)."""
         context = list(context)
-        if self._synced is not None and self._synced.context == context:
-            return self._synced
-        text = self.pair.target_text(context)
+        old = self._synced.get(hold_space)
+        if old is not None and old.context == context:
+            return old
+        full = self.pair.target_text(context)
+        held = b" " if hold_space and self.pair.draft_space_prefix and full.endswith(b" ") else b""
+        text = full[: len(full) - len(held)]
         if complete_utf8_prefix(text) != len(text):
             return None  # mid-character (or invalid) bytes: nothing to encode exactly
         s = text.decode("utf-8")
+        if encodable_prefix(s, self._draft_units) != len(s):
+            return None  # llama.cpp would abort on a character the drafter's vocabulary lacks
         if self.pair.draft_space_prefix and s.startswith(" "):
             s = s[1:]
         ids = self.drafter.tokenize(s, add_bos=self._bos is not None) if s else []
@@ -162,19 +168,23 @@ class CrossVocabDrafter:
         decoded = self.pair.draft_text(ids)
         if not ids or not decoded.endswith(text):
             return None
-        self._synced = _Synced(context, text, ids, len(decoded) - len(text))
-        return self._synced
+        self._synced[hold_space] = synced = _Synced(context, text, ids, len(decoded) - len(text), held)
+        return synced
 
     # -- drafting -----------------------------------------------------------------------
     def propose(self, context: Sequence[int], max_tokens: int, sampler: Sampler) -> Draft:
         empty = Draft([], None, self.name)
         if max_tokens <= 0:
             return empty
-        synced = self._sync(context)
-        if synced is None or len(synced.draft_ids) + max_tokens > self.drafter.n_ctx:
+        text_mode = self.text is not None
+        budget = max(1, int(self.config.text_draft_cap * max_tokens)) if text_mode else max_tokens
+        synced = self._sync(context, hold_space=text_mode)
+        if synced is None or len(synced.draft_ids) + budget > self.drafter.n_ctx:
             self.stats.unsynced += synced is None
             return empty
         self.stats.rounds += 1
+        if text_mode:
+            return self._propose_text(context, synced, max_tokens, budget, sampler)
         history = list(synced.draft_ids)
         logits = prefill(self.drafter, history)
         self.calls += 1
@@ -212,10 +222,64 @@ class CrossVocabDrafter:
             tr = translate(drafted, q_of, self.pair.direct, self.cache.longest_match, max_tokens)
             tokens, from_cache = tr.tokens, tr.cache_hits
             q_rows = None if sampler.greedy else self._omni_rows(tr, rows)
-            confidence = _merged_confidence(tr, conf)
+            confidence = merged_confidence(tr, conf)
         self.stats.proposed += len(tokens)
         self.stats.from_cache += from_cache
         return Draft(tokens, q_rows, self.name, confidence)
+
+    def _propose_text(self, context: Sequence[int], synced: _Synced, max_tokens: int, budget: int,
+                      sampler: Sampler) -> Draft:
+        """Draft greedily until the re-tokenized text yields ``max_tokens`` stable target
+        tokens (or ``budget`` drafter tokens, the drafter's end of text, or SpecDec++'s
+        stop). Greedy drafting makes the proposal a function of the context: one-hot q."""
+        assert self.text is not None
+        history = list(synced.draft_ids)
+        logits = prefill(self.drafter, history)
+        self.calls += 1
+        held, drafted, conf, ends = synced.held, [], [], []
+        text, prop, survive, final = b"", TextProposal(), 1.0, False
+        for j in range(budget):
+            d = int(np.argmax(sampler.penalized(logits, history)))
+            drafted.append(d)
+            history.append(d)
+            conf.append(token_probability(logits, d))
+            survive *= conf[-1]
+            text += self.pair.draft_pieces[d]
+            ends.append(len(text) - len(held))
+            if d in self._eog:
+                final = True
+            elif not (text.startswith(held) if len(text) >= len(held) else held.startswith(text)):
+                break  # the drafter does not even agree with the committed text
+            elif len(text) > len(held):
+                prop = self.text.propose(context, text[len(held):])
+                if len(prop.tokens) >= max_tokens:
+                    break
+            if final or (self.stop_threshold is not None and 1.0 - survive > self.stop_threshold):
+                break
+            if j + 1 < budget:
+                logits = self.drafter.evaluate([d])[-1]
+                self.calls += 1
+        if final and text.startswith(held):
+            prop = self.text.propose(context, text[len(held):], final=True)
+        tokens = prop.tokens[:max_tokens]
+        if final and prop.held_back == 0 and len(tokens) < max_tokens and self.pair.direct[drafted[-1]] != UNMAPPED:
+            tokens.append(int(self.pair.direct[drafted[-1]]))
+            prop.ends.append(ends[-1])
+        self.last_drafted = text[len(held) :] if text.startswith(held) else b""
+        self.stats.drafted += len(drafted)
+        self.stats.anchored += prop.anchored
+        if not tokens and drafted and not held:
+            return self._fallback(drafted, conf, max_tokens)
+        self.stats.proposed += len(tokens)
+        return Draft(tokens, None, self.name, text_confidence(prop.ends[: len(tokens)], ends, conf))
+
+    def _fallback(self, drafted: list[int], conf: list[float], max_tokens: int) -> Draft:
+        """Token-level (OmniDraft) translation of a greedy draft: deterministic, one-hot q."""
+        tr = translate(drafted, conf, self.pair.direct, self.cache.longest_match, max_tokens)
+        self.stats.fallbacks += bool(tr.tokens)
+        self.stats.proposed += len(tr.tokens)
+        self.stats.from_cache += tr.cache_hits
+        return Draft(tr.tokens, None, self.name, merged_confidence(tr, conf))
 
     def _may_translate(self, drafted: list[int]) -> bool:
         """Cheap early stop: the newest drafter token is neither mapped nor continuing a
@@ -245,7 +309,7 @@ class CrossVocabDrafter:
     # -- learning -----------------------------------------------------------------------
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         self.stats.accepted += n_accepted
-        if self.config.learn and self.config.mode == "omni":
+        if self.config.learn and self.config.mode != "tli":
             self.learn(context)
 
     def learn(self, context: Sequence[int]) -> int:
@@ -288,6 +352,8 @@ class CrossVocabDrafter:
         if not piece or complete_utf8_prefix(piece) != len(piece):
             return 0
         s = piece.decode("utf-8")
+        if encodable_prefix(s, self._draft_units) != len(s):
+            return 0
         if self.pair.draft_space_prefix:
             if not s.startswith(" "):
                 return 0
@@ -313,11 +379,3 @@ class CrossVocabDrafter:
             if self.owns_backend:
                 self.drafter.close()
 
-
-def _merged_confidence(tr: Translation, conf: list[float]) -> list[float]:
-    """Per target token: the product of the drafter's confidence in the tokens it merges."""
-    ends = tr.draft_pos[1:] + [tr.consumed] if tr.draft_pos else []
-    out = []
-    for i, (a, b) in enumerate(zip(tr.draft_pos, ends, strict=True)):
-        out.append(float(np.prod(conf[a:b])) if i == 0 or tr.draft_pos[i - 1] != a else 1.0)
-    return out

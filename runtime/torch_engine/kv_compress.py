@@ -32,7 +32,12 @@ from dataclasses import dataclass, field
 import torch
 
 from tandem.kernels.hadamard import fwht, pow2_block
-from tandem.kernels.kv_budget import allocate_budgets, eviction_scores, layer_preference, select_keep
+from tandem.kernels.kv_budget import (
+    allocate_budgets,
+    eviction_scores,
+    layer_preference,
+    select_keep,
+)
 from tandem.kernels.kv_quant import QuantizedRows, bytes_per_row, dequantize, quantize
 from tandem.runtime.torch_engine.cache import KVCache
 from tandem.runtime.torch_engine.config import ModelConfig
