@@ -173,7 +173,7 @@ class RuntimeCosts:
     """Once per process on a CUDA device: context, cuBLAS workspace."""
 
 
-LLAMA_CPP = RuntimeCosts(process=3_700_000, per_model=2_200_000, per_vocab=192.5, kt_flash=6.91,
+LLAMA_CPP = RuntimeCosts(process=3_300_000, per_model=2_200_000, per_vocab=192.5, kt_flash=6.91,
                          kt_plain=7.14, kth_plain=5.54, t_embd=27.8, out_row=11.55,
                          device_context=350 * 1024**2)
 """llama.cpp (CPU build; fitted, see module docstring). ``device_context`` is the usual

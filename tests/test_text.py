@@ -40,7 +40,10 @@ def test_stop_matcher_emits_exactly_text_before_first_stop(text: str, stops: lis
             break
     if not hit:
         shown.append(m.flush())
-    first = min((i for i in (text.find(s) for s in stops) if i >= 0), default=None)
+    # Generation stops as soon as a stop string is complete; the cut is the earliest
+    # stop string present in the text seen by then.
+    end = next((n for n in range(1, len(text) + 1) if any(s in text[:n] for s in stops)), None)
+    first = None if end is None else min(i for i in (text[:end].find(s) for s in stops) if i >= 0)
     expected = text if first is None else text[:first]
     assert "".join(shown) == expected
     assert hit == (first is not None)

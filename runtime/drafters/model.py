@@ -41,8 +41,9 @@ class ModelDrafter:
     """Draft with a small model sharing the target's vocabulary.
 
     ``stop_threshold`` (SpecDec++): stop drafting as soon as the estimated chance that
-    at least one drafted token is rejected, ``1 - prod(confidence)``, exceeds it. The
-    confidence of a token is the drafter's own (untempered) probability of it.
+    at least one drafted token is rejected, ``1 - prod(a_i)``, exceeds it, where a_i is
+    the drafter's own probability of token i scaled by a running calibration against
+    the acceptances observed in :meth:`commit`.
     """
 
     def __init__(
@@ -54,6 +55,9 @@ class ModelDrafter:
         self.owns_backend = owns_backend
         self.calls = 0
         """Forward calls made so far (catch-up and drafting), for DecodeStats.draft_calls."""
+        self._calib_acc = 0.0
+        self._calib_conf = 0.0
+        self._last_conf: list[float] | None = None
         self.budget: int | None = None
         """Set by an adaptive policy when this drafter sits behind model-free ones in a
         chain: at most this many tokens per round (``None``: no limit)."""
@@ -91,7 +95,7 @@ class ModelDrafter:
             confidence.append(conf)
             if penalize:
                 history.append(x)
-            all_accepted *= conf
+            all_accepted *= min(1.0, conf * self.calibration())
             if i == k - 1:
                 break
             if self.stop_threshold is not None and 1.0 - all_accepted > self.stop_threshold:
@@ -99,11 +103,23 @@ class ModelDrafter:
             self.calls += 1
             logits = self.backend.evaluate([x])[-1]
         q_out = None if sampler.greedy else np.stack(rows)
+        self._last_conf = confidence
         return Draft(tokens, q_out, self.name, confidence)
 
+    def calibration(self) -> float:
+        """Observed acceptances per unit of own probability (decayed). Greedy acceptance
+        needs only argmax agreement, so a drafter's raw probability underestimates it."""
+        return float(np.clip((self._calib_acc + 2.0) / (self._calib_conf + 2.0), 0.2, 5.0))
+
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
-        """Drop rejected drafts from the cache so it stays a prefix of ``context``."""
+        """Drop rejected drafts from the cache so it stays a prefix of ``context``;
+        update the confidence calibration the SpecDec++ stop uses."""
         self.backend.truncate(common_prefix_len(self.backend.tokens, context))
+        if self._last_conf:
+            tested = min(len(self._last_conf), n_accepted + 1)
+            self._calib_acc = 0.98 * self._calib_acc + n_accepted
+            self._calib_conf = 0.98 * self._calib_conf + sum(self._last_conf[:tested])
+            self._last_conf = None
 
     def close(self) -> None:
         if self.owns_backend:
