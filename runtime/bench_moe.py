@@ -7,28 +7,25 @@ Settings, run alternately (medians of tokens/s over repeats, the machine is shar
   * HOBBIT eviction + cross-layer-gate prefetch at the budget;
   * the same + mixed precision (low-weight misses load a low-bit copy).
 Quality: teacher-forced next-token KL and top-1 agreement against in-memory, and
-perplexity on the held-out story text of bench/kv_compress.py (written by hand).
+perplexity on the held-out story text of runtime/bench_kv.py (written by hand).
 
-    .venv/bin/python bench/moe_offload.py --model .bench/stories260K-twin-30M-moe8x2.gguf [--device cuda]
+    .venv/bin/python -m tandem.runtime.bench_moe --model .bench/stories260K-twin-30M-moe8x2.gguf [--device cuda]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from kv_compress import HELD_OUT, log_softmax  # noqa: E402
-
-from tandem.runtime.torch_engine.backend import TorchBackend, TorchConfig  # noqa: E402
-from tandem.runtime.torch_engine.expert_cache import OffloadConfig, enable_offload  # noqa: E402
-from tandem.runtime.torch_engine.expert_store import GGUFExpertSource  # noqa: E402
+from tandem.runtime.bench_kv import HELD_OUT, log_softmax
+from tandem.runtime.torch_engine.backend import TorchBackend, TorchConfig
+from tandem.runtime.torch_engine.expert_cache import OffloadConfig, enable_offload
+from tandem.runtime.torch_engine.expert_store import GGUFExpertSource
 
 
 def settings(budget: int, low_bits: int) -> dict[str, tuple[OffloadConfig | None, str]]:
