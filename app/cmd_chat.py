@@ -15,6 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ctx", type=int, default=2048, help="context length (default 2048)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("-n", "--max-tokens", type=int, default=512, help="reply length limit for new chats")
+    p.add_argument("--budget", default=None, help="host memory the chat may use, e.g. 6GiB; the memory "
+                   "planner sizes target and drafter to it (see `tandem plan`)")
     p.add_argument("--history", default=None, metavar="FILE",
                    help="chat database (default: chats.sqlite3 in the Tandem data dir)")
     add_sampling_args(p)
@@ -44,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         draft_mode=args.draft_mode,
         draft_max=args.draft_max,
         draft_len=args.draft_len,
+        budget=args.budget,
     )
     TandemApp(config).run()
     return 0

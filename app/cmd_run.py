@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     # The memory planner picks the configs and never exceeds the budget (BudgetError if nothing fits).
     wants_model = args.draft and (args.draft_mode or "auto") in ("auto", "model", "xvocab")
     plan = plan_for_run(path, resolve_model(args.draft) if wants_model else None, args.budget, args.ctx,
-                        vram=args.vram, threads=args.threads, draft_max=args.draft_max, acceptance=0.99)
+                        vram=args.vram, threads=args.threads, draft_max=args.draft_max,
+                        drop_slow_draft=False)
     if wants_model and plan.draft is None:
         print(f"tandem: {plan.reasons[-2] if len(plan.reasons) > 1 else 'draft model dropped'}", file=sys.stderr)
         args.draft = None

@@ -180,6 +180,10 @@ class PlanRequest:
     allow_kv_quant: bool = True
     acceptance: float = ACCEPTANCE_PRIOR
     """Per-token acceptance of the drafter (measured, or the prior)."""
+    drop_slow_draft: bool = True
+    """Drop a drafter predicted to gain < 5 %. A drafter the user named explicitly is
+    kept when it fits (``False``): the adaptive policy then turns drafting off at run
+    time if it does not pay, using measured rather than predicted costs."""
     baseline: int | None = None
     """Resident bytes before the models load; ``None``: this process's RSS (or the
     profile constant when planning another machine)."""
@@ -257,7 +261,7 @@ def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelSh
         if not _fits(est, machine, baseline):
             continue
         return _finish(machine, baseline, t_shape, d_shape, target, draft, spec_k, est, note, reasons,
-                       req.acceptance)
+                       req.acceptance, req.drop_slow_draft)
     kv = _leanest_kv(t_shape, req.allow_kv_quant)
     est = estimate(t_shape, Setup(ctx, 64, kv, kv))
     reasons = [*reasons, f"{t_shape.name} alone needs {format_size(est.host + baseline)} of host memory "
@@ -269,7 +273,7 @@ def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelSh
 
 def _finish(machine: Machine, baseline: int, t_shape: ModelShape, d_shape: ModelShape | None,
             target: ModelPlan, draft: ModelPlan | None, k: int, est: Estimate, note: str,
-            reasons: list[str], alpha: float) -> Plan:
+            reasons: list[str], alpha: float, drop_slow_draft: bool = True) -> Plan:
     reasons = list(reasons)
     speed = _decode_speed(t_shape, target.setup(), machine)
     speedup = 1.0
@@ -297,14 +301,16 @@ def _finish(machine: Machine, baseline: int, t_shape: ModelShape, d_shape: Model
             reasons.append(f"drafter context capped at {draft.window} tokens (drafts from a sliding window) "
                            "to fit the budget before touching the target's context")
         if speedup < 1.05:
-            reasons.append(f"predicted speedup {speedup:.2f}x is too small: the draft model is not worth it here")
+            reasons.append(f"predicted speedup {speedup:.2f}x is too small: the draft model is not worth it here"
+                           + ("" if drop_slow_draft else "; kept as asked, the adaptive policy switches "
+                              "drafting off at run time if it does not pay"))
     elif d_shape is not None:
         reasons.append("draft model dropped: it does not fit next to the target; model-free drafting stays on")
     extra = est.speculation_extra()
     reasons.append(f"predicted memory {format_size(baseline + est.host)} host"
                    + (f" + {format_size(est.gpu)} GPU" if est.gpu else "")
                    + f" (speculation {format_size(extra)}) of a {format_size(machine.host_budget)} budget")
-    if draft is not None and speedup < 1.05:
+    if draft is not None and speedup < 1.05 and drop_slow_draft:
         draft, speedup = None, 1.0
         est = estimate(t_shape, target.setup(k + 1), k=k)
     return Plan(True, machine.describe(), machine.host_budget, machine.vram_budget, baseline, target,
@@ -365,7 +371,8 @@ def suggest(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelSha
 
 def plan_for_run(target_path: str | Path, draft_path: str | Path | None = None, budget: int | str | None = None,
                  ctx: int | None = None, *, vram: int | str | None = None, profile: str | None = None,
-                 threads: int | None = None, draft_max: int = 8, acceptance: float = ACCEPTANCE_PRIOR) -> Plan:
+                 threads: int | None = None, draft_max: int = 8, acceptance: float = ACCEPTANCE_PRIOR,
+                 drop_slow_draft: bool = True) -> Plan:
     """The one call ``tandem run`` / ``tandem chat`` make: plan for this machine (or a
     profile) and raise :class:`BudgetError` with suggestions when nothing fits.
 
@@ -379,5 +386,6 @@ def plan_for_run(target_path: str | Path, draft_path: str | Path | None = None, 
 
     machine = resolve_machine(profile, budget, vram, measure_bandwidth=False)
     req = PlanRequest(Path(target_path), Path(draft_path) if draft_path else None, ctx, machine,
-                      draft_max=draft_max, threads=threads, acceptance=acceptance)
+                      draft_max=draft_max, threads=threads, acceptance=acceptance,
+                      drop_slow_draft=drop_slow_draft)
     return make_plan(req).check()

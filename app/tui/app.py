@@ -34,10 +34,12 @@ class AppConfig:
     draft_max: int = 8
     draft_len: int | None = None
     measure_cost: bool = True
+    budget: str | None = None
+    """Host memory budget for the memory planner (``tandem chat --budget``)."""
 
     def choice(self, model: Path) -> ModelChoice:
         return ModelChoice(model, self.drafter, self.n_ctx, self.threads, self.draft_mode,
-                           self.draft_max, self.draft_len, self.measure_cost)
+                           self.draft_max, self.draft_len, self.measure_cost, self.budget)
 
 
 class TandemApp(App):

@@ -155,6 +155,8 @@ class ChatScreen(ChatActions, Screen):
             return
         self.engine, self.choice = message.engine, message.choice
         self.set_status(self._model_line())
+        for note in message.choice.notes:
+            self.notify(note, severity="warning", timeout=8)
 
     def _model_line(self) -> str:
         line = f"Model {self.choice.target_name}"

@@ -222,6 +222,10 @@ class ModelChoice:
     draft_len: int | None = None
     measure_cost: bool = True
     """Measure the target's verify-cost curve (cached) for the adaptive draft length."""
+    budget: str | None = None
+    """Host memory the chat may use (``6GiB``); ``None``: the planner's default share of RAM."""
+    notes: list[str] = field(default_factory=list)
+    """What the memory planner changed (e.g. a drafter it dropped), for the UI to show."""
 
     @property
     def target_name(self) -> str:
@@ -255,11 +259,19 @@ def load_engine(choice: ModelChoice) -> Any:
     strategy, so the engine can report its memory.
     """
     from tandem.runtime.chat import ChatEngine
-    from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.llama_backend import LlamaCppBackend
+    from tandem.runtime.planner import plan_for_run
 
-    config = LlamaConfig(n_ctx=choice.n_ctx, n_threads=choice.n_threads)
-    target = LlamaCppBackend(choice.target, config)
-    if choice.mode == "off":
+    # The memory planner sizes both models to the budget (BudgetError if nothing fits).
+    wants_drafter = choice.drafter is not None and choice.mode != "off"
+    plan = plan_for_run(choice.target, choice.drafter if wants_drafter else None, choice.budget,
+                        choice.n_ctx, threads=choice.n_threads, draft_max=choice.draft_max,
+                        drop_slow_draft=False)
+    drafter_path = choice.drafter if plan.draft is not None else None
+    if wants_drafter and drafter_path is None:
+        choice.notes.append("memory planner: " + "; ".join(plan.reasons))
+    target = LlamaCppBackend(choice.target, plan.target.llama_config())
+    if choice.mode == "off" or (drafter_path is None and choice.mode in ("model", "xvocab")):
         return ChatEngine(target)
     drafter = None
     try:
@@ -267,8 +279,9 @@ def load_engine(choice: ModelChoice) -> Any:
             raise TandemError("Speculative decoding is not available in this build: run without a drafter.")
         from tandem.runtime.speculative import SpecOptions, build_strategy
 
-        drafter = LlamaCppBackend(choice.drafter, config) if choice.drafter is not None else None
-        options = SpecOptions(mode=choice.mode, draft_max=choice.draft_max, draft_length=choice.draft_len,
+        config = plan.draft.llama_config() if plan.draft is not None else None
+        drafter = LlamaCppBackend(drafter_path, config) if drafter_path is not None else None
+        options = SpecOptions(mode=choice.mode, draft_max=plan.draft_max, draft_length=choice.draft_len,
                               measure_cost=choice.measure_cost)
         strategy = build_strategy(target, drafter, options, llama_config=config)
     except BaseException:
