@@ -16,7 +16,6 @@ COMMAND_MODULES = [
     "tandem.app.cmd_pull",
     "tandem.app.cmd_ngram",
     "tandem.app.cmd_serve",
-    "tandem.app.cmd_bench_autocomplete",
     "tandem.app.cmd_convert",
     "tandem.app.cmd_twin",
     "tandem.app.cmd_plan",

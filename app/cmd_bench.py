@@ -1,9 +1,15 @@
-"""`tandem bench`: plain decoding vs each speculative mode, alternating, in one process."""
+"""`tandem bench`: speed benchmarks that run baseline and candidate alternately in one process.
+
+Default: plain decoding vs each speculative mode. ``--autocomplete``: k superposed drafts
+vs k sampled runs vs one k-sequence batch. ``--ar-overhead``: Tandem's plain decoding loop
+vs llama-cpp-python's own ``Llama.generate``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from tandem.models.errors import TandemError
@@ -42,10 +48,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-llama-baseline", action="store_true", help="skip llama-cpp-python's prompt lookup")
     p.add_argument("--json", dest="json_file", default=None, metavar="FILE", help="write the figures as JSON")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="draw the figures (PNG)")
+    modes = p.add_mutually_exclusive_group()
+    modes.add_argument("--autocomplete", action="store_true",
+                       help="k autocomplete drafts: superposed vs k sampled runs vs one k-sequence batch")
+    modes.add_argument("--ar-overhead", action="store_true",
+                       help="Tandem's plain decoding vs llama-cpp-python's Llama.generate")
+    p.add_argument("--k", type=_ints, default=(2, 3, 5), help="with --autocomplete: draft counts (default 2,3,5)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.autocomplete:
+        return run_autocomplete(args)
+    if args.ar_overhead:
+        return run_ar_overhead(args)
     from tandem.runtime.bench import WORKLOADS, BenchConfig, format_report, plot_report, run_bench
 
     bad = [w for w in args.workloads if w not in WORKLOADS]
@@ -68,4 +84,36 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json_file).write_text(json.dumps(report, indent=1))
     if args.plot:
         plot_report(report, args.plot)
+    return 0
+
+
+def run_autocomplete(args: argparse.Namespace) -> int:
+    from tandem.runtime.bench_autocomplete import PROMPTS, markdown_table, run_bench
+    from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
+
+    if max(args.k) > 16:
+        raise TandemError("--k values must be between 1 and 16.")
+    if args.max_tokens < 1 or args.reps < 1 or not 1 <= args.prompts <= len(PROMPTS):
+        raise TandemError(f"--max-tokens and --reps must be at least 1, --prompts 1..{len(PROMPTS)}.")
+    config = LlamaConfig(n_ctx=args.ctx or 256, n_threads=args.threads)
+    with LlamaCppBackend(resolve_model(args.model), config) as target:
+        result = run_bench(target, sorted(set(args.k)), args.max_tokens, args.reps, PROMPTS[: args.prompts],
+                           log=lambda s: print(s, file=sys.stderr, flush=True))
+    print(f"model {result['model']}, {result['max_tokens']} tokens per draft, medians of "
+          f"{result['repeats']} x {result['prompts']} prompts")
+    print(markdown_table(result))
+    if args.json_file:
+        Path(args.json_file).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def run_ar_overhead(args: argparse.Namespace) -> int:
+    from tandem.runtime.bench_ar import measure_overhead
+
+    result = measure_overhead(resolve_model(args.model), tokens=args.max_tokens, rounds=args.reps,
+                              threads=args.threads)
+    print(f"{result.model}: Tandem {result.tandem_tps:.2f} tok/s, llama-cpp-python {result.llama_tps:.2f} tok/s, "
+          f"ratio {result.ratio:.3f} (median of per-pair ratios), identical greedy output: {result.identical}")
+    if args.json_file:
+        Path(args.json_file).write_text(json.dumps(result.as_dict(), indent=1))
     return 0

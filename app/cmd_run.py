@@ -46,12 +46,14 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
                    help="fixed draft length instead of the adaptive policy")
 
 
-def strategy_from_args(target, args: argparse.Namespace, llama_config: LlamaConfig | None = None):
+def strategy_from_args(target, args: argparse.Namespace, llama_config: LlamaConfig | None = None,
+                       draft_window: int | None = None):
     """The speculative strategy the flags ask for (see runtime.speculative.build_strategy)."""
     from tandem.runtime.speculative import SpecOptions, build_strategy
 
     mode = args.draft_mode or ("auto" if args.draft else "off")
-    options = SpecOptions(mode=mode, draft_max=args.draft_max, draft_length=args.draft_len)
+    options = SpecOptions(mode=mode, draft_max=args.draft_max, draft_length=args.draft_len,
+                          draft_window=draft_window)
     return build_strategy(target, args.draft, options, llama_config=llama_config)
 
 
@@ -86,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
         args.draft = None
     config = plan.target.llama_config()
     with LlamaCppBackend(path, config) as target:
-        strategy = strategy_from_args(target, args, plan.draft.llama_config() if plan.draft else None)
+        strategy = strategy_from_args(target, args, plan.draft.llama_config() if plan.draft else None,
+                                      plan.draft.window if plan.draft else None)
         ids = target.tokenize(prompt, add_bos=True) if prompt else []
         if target.special.bos is not None and ids == [target.special.bos]:
             ids = []  # a prompt of only BOS is an empty prompt

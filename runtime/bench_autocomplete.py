@@ -1,4 +1,4 @@
-"""`tandem bench-autocomplete`: k drafts by superposition vs k sampled runs vs one k-batch.
+"""`tandem bench --autocomplete`: k drafts by superposition vs k sampled runs vs one k-batch.
 
 Three ways to get k continuations of the same prompt, timed side by side, alternating
 (the machine is shared, so every method runs in every round and medians are reported):

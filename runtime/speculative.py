@@ -162,6 +162,9 @@ class SpecOptions:
     """SpecDec++ threshold for model drafters (adaptive mode only)."""
     measure_cost: bool = True
     """Measure (or load the cached) c(k) of the target; ``False`` assumes a CPU-like curve."""
+    draft_window: int | None = None
+    """Cap on the draft model's context (the memory planner's ``plan.draft.window``): it
+    then drafts from a sliding window of the latest tokens instead of stopping."""
 
 
 class SpeculativeStrategy:
@@ -289,7 +292,12 @@ def build_strategy(
     if opts.mode in ("auto", "ngram"):
         drafters.append(model_free_drafter(target))
     if draft is not None and opts.mode != "ngram":
-        drafters.append(open_model_drafter(target, draft, opts.mode, llama_config=llama_config))
+        model_drafter = open_model_drafter(target, draft, opts.mode, llama_config=llama_config)
+        if opts.draft_window:
+            from tandem.runtime.split import WindowedDrafter
+
+            model_drafter = WindowedDrafter(model_drafter, opts.draft_window)
+        drafters.append(model_drafter)
     drafter = drafters[0] if len(drafters) == 1 else ChainDrafter(drafters)
     policy: LengthPolicy
     if opts.draft_length is not None:

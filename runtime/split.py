@@ -67,6 +67,14 @@ class WindowedDrafter:
     def close(self) -> None:
         self.inner.close()
 
+    # Knobs and counters the speculative loop and the adaptive policy read or set on
+    # model drafters pass through to the wrapped one.
+    budget = property(lambda self: getattr(self.inner, "budget", None),
+                      lambda self, v: setattr(self.inner, "budget", v))
+    stop_threshold = property(lambda self: getattr(self.inner, "stop_threshold", None),
+                              lambda self, v: setattr(self.inner, "stop_threshold", v))
+    calls = property(lambda self: getattr(self.inner, "calls", 0))
+
 
 @dataclass(frozen=True)
 class Placement:

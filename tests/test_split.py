@@ -138,3 +138,30 @@ def test_calibration_picks_and_caches(pair, isolated_home: Path) -> None:
     cached = calibrate(target, drafter, draft, placements, prompt, k=4, reps=1)
     assert cached == first  # read back, not re-measured
     assert (isolated_home / "cache" / "split.json").exists()
+
+
+def test_build_strategy_draft_window_keeps_drafting_past_the_cap(stories260k) -> None:
+    """The planner's drafter context cap: drafting goes on from a sliding window, lossless."""
+    from tandem.kernels.sampling import Sampler, SamplingParams
+    from tandem.runtime.generate import DoneEvent, autoregressive, generate
+    from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.speculative import SpecOptions, build_strategy
+
+    with LlamaCppBackend(stories260k, LlamaConfig(n_ctx=512, n_threads=1)) as target:
+        prompt = target.tokenize("Once upon a time", add_bos=True)
+
+        def run(strategy):
+            target.truncate(0)
+            events = generate(target, prompt, Sampler(SamplingParams.greedy_params()), strategy=strategy,
+                              max_tokens=96, stop_at_eog=False)
+            return [e for e in events if isinstance(e, DoneEvent)][0]
+
+        strategy = build_strategy(target, stories260k, SpecOptions(mode="model", draft_length=3, draft_window=24),
+                                  llama_config=LlamaConfig(n_ctx=64, n_threads=1))
+        try:
+            done = run(strategy)
+            assert done.tokens == run(autoregressive).tokens
+            assert done.stats.accepted_tokens > 48, "the windowed drafter stopped drafting"
+            assert len(strategy.drafter.inner.backend.tokens) <= 24
+        finally:
+            strategy.close()

@@ -282,7 +282,8 @@ def load_engine(choice: ModelChoice) -> Any:
         config = plan.draft.llama_config() if plan.draft is not None else None
         drafter = LlamaCppBackend(drafter_path, config) if drafter_path is not None else None
         options = SpecOptions(mode=choice.mode, draft_max=plan.draft_max, draft_length=choice.draft_len,
-                              measure_cost=choice.measure_cost)
+                              measure_cost=choice.measure_cost,
+                              draft_window=plan.draft.window if plan.draft is not None else None)
         strategy = build_strategy(target, drafter, options, llama_config=config)
     except BaseException:
         if drafter is not None:
