@@ -173,11 +173,14 @@ class RuntimeCosts:
     """Once per process on a CUDA device: context, cuBLAS workspace."""
 
 
-LLAMA_CPP = RuntimeCosts(process=3_300_000, per_model=2_200_000, per_vocab=192.5, kt_flash=6.91,
+LLAMA_CPP = RuntimeCosts(process=0, per_model=2_200_000, per_vocab=192.5, kt_flash=6.91,
                          kt_plain=7.14, kth_plain=5.54, t_embd=27.8, out_row=11.55,
                          device_context=350 * 1024**2)
-"""llama.cpp (CPU build; fitted, see module docstring). ``device_context`` is the usual
-CUDA context + cuBLAS handle size (~300-400 MiB), an estimate not measured here."""
+"""llama.cpp (CPU build; fitted, see module docstring). ``process`` is 0: what llama.cpp
+adds once per process is shared-library code, which :mod:`tandem.runtime.memprobe` no
+longer counts (its resident size depends on the page cache, not the model).
+``device_context`` is the usual CUDA context + cuBLAS handle size (~300-400 MiB), an
+estimate not measured here."""
 
 TORCH = RuntimeCosts(process=0, per_model=8_000_000, per_vocab=64.0, kt_flash=4.0, kt_plain=4.0,
                      kth_plain=8.0, t_embd=48.0, out_row=8.0, device_context=500 * 1024**2)

@@ -4,14 +4,15 @@ The memory model (:mod:`tandem.runtime.memory_model`) is checked against these n
 A fresh subprocess keeps measurements isolated: nothing else loaded or freed in the
 test process can move the figures.
 
-What is counted: the growth of the process's resident set (``VmRSS``) from just
-before the first model loads to the high-water mark (``VmHWM``, reset through
-``/proc/self/clear_refs`` first) after the workload ran. That is weights (llama.cpp
-maps the file with ``MAP_POPULATE``, so the mapped pages are resident), the KV cache
-(cleared at creation, so every page is touched), the compute and output buffers as far
-as the workload touches them, and the runtime's own structures (vocabulary, graph
-metadata, thread pool). The Python interpreter and imported libraries are the
-baseline and are not counted. Linux only (it reads ``/proc/self/status``).
+What is counted: anonymous resident memory (``RssAnon``) grown from just before the
+first model loads to just after the workload ran, plus the resident pages of the model
+files themselves (llama.cpp maps them with ``MAP_POPULATE``, so the weights are fully
+resident). That is weights, the KV cache, compute and output buffers as far as the
+workload touches them, and the runtime's own structures (vocabulary, graph metadata,
+thread pool). Shared-library code pages are not counted: how many of them a process
+touches depends on the page cache (fault-around maps more pages of hot files), not on
+the model, and other processes share them. The Python interpreter and imported
+libraries are the baseline. Linux only (``/proc/self/status`` and ``smaps``).
 
 Run as ``python -m tandem.runtime.memprobe SPEC.json``; prints one JSON line.
 """
@@ -59,12 +60,24 @@ def _status() -> dict[str, int]:
     return out
 
 
+def _file_rss(paths: list[str]) -> int:
+    """Resident bytes of this process's mappings of ``paths`` (from ``/proc/self/smaps``)."""
+    wanted = {str(Path(p).resolve()) for p in paths}
+    total, current = 0, False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5:  # a mapping header line
+                current = len(head) >= 6 and head[5] in wanted
+            elif current and head and head[0] == "Rss:":
+                total += int(head[1]) * 1024
+    return total
+
+
 def _drive(spec: ProbeSpec) -> dict:
     from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
 
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")  # reset VmHWM to the current RSS
-    before = _status()["VmRSS"]
+    before = _status()["RssAnon"]
     backends = []
     for m in spec.models:
         cfg = LlamaConfig(
@@ -72,7 +85,7 @@ def _drive(spec: ProbeSpec) -> dict:
             type_v=m.type_v, flash_attn=m.flash_attn,
         )
         backends.append(LlamaCppBackend(m.path, cfg))
-    loaded = _status()["VmRSS"]
+    loaded = _status()["RssAnon"] + _file_rss([m.path for m in spec.models])
     for m, b in zip(spec.models, backends, strict=True):
         prompt_len = max(1, min(m.prompt_tokens, b.n_ctx - m.output_rows - m.decode_steps))
         ids = [(i * 7) % max(2, b.n_vocab - 3) + 3 for i in range(prompt_len)]
@@ -82,12 +95,12 @@ def _drive(spec: ProbeSpec) -> dict:
             b.evaluate([5] * rows, logits_for=list(range(rows)))
         for _ in range(m.decode_steps):
             b.evaluate([5])
-    after = _status()
+    after = _status()["RssAnon"] + _file_rss([m.path for m in spec.models])
     for b in backends:
         b.close()
     return {
         "load_bytes": loaded - before,
-        "peak_bytes": after["VmHWM"] - before,
+        "peak_bytes": after - before,
         "n_ctx": [b.n_ctx for b in backends],
     }
 

@@ -86,6 +86,7 @@ def test_torch_shape_from_hf_config(tinystories656k_dir: Path) -> None:
 def _check(spec: ProbeSpec, predicted: int) -> None:
     measured = measure(spec)["peak_bytes"]
     error = predicted / measured - 1
+    print(f"memory model: predicted {predicted} vs measured {measured} ({error:+.1%})")
     assert abs(error) <= TOLERANCE, f"predicted {predicted} vs measured {measured} ({error:+.1%})"
 
 
