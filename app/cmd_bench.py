@@ -31,7 +31,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmark speculative decoding against plain decoding")
+    p = sub.add_parser("bench", help="speed benchmarks, baseline vs candidate in one run (speculative, --autocomplete, --ar-overhead)")
     p.add_argument("-m", "--model", required=True, help="target GGUF file or store name")
     p.add_argument("--draft", default=None, help="drafter model (same or other vocabulary)")
     p.add_argument("--oracle", default=None,

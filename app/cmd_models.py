@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from tandem.models.paths import models_dir
 from tandem.models.store import list_models
 
 
@@ -20,8 +21,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([m.as_dict() for m in models], indent=2))
         return 0
     if not models:
-        print("No models yet. Pull one with `tandem pull REPO FILE`, or put GGUF files in a folder")
-        print("listed in TANDEM_MODEL_PATH.")
+        print("No models yet. Pull one with `tandem pull REPO FILE`, or put GGUF files in")
+        print(f"{models_dir()} or in a folder listed in TANDEM_MODEL_PATH.")
         return 0
     width = max(len(m.name) for m in models)
     for m in models:
