@@ -141,20 +141,28 @@ class LlamaCppBackend(TokenizerDelegate):
         tokens = list(tokens)
         if not tokens:
             raise ValueError("evaluate needs at least one token")
-        if len(self._tokens) + len(tokens) > self._n_ctx:
-            raise PromptError(
-                f"Context full: {len(self._tokens)} + {len(tokens)} tokens exceed the context of {self._n_ctx}."
-            )
-        wanted = [len(tokens) - 1] if logits_for is None else list(logits_for)
+
+        def fill(batch, start: int, count: int) -> None:
+            for i in range(count):
+                batch.token[i] = tokens[start + i]
+
+        return self._decode(len(tokens), fill, logits_for, self._batch, tokens)
+
+    def _decode(self, n: int, fill, logits_for: Sequence[int] | None, batch, ids: list[int]) -> np.ndarray:
+        """Append ``n`` positions (inputs written by ``fill``) in chunks of the context's
+        batch size, recording ``ids`` in ``tokens``; return the logits rows asked for."""
+        if len(self._tokens) + n > self._n_ctx:
+            raise PromptError(f"Context full: {len(self._tokens)} + {n} tokens exceed the context of {self._n_ctx}.")
+        wanted = [n - 1] if logits_for is None else list(logits_for)
         rows = {idx: r for r, idx in enumerate(wanted)}
         out = np.empty((len(wanted), self._n_vocab), dtype=np.float32)
-        batch, step = self._batch, self._n_batch
-        for start in range(0, len(tokens), step):
-            chunk = tokens[start : start + step]
+        step = self._n_batch
+        for start in range(0, n, step):
+            count = min(step, n - start)
             n_past = len(self._tokens)
-            batch.n_tokens = len(chunk)
-            for i, t in enumerate(chunk):
-                batch.token[i] = t
+            batch.n_tokens = count
+            fill(batch, start, count)
+            for i in range(count):
                 batch.pos[i] = n_past + i
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = 0
@@ -163,8 +171,8 @@ class LlamaCppBackend(TokenizerDelegate):
             if rc != 0:
                 self.truncate(n_past)
                 raise TandemError(f"llama.cpp failed to evaluate a batch (llama_decode returned {rc}).")
-            self._tokens.extend(chunk)
-            for i in range(len(chunk)):
+            self._tokens.extend(ids[start : start + count])
+            for i in range(count):
                 r = rows.get(start + i)
                 if r is not None:
                     ptr = llama_cpp.llama_get_logits_ith(self._ctx, i)
@@ -213,36 +221,14 @@ class LlamaCppBackend(TokenizerDelegate):
         n, width = embeds.shape
         if n == 0 or width != self.n_embd:
             raise ValueError(f"evaluate_embeddings needs rows of width {self.n_embd}, got shape {embeds.shape}")
-        if len(self._tokens) + n > self._n_ctx:
-            raise PromptError(f"Context full: {len(self._tokens)} + {n} positions exceed the context of {self._n_ctx}.")
-        step = self.config.n_batch
         if getattr(self, "_embd_batch", None) is None:
-            self._embd_batch = llama_cpp.llama_batch_init(step, width, 1)
-        batch = self._embd_batch
-        wanted = [n - 1] if logits_for is None else list(logits_for)
-        rows = {idx: r for r, idx in enumerate(wanted)}
-        out = np.empty((len(wanted), self._n_vocab), dtype=np.float32)
-        for start in range(0, n, step):
-            chunk = embeds[start : start + step]
-            n_past = len(self._tokens)
-            batch.n_tokens = len(chunk)
+            self._embd_batch = llama_cpp.llama_batch_init(self._n_batch, width, 1)
+
+        def fill(batch, start: int, count: int) -> None:
+            chunk = embeds[start : start + count]
             ctypes.memmove(batch.embd, chunk.ctypes.data, chunk.nbytes)
-            for i in range(len(chunk)):
-                batch.pos[i] = n_past + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = (start + i) in rows
-            rc = llama_cpp.llama_decode(self._ctx, batch)
-            if rc != 0:
-                self.truncate(n_past)
-                raise TandemError(f"llama.cpp failed to evaluate an embedding batch (llama_decode returned {rc}).")
-            self._tokens.extend([-1] * len(chunk))
-            for i in range(len(chunk)):
-                r = rows.get(start + i)
-                if r is not None:
-                    ptr = llama_cpp.llama_get_logits_ith(self._ctx, i)
-                    out[r] = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
-        return out
+
+        return self._decode(n, fill, logits_for, self._embd_batch, [-1] * n)
 
     def truncate(self, n: int) -> None:
         n = max(0, n)
