@@ -175,15 +175,7 @@ class Server:
                     job.cancel.set()
 
             return EventSourceResponse(events(), ping=15)
-        try:
-            done = None
-            async for ev in _chain(first, items):
-                if isinstance(ev, DoneEvent):
-                    done = ev
-        finally:
-            watcher.cancel()
-        if done is None:
-            raise ApiError(499, "Request cancelled.", "cancelled")
+        done = await _final(first, items, watcher)
         return JSONResponse(_infill_done(done.text, done, len(ids), slot.name, fim))
 
     async def generation(self, request: Request, slot: ModelSlot, req, shaper: Shaper, fn):
@@ -207,15 +199,7 @@ class Server:
                     job.cancel.set()
 
             return EventSourceResponse(events(), ping=15)
-        try:
-            done = None
-            async for ev in _chain(first, items):
-                if isinstance(ev, DoneEvent):
-                    done = ev
-        finally:
-            watcher.cancel()
-        if done is None:
-            raise ApiError(499, "Request cancelled.", "cancelled")
+        done = await _final(first, items, watcher)
         st = done.stats
         return JSONResponse(shaper.full([(done.text, finish_reason(st.finish_reason))],
                                         usage(st.prompt_tokens, st.generated_tokens),
@@ -261,6 +245,20 @@ async def _chain(first: Any, items: AsyncIterator) -> AsyncIterator:
         yield first
     async for it in items:
         yield it
+
+
+async def _final(first, items, watcher) -> DoneEvent:
+    """Drain a job to its DoneEvent (non-streaming replies); 499 if it was cancelled."""
+    try:
+        done = None
+        async for ev in _chain(first, items):
+            if isinstance(ev, DoneEvent):
+                done = ev
+    finally:
+        watcher.cancel()
+    if done is None:
+        raise ApiError(499, "Request cancelled.", "cancelled")
+    return done
 
 
 async def _watch_disconnect(request: Request, job: Job) -> None:
