@@ -9,7 +9,8 @@ import sys
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.models.store import resolve_model
 from tandem.runtime.generate import DoneEvent, generate
-from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
+from tandem.runtime.llama_backend import LlamaConfig
+from tandem.runtime.open_backend import backend_kind, open_backend
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -73,23 +74,38 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+def open_planned(args: argparse.Namespace):
+    """The target backend, and the drafter's planned config and window (GGUF only).
+
+    GGUF targets go through the memory planner, which sizes target and drafter to the
+    budget (BudgetError if nothing fits); ONNX exports and Hugging Face folders open
+    as they are (the planner prices llama.cpp models only).
+    """
     path = resolve_model(args.model)
+    if backend_kind(path) != "gguf":
+        return open_backend(path, n_ctx=args.ctx, n_threads=args.threads), None, None
     from tandem.runtime.planner import plan_for_run
 
-    # The memory planner picks the configs and never exceeds the budget (BudgetError if nothing fits).
     wants_model = args.draft and (args.draft_mode or "auto") in ("auto", "model", "xvocab")
-    plan = plan_for_run(path, resolve_model(args.draft) if wants_model else None, args.budget, args.ctx,
-                        vram=args.vram, threads=args.threads, draft_max=args.draft_max,
-                        drop_slow_draft=False)
-    if wants_model and plan.draft is None:
+    draft_path = resolve_model(args.draft) if wants_model else None
+    planned_draft = draft_path if draft_path and backend_kind(draft_path) == "gguf" else None
+    plan = plan_for_run(path, planned_draft, args.budget, args.ctx, vram=args.vram, threads=args.threads,
+                        draft_max=args.draft_max, drop_slow_draft=False)
+    if planned_draft and plan.draft is None:
         print(f"tandem: {plan.reasons[-2] if len(plan.reasons) > 1 else 'draft model dropped'}", file=sys.stderr)
         args.draft = None
-    config = plan.target.llama_config()
-    with LlamaCppBackend(path, config) as target:
-        strategy = strategy_from_args(target, args, plan.draft.llama_config() if plan.draft else None,
-                                      plan.draft.window if plan.draft else None)
+    target = open_backend(path, llama_config=plan.target.llama_config())
+    if plan.draft is None:
+        return target, None, None
+    return target, plan.draft.llama_config(), plan.draft.window
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    target, draft_config, draft_window = open_planned(args)
+    strategy = None
+    try:
+        strategy = strategy_from_args(target, args, draft_config, draft_window)
         ids = target.tokenize(prompt, add_bos=True) if prompt else []
         if target.special.bos is not None and ids == [target.special.bos]:
             ids = []  # a prompt of only BOS is an empty prompt
@@ -107,5 +123,8 @@ def run(args: argparse.Namespace) -> int:
             elif not args.json:
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
-        strategy.close()
+    finally:
+        if strategy is not None:
+            strategy.close()
+        target.close()
     return 0

@@ -227,10 +227,9 @@ def open_model_drafter(target: Backend, draft: str | Path | Backend, mode: str, 
     owns = not isinstance(draft, Backend)
     if owns:
         from tandem.models.store import resolve_model
-        from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
+        from tandem.runtime.open_backend import open_backend
 
-        config = llama_config or LlamaConfig(n_ctx=target.n_ctx)
-        backend = LlamaCppBackend(resolve_model(str(draft)), config)
+        backend = open_backend(resolve_model(str(draft)), n_ctx=target.n_ctx, llama_config=llama_config)
     else:
         backend = draft
     try:

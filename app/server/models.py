@@ -67,11 +67,12 @@ def load_model(model: str, *, draft: str | None = None, speculative: bool = True
                n_threads: int | None = None, ngram_name: str | None = None, max_queue: int = 64) -> ModelSlot:
     """Open ``model`` (and its drafter ``draft``) from a path or the store, ready to serve."""
     from tandem.models.store import resolve_model
-    from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.llama_backend import LlamaConfig
+    from tandem.runtime.open_backend import open_backend
 
     if draft and not speculative:
         raise TandemError("--draft needs speculative decoding on (drop --no-spec).")
-    target = LlamaCppBackend(resolve_model(model), LlamaConfig(n_ctx=n_ctx, n_threads=n_threads))
+    target = open_backend(resolve_model(model), n_ctx=n_ctx, n_threads=n_threads)
     try:
         ngram = load_ngram_for(target, ngram_name)
         if ngram_name and ngram is None:

@@ -259,18 +259,23 @@ def load_engine(choice: ModelChoice) -> Any:
     strategy, so the engine can report its memory.
     """
     from tandem.runtime.chat import ChatEngine
-    from tandem.runtime.llama_backend import LlamaCppBackend
+    from tandem.runtime.open_backend import backend_kind, open_backend
     from tandem.runtime.planner import plan_for_run
 
-    # The memory planner sizes both models to the budget (BudgetError if nothing fits).
     wants_drafter = choice.drafter is not None and choice.mode != "off"
-    plan = plan_for_run(choice.target, choice.drafter if wants_drafter else None, choice.budget,
-                        choice.n_ctx, threads=choice.n_threads, draft_max=choice.draft_max,
-                        drop_slow_draft=False)
-    drafter_path = choice.drafter if plan.draft is not None else None
-    if wants_drafter and drafter_path is None:
-        choice.notes.append("memory planner: " + "; ".join(plan.reasons))
-    target = LlamaCppBackend(choice.target, plan.target.llama_config())
+    if backend_kind(choice.target) != "gguf" or (wants_drafter and backend_kind(choice.drafter) != "gguf"):
+        # ONNX exports and Hugging Face folders: the planner prices llama.cpp models only.
+        target = open_backend(choice.target, n_ctx=choice.n_ctx, n_threads=choice.n_threads)
+        plan, drafter_path = None, choice.drafter if wants_drafter else None
+    else:
+        # The memory planner sizes both models to the budget (BudgetError if nothing fits).
+        plan = plan_for_run(choice.target, choice.drafter if wants_drafter else None, choice.budget,
+                            choice.n_ctx, threads=choice.n_threads, draft_max=choice.draft_max,
+                            drop_slow_draft=False)
+        drafter_path = choice.drafter if plan.draft is not None else None
+        if wants_drafter and drafter_path is None:
+            choice.notes.append("memory planner: " + "; ".join(plan.reasons))
+        target = open_backend(choice.target, llama_config=plan.target.llama_config())
     if choice.mode == "off" or (drafter_path is None and choice.mode in ("model", "xvocab")):
         return ChatEngine(target)
     drafter = None
@@ -279,11 +284,13 @@ def load_engine(choice: ModelChoice) -> Any:
             raise TandemError("Speculative decoding is not available in this build: run without a drafter.")
         from tandem.runtime.speculative import SpecOptions, build_strategy
 
-        config = plan.draft.llama_config() if plan.draft is not None else None
-        drafter = LlamaCppBackend(drafter_path, config) if drafter_path is not None else None
-        options = SpecOptions(mode=choice.mode, draft_max=plan.draft_max, draft_length=choice.draft_len,
-                              measure_cost=choice.measure_cost,
-                              draft_window=plan.draft.window if plan.draft is not None else None)
+        planned = plan.draft if plan is not None else None
+        config = planned.llama_config() if planned is not None else None
+        drafter = (open_backend(drafter_path, n_ctx=choice.n_ctx, n_threads=choice.n_threads, llama_config=config)
+                   if drafter_path is not None else None)
+        options = SpecOptions(mode=choice.mode, draft_max=plan.draft_max if plan else choice.draft_max,
+                              draft_length=choice.draft_len, measure_cost=choice.measure_cost,
+                              draft_window=planned.window if planned is not None else None)
         strategy = build_strategy(target, drafter, options, llama_config=config)
     except BaseException:
         if drafter is not None:
