@@ -9,17 +9,19 @@ compare the empirical joint of whole sequences with the exact target joint.
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from toy_models import (
+    PURE,
+    ToyBackend,
+    check_matches,
+    exact_joint,
+    model_distribution,
+    random_table,
+)
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from toy_models import PURE, ToyBackend, exact_joint, model_distribution, random_table  # noqa: E402
-
-from tandem.kernels.acceptance import (  # noqa: E402
+from tandem.kernels.acceptance import (
     acceptance_ratio,
     inverse_cdf,
     residual,
@@ -27,35 +29,14 @@ from tandem.kernels.acceptance import (  # noqa: E402
     verify_greedy,
     verify_sampled,
 )
-from tandem.kernels.sampling import Sampler  # noqa: E402
-from tandem.runtime.adaptive import FixedLength  # noqa: E402
-from tandem.runtime.drafters.base import Draft  # noqa: E402
-from tandem.runtime.drafters.model import ModelDrafter  # noqa: E402
-from tandem.runtime.generate import generate  # noqa: E402
-from tandem.runtime.speculative import speculative  # noqa: E402
+from tandem.kernels.sampling import Sampler
+from tandem.runtime.adaptive import FixedLength
+from tandem.runtime.drafters.base import Draft
+from tandem.runtime.drafters.model import ModelDrafter
+from tandem.runtime.generate import generate
+from tandem.runtime.speculative import speculative
 
 N = 1_000_000
-
-
-def chi2_pvalue(stat: float, df: int) -> float:
-    """Upper tail of chi-square (Wilson-Hilferty; accurate to ~1e-3 for df >= 3)."""
-    z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
-    return 0.5 * math.erfc(z / math.sqrt(2))
-
-
-def check_matches(counts: np.ndarray, probs: np.ndarray, *, tv_bound: float) -> None:
-    """Empirical counts follow ``probs``: TV distance bound, chi-square, support."""
-    n = counts.sum()
-    probs = probs / probs.sum()
-    assert np.all(counts[probs == 0] == 0), "a token with p = 0 was emitted"
-    tv = 0.5 * np.abs(counts / n - probs).sum()
-    assert tv < tv_bound, f"TV {tv:.4g} >= {tv_bound}"
-    support = probs > 0
-    expected = n * probs[support]
-    stat = float(((counts[support] - expected) ** 2 / expected).sum())
-    df = int(support.sum()) - 1
-    if df >= 1:
-        assert chi2_pvalue(stat, df) > 1e-4, f"chi-square {stat:.1f} on {df} dof"
 
 
 def run_step(p: np.ndarray, q: np.ndarray | None, seed: int, x_fixed: int | None = None):

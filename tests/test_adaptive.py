@@ -4,16 +4,12 @@ assertions)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
+from toy_models import ToyBackend, random_table
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from toy_models import ToyBackend, random_table  # noqa: E402
-
-from tandem.runtime.adaptive import (  # noqa: E402
+from tandem.runtime.adaptive import (
     AdaptiveConfig,
     AdaptivePolicy,
     CostCurve,
@@ -21,7 +17,7 @@ from tandem.runtime.adaptive import (  # noqa: E402
     load_cost_curve,
     measure_cost_curve,
 )
-from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend  # noqa: E402
+from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
 
 CPU = CostCurve((1.0, 1.7, 1.9, 2.1, 2.4, 2.55, 2.7, 2.85, 3.0), 0.1)
 

@@ -13,29 +13,25 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_xvocab import DRAFT_PIECES, TARGET_PIECES, PieceToy
+from toy_models import check_matches, exact_joint, model_distribution, random_table
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from test_xvocab import DRAFT_PIECES, TARGET_PIECES, PieceToy, check_matches  # noqa: E402
-from toy_models import exact_joint, model_distribution, random_table  # noqa: E402
-
-from tandem.kernels.sampling import Sampler, SamplingParams  # noqa: E402
-from tandem.kernels.vocab_map import text_confidence  # noqa: E402
-from tandem.runtime.adaptive import FixedLength  # noqa: E402
-from tandem.runtime.drafters.xvocab import CrossVocabDrafter, XVocabConfig  # noqa: E402
-from tandem.runtime.drafters.xvocab_text import TextTranslator, strip_leading  # noqa: E402
-from tandem.runtime.generate import autoregressive, generate  # noqa: E402
-from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend  # noqa: E402
-from tandem.runtime.llama_vocab import LlamaVocab  # noqa: E402
-from tandem.runtime.speculative import speculative  # noqa: E402
-from tandem.runtime.vocab_map import pieces_of  # noqa: E402
+from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.vocab_map import text_confidence
+from tandem.runtime.adaptive import FixedLength
+from tandem.runtime.drafters.xvocab import CrossVocabDrafter, XVocabConfig
+from tandem.runtime.drafters.xvocab_text import TextTranslator, strip_leading
+from tandem.runtime.generate import autoregressive, generate
+from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
+from tandem.runtime.llama_vocab import LlamaVocab
+from tandem.runtime.speculative import speculative
+from tandem.runtime.vocab_map import pieces_of
 
 
 # -- pure helpers ---------------------------------------------------------------------------

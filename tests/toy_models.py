@@ -10,6 +10,7 @@ the same softmax). Deterministic, numpy only, fast enough for statistical tests.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -109,3 +110,24 @@ def exact_joint(table: np.ndarray, first: int, length: int) -> dict[tuple[int, .
         if prob > 0:
             out[seq] = prob
     return out
+
+
+def chi2_pvalue(stat: float, df: int) -> float:
+    """Upper tail of chi-square (Wilson-Hilferty; accurate to ~1e-3 for df >= 3)."""
+    z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def check_matches(counts: np.ndarray, probs: np.ndarray, tv_bound: float) -> None:
+    """Empirical counts follow ``probs``: no mass where p = 0, a TV bound, chi-square."""
+    n = counts.sum()
+    probs = probs / probs.sum()
+    assert np.all(counts[probs == 0] == 0), "a token with p = 0 was emitted"
+    tv = 0.5 * np.abs(counts / n - probs).sum()
+    assert tv < tv_bound, f"TV {tv:.4g} >= {tv_bound}"
+    support = probs > 0
+    expected = n * probs[support]
+    stat = float(((counts[support] - expected) ** 2 / expected).sum())
+    df = int(support.sum()) - 1
+    if df >= 1:
+        assert chi2_pvalue(stat, df) > 1e-4, f"chi-square {stat:.1f} on {df} dof"
