@@ -48,13 +48,13 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
 
 
 def strategy_from_args(target, args: argparse.Namespace, llama_config: LlamaConfig | None = None,
-                       draft_window: int | None = None):
+                       draft_window: int | None = None, draft_device: str = "cpu"):
     """The speculative strategy the flags ask for (see runtime.speculative.build_strategy)."""
     from tandem.runtime.speculative import SpecOptions, build_strategy
 
     mode = args.draft_mode or ("auto" if args.draft else "off")
     options = SpecOptions(mode=mode, draft_max=args.draft_max, draft_length=args.draft_len,
-                          draft_window=draft_window)
+                          draft_window=draft_window, draft_device=draft_device)
     return build_strategy(target, args.draft, options, llama_config=llama_config)
 
 
@@ -75,7 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def open_planned(args: argparse.Namespace):
-    """The target backend, and the drafter's planned config and window (GGUF only).
+    """The target backend, and the drafter's planned config, window and device (GGUF only).
 
     GGUF targets go through the memory planner, which sizes target and drafter to the
     budget (BudgetError if nothing fits); ONNX exports and Hugging Face folders open
@@ -83,7 +83,7 @@ def open_planned(args: argparse.Namespace):
     """
     path = resolve_model(args.model)
     if backend_kind(path) != "gguf":
-        return open_backend(path, n_ctx=args.ctx, n_threads=args.threads), None, None
+        return open_backend(path, n_ctx=args.ctx, n_threads=args.threads), None, None, "cpu"
     from tandem.runtime.planner import plan_for_run
 
     wants_model = args.draft and (args.draft_mode or "auto") in ("auto", "model", "xvocab")
@@ -96,16 +96,16 @@ def open_planned(args: argparse.Namespace):
         args.draft = None
     target = open_backend(path, llama_config=plan.target.llama_config())
     if plan.draft is None:
-        return target, None, None
-    return target, plan.draft.llama_config(), plan.draft.window
+        return target, None, None, "cpu"
+    return target, plan.draft.llama_config(), plan.draft.window, plan.draft.device
 
 
 def run(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
-    target, draft_config, draft_window = open_planned(args)
+    target, draft_config, draft_window, draft_device = open_planned(args)
     strategy = None
     try:
-        strategy = strategy_from_args(target, args, draft_config, draft_window)
+        strategy = strategy_from_args(target, args, draft_config, draft_window, draft_device)
         ids = target.tokenize(prompt, add_bos=True) if prompt else []
         if target.special.bos is not None and ids == [target.special.bos]:
             ids = []  # a prompt of only BOS is an empty prompt

@@ -55,6 +55,9 @@ class ModelPlan:
     n_threads: int | None = None
     window: int | None = None
     """Drafter only: draft from the last ``window`` tokens (its own context cap)."""
+    device: str = "cpu"
+    """Drafter only: ``cuda`` runs it in the torch engine on the GPU (Dovetail placement)
+    when llama.cpp here cannot offload; ``cpu`` is llama.cpp (with ``n_gpu_layers``)."""
 
     def setup(self, output_rows: int = 1) -> Setup:
         return Setup(self.n_ctx, self.n_batch, self.type_k, self.type_v, self.flash_attn,
@@ -107,6 +110,20 @@ class Plan:
             why = self.reasons[-1] if self.reasons else "The plan does not fit the budget"
             raise BudgetError(f"{why}. What would fit: {hint}.")
         return self
+
+
+def _torch_gpu_ok(machine: Machine, d_shape: ModelShape, setup: Setup) -> bool:
+    """Whether the drafter can run on a detected CUDA GPU through the torch engine
+    (dequantized to fp32: weights and KV must fit the VRAM budget)."""
+    gpu = machine.gpu
+    if gpu is None or gpu.kind != "cuda" or machine.source != "detected":
+        return False
+    need = 4 * d_shape.n_params + 2 * d_shape.kv_bytes_per_token() * setup.n_ctx
+    if need > machine.vram_budget:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def _gpu_ok(machine: Machine) -> bool:
@@ -252,6 +269,10 @@ def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelSh
             if gpu_ok:  # Dovetail: the small drafter takes the GPU first, the target the rest
                 g = _max_gpu_layers(d_shape, draft.setup(), machine, baseline, Estimate())
                 draft = replace(draft, n_gpu_layers=g)
+            elif _torch_gpu_ok(machine, d_shape, draft.setup()):
+                draft = replace(draft, device="cuda")
+            # A torch drafter on the GPU is still priced as host memory: an over-estimate
+            # that keeps the host budget safe.
             d_est = estimate(d_shape, draft.setup(), include_process=False)
         t_setup = target.setup(spec_k + 1)
         g = _max_gpu_layers(t_shape, t_setup, machine, baseline, d_est) if gpu_ok else 0
@@ -295,6 +316,8 @@ def _finish(machine: Machine, baseline: int, t_shape: ModelShape, d_shape: Model
         speedup = max(predicted_speedup(alpha, j, c, _verify_cost(j, bool(target.n_gpu_layers)))
                       for j in range(1, k + 1))
         where = "GPU" if draft.n_gpu_layers else "CPU"
+        if draft.device == "cuda":
+            where = "GPU through the torch engine (this llama.cpp build cannot offload; Dovetail placement)"
         reasons.append(f"drafter {d_shape.name} on the {where} ({note}), up to {k} drafts per round; "
                        f"cost ratio c = {c:.3f}")
         if draft.window:

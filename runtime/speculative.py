@@ -165,6 +165,9 @@ class SpecOptions:
     draft_window: int | None = None
     """Cap on the draft model's context (the memory planner's ``plan.draft.window``): it
     then drafts from a sliding window of the latest tokens instead of stopping."""
+    draft_device: str = "cpu"
+    """``cuda``: open a drafter given as a path in the torch engine on the GPU (the
+    planner's ``plan.draft.device``); ``cpu``: the backend its file type implies."""
 
 
 class SpeculativeStrategy:
@@ -189,6 +192,10 @@ class SpeculativeStrategy:
             return {"drafter": None, "policy": "off"}
         policy = self.policy
         info: dict = {"drafter": self.drafter.name, "policy": type(policy).__name__}
+        backends = [getattr(getattr(d, "inner", d), "backend", None) for d in getattr(self.drafter, "drafters", [self.drafter])]
+        devices = [b.memory().device for b in backends if b is not None]
+        if devices:
+            info["drafter_device"] = devices[0]
         if isinstance(policy, FixedLength):
             info["draft_length"] = policy.k
         elif isinstance(policy, AdaptivePolicy):
@@ -218,7 +225,8 @@ def model_free_drafter(target: Backend) -> Drafter:
     return ChainDrafter([suffix, PromptLookupDrafter()])
 
 
-def open_model_drafter(target: Backend, draft: str | Path | Backend, mode: str, *, llama_config=None) -> Drafter:
+def open_model_drafter(target: Backend, draft: str | Path | Backend, mode: str, *, llama_config=None,
+                       device: str = "cpu") -> Drafter:
     """A model drafter for ``draft`` (a GGUF path, a store name or an open backend):
     same-vocabulary when the vocabularies match, cross-vocabulary otherwise (``auto``),
     or as ``mode`` demands."""
@@ -229,7 +237,13 @@ def open_model_drafter(target: Backend, draft: str | Path | Backend, mode: str, 
         from tandem.models.store import resolve_model
         from tandem.runtime.open_backend import open_backend
 
-        backend = open_backend(resolve_model(str(draft)), n_ctx=target.n_ctx, llama_config=llama_config)
+        path = resolve_model(str(draft))
+        if device == "cuda":
+            from tandem.runtime.torch_engine.backend import TorchBackend, TorchConfig
+
+            backend = TorchBackend(path, TorchConfig(device="cuda", n_ctx=target.n_ctx + 16))
+        else:
+            backend = open_backend(path, n_ctx=target.n_ctx, llama_config=llama_config)
     else:
         backend = draft
     try:
@@ -291,7 +305,8 @@ def build_strategy(
     if opts.mode in ("auto", "ngram"):
         drafters.append(model_free_drafter(target))
     if draft is not None and opts.mode != "ngram":
-        model_drafter = open_model_drafter(target, draft, opts.mode, llama_config=llama_config)
+        model_drafter = open_model_drafter(target, draft, opts.mode, llama_config=llama_config,
+                                           device=opts.draft_device)
         if opts.draft_window:
             from tandem.runtime.split import WindowedDrafter
 

@@ -170,3 +170,29 @@ def test_rss_stays_under_budget_during_a_long_chat(stories_twin: Path, stories26
     assert out["peak"] <= budget, f"RSS peaked at {out['peak']} over the budget {budget}"
     if squeeze < 1:
         assert out["spec"] < out["full_spec"]  # the drafter was shrunk or dropped
+
+
+def test_drafter_goes_to_the_gpu_through_torch_when_llama_cpp_cannot_offload(
+    stories_twin: Path, stories260k: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dovetail placement on a detected CUDA GPU with a CPU-only llama.cpp build."""
+    from dataclasses import replace
+
+    import llama_cpp
+    import torch
+
+    from tandem.runtime.hardware import GPU
+
+    monkeypatch.setattr(llama_cpp, "llama_supports_gpu_offload", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    base = resolve_machine(None, "2GiB", None)
+    gpu = GPU("test GPU", 8 * 1024**3, 8 * 1024**3, 300.0)
+    machine = replace(base, gpus=(gpu,), vram_budget=4 * 1024**3, source="detected")
+    plan = make_plan(PlanRequest(stories_twin, stories260k, 512, machine, acceptance=ALPHA, drop_slow_draft=False))
+    assert plan.fits and plan.draft is not None
+    assert plan.draft.device == "cuda" and plan.target.n_gpu_layers == 0
+    assert any("torch engine" in r for r in plan.reasons)
+    # Without a usable CUDA device the drafter stays with llama.cpp on the CPU.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cpu = make_plan(PlanRequest(stories_twin, stories260k, 512, machine, acceptance=ALPHA, drop_slow_draft=False))
+    assert cpu.draft is not None and cpu.draft.device == "cpu"

@@ -286,12 +286,15 @@ def load_engine(choice: ModelChoice) -> Any:
 
         planned = plan.draft if plan is not None else None
         config = planned.llama_config() if planned is not None else None
+        on_gpu = planned is not None and planned.device == "cuda"
         drafter = (open_backend(drafter_path, n_ctx=choice.n_ctx, n_threads=choice.n_threads, llama_config=config)
-                   if drafter_path is not None else None)
+                   if drafter_path is not None and not on_gpu else None)
         options = SpecOptions(mode=choice.mode, draft_max=plan.draft_max if plan else choice.draft_max,
                               draft_length=choice.draft_len, measure_cost=choice.measure_cost,
-                              draft_window=planned.window if planned is not None else None)
-        strategy = build_strategy(target, drafter, options, llama_config=config)
+                              draft_window=planned.window if planned is not None else None,
+                              draft_device=planned.device if planned is not None else "cpu")
+        strategy = build_strategy(target, drafter if drafter is not None else drafter_path, options,
+                                  llama_config=config)
     except BaseException:
         if drafter is not None:
             drafter.close()
