@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,8 +96,34 @@ def verify_round(
     return verify_sampled(tokens, p, _align_q(draft.q, n_vocab), sampler.rng)
 
 
-def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | None = None):
-    """A strategy drafting with ``drafter``, draft lengths from ``policy``."""
+def _cut(draft: Draft, n: int) -> Draft:
+    """The first ``n`` tokens of a draft, with their q rows and confidences."""
+    if len(draft.tokens) <= n:
+        return draft
+    return Draft(draft.tokens[:n], None if draft.q is None else draft.q[:n], draft.source,
+                 None if draft.confidence is None else draft.confidence[:n])
+
+
+def _predraft(drafter: Drafter, assumed: list[int], k: int, sampler: Sampler) -> tuple[list[int], Draft]:
+    """Draft a guess of the bonus token plus ``k`` after ``assumed`` (all drafts accepted);
+    return (the context that draft presumes, the draft after the guess)."""
+    d = drafter.propose(assumed, k + 1, sampler)
+    if not d.tokens:
+        return assumed, d
+    rest = Draft(d.tokens[1:], None if d.q is None else d.q[1:], d.source,
+                 None if d.confidence is None else d.confidence[1:])
+    return [*assumed, d.tokens[0]], rest
+
+
+def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | None = None, predraft: bool = False):
+    """A strategy drafting with ``drafter``, draft lengths from ``policy``.
+
+    ``predraft`` (PEARL-style): while the target verifies a round, a background thread
+    already drafts the next one, assuming every draft is accepted and guessing the bonus
+    token; the next round uses it when that guess came true and drops it otherwise. It
+    pays when drafter and target run on different devices (drafter on a GPU, target on
+    CPU threads); the output is the same either way.
+    """
 
     def strategy(target: Backend, prompt: list[int], sampler: Sampler, stats: DecodeStats) -> Iterator[Commit]:
         context = list(prompt)
@@ -105,45 +132,78 @@ def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | Non
             drafter.stop_threshold = policy.stop_threshold
         calls0 = int(getattr(drafter, "calls", 0))
         extra = stats.extra
-        for key in ("draft_s", "verify_s", "round_s", "rounds_speculative"):
+        for key in ("draft_s", "verify_s", "round_s", "rounds_speculative", "predraft_hits", "predraft_misses"):
             extra.setdefault(key, 0.0)
-        while len(context) <= target.n_ctx:
-            start = time.perf_counter()
-            k = min(policy.next_length(), target.n_ctx - len(context))
-            _set_budget(drafter, getattr(policy, "model_budget", None))
-            draft = drafter.propose(context, k, sampler) if k > 0 else Draft([], None, "")
-            source = draft.source or drafter.name
-            keep = policy.trim(draft.confidence, min(k, len(draft.tokens)), source) if draft.tokens else 0
-            if len(draft.tokens) > keep:
-                draft = Draft(draft.tokens[:keep], None if draft.q is None else draft.q[:keep], draft.source,
-                              None if draft.confidence is None else draft.confidence[:keep])
-            drafted_at = time.perf_counter()
-            n = len(draft.tokens)
-            logits = target.evaluate([context[-1], *draft.tokens], logits_for=range(n + 1))
-            verified_at = time.perf_counter()
-            verdict = verify_round(logits, draft, context, sampler, target.n_vocab)
-            accepted = draft.tokens[: verdict.accepted]
-            target.truncate(len(context) + verdict.accepted)
-            context.extend(accepted)
-            context.append(verdict.token)
-            drafter.commit(context, verdict.accepted)  # also on k = 0: caches stay in sync
-            end = time.perf_counter()
-            stats.target_calls += 1
-            stats.rounds += 1
-            stats.drafted_tokens += n
-            stats.accepted_tokens += verdict.accepted
-            stats.draft_calls = int(getattr(drafter, "calls", 0)) - calls0
-            extra["draft_s"] += drafted_at - start
-            extra["verify_s"] += verified_at - drafted_at
-            extra["round_s"] += end - start
-            if n:
-                extra["rounds_speculative"] += 1
-                extra[f"drafted:{source}"] = extra.get(f"drafted:{source}", 0.0) + n
-                extra[f"accepted:{source}"] = extra.get(f"accepted:{source}", 0.0) + verdict.accepted
-            policy.observe(n, verdict.accepted, drafted_at - start, verified_at - drafted_at, end - start, source)
-            if hook is not None:
-                hook(target, drafter, context)
-            yield Commit([*accepted, verdict.token], verdict.accepted)
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-predraft") if predraft else None
+        pending: Future | None = None
+        owed: tuple[list[int], int] | None = None
+        """A round whose ``drafter.commit`` waits until the background draft is done."""
+        try:
+            while len(context) <= target.n_ctx:
+                start = time.perf_counter()
+                k = min(policy.next_length(), target.n_ctx - len(context))
+                draft = None
+                if pending is not None:
+                    assumed, ready = pending.result()
+                    pending = None
+                    if owed is not None:
+                        drafter.commit(*owed)
+                        owed = None
+                    if assumed == context and ready.tokens and k > 0:
+                        draft = _cut(ready, k)
+                        extra["predraft_hits"] += 1
+                    else:
+                        extra["predraft_misses"] += 1
+                if draft is None:
+                    _set_budget(drafter, getattr(policy, "model_budget", None))
+                    draft = drafter.propose(context, k, sampler) if k > 0 else Draft([], None, "")
+                source = draft.source or drafter.name
+                keep = policy.trim(draft.confidence, min(k, len(draft.tokens)), source) if draft.tokens else 0
+                draft = _cut(draft, keep)
+                drafted_at = time.perf_counter()
+                n = len(draft.tokens)
+                room = target.n_ctx - len(context) - n - 1
+                if pool is not None and n and room > 0:
+                    pending = pool.submit(_predraft, drafter, [*context, *draft.tokens], min(k, room), sampler)
+                logits = target.evaluate([context[-1], *draft.tokens], logits_for=range(n + 1))
+                verified_at = time.perf_counter()
+                verdict = verify_round(logits, draft, context, sampler, target.n_vocab)
+                accepted = draft.tokens[: verdict.accepted]
+                target.truncate(len(context) + verdict.accepted)
+                context.extend(accepted)
+                context.append(verdict.token)
+                if pending is not None and verdict.accepted < n:
+                    pending.result()  # presumed drafts that were rejected: unusable
+                    pending = None
+                    extra["predraft_misses"] += 1
+                if pending is None:
+                    drafter.commit(context, verdict.accepted)  # also on k = 0: caches stay in sync
+                else:
+                    owed = (list(context), verdict.accepted)
+                end = time.perf_counter()
+                stats.target_calls += 1
+                stats.rounds += 1
+                stats.drafted_tokens += n
+                stats.accepted_tokens += verdict.accepted
+                stats.draft_calls = int(getattr(drafter, "calls", 0)) - calls0
+                extra["draft_s"] += drafted_at - start
+                extra["verify_s"] += verified_at - drafted_at
+                extra["round_s"] += end - start
+                if n:
+                    extra["rounds_speculative"] += 1
+                    extra[f"drafted:{source}"] = extra.get(f"drafted:{source}", 0.0) + n
+                    extra[f"accepted:{source}"] = extra.get(f"accepted:{source}", 0.0) + verdict.accepted
+                policy.observe(n, verdict.accepted, drafted_at - start, verified_at - drafted_at, end - start, source)
+                if hook is not None and pending is None:
+                    hook(target, drafter, context)
+                yield Commit([*accepted, verdict.token], verdict.accepted)
+        finally:
+            if pending is not None:
+                pending.result()
+            if owed is not None:
+                drafter.commit(*owed)
+            if pool is not None:
+                pool.shutdown(wait=True)
 
     return strategy
 
@@ -168,6 +228,9 @@ class SpecOptions:
     draft_device: str = "cpu"
     """``cuda``: open a drafter given as a path in the torch engine on the GPU (the
     planner's ``plan.draft.device``); ``cpu``: the backend its file type implies."""
+    predraft: bool | None = None
+    """Draft the next round while the target verifies (see :func:`speculative`);
+    ``None``: on when the drafter runs on its own device (``draft_device="cuda"``)."""
 
 
 class SpeculativeStrategy:
@@ -177,10 +240,13 @@ class SpeculativeStrategy:
     ``drafter`` is ``None`` in plain mode.
     """
 
-    def __init__(self, drafter: Drafter | None, policy: LengthPolicy | None, hook: RoundHook | None = None) -> None:
+    def __init__(self, drafter: Drafter | None, policy: LengthPolicy | None, hook: RoundHook | None = None,
+                 *, predraft: bool = False) -> None:
         self.drafter = drafter
         self.policy = policy
-        self._run = speculative(drafter, policy, hook=hook) if drafter is not None and policy is not None else None
+        self.predraft = predraft
+        self._run = (speculative(drafter, policy, hook=hook, predraft=predraft)
+                     if drafter is not None and policy is not None else None)
 
     def __call__(self, target: Backend, prompt: list[int], sampler: Sampler, stats: DecodeStats) -> Iterator[Commit]:
         if self._run is None:
@@ -191,7 +257,7 @@ class SpeculativeStrategy:
         if self.drafter is None:
             return {"drafter": None, "policy": "off"}
         policy = self.policy
-        info: dict = {"drafter": self.drafter.name, "policy": type(policy).__name__}
+        info: dict = {"drafter": self.drafter.name, "policy": type(policy).__name__, "predraft": self.predraft}
         backends = [getattr(getattr(d, "inner", d), "backend", None) for d in getattr(self.drafter, "drafters", [self.drafter])]
         devices = [b.memory().device for b in backends if b is not None]
         if devices:
@@ -323,4 +389,5 @@ def build_strategy(
         policy = AdaptivePolicy(cost, AdaptiveConfig(max_len=k_max, stop_threshold=opts.stop_threshold),
                                 cheap_drafter=model_free,
                                 cheap_sources=frozenset() if model_free or len(drafters) == 1 else MODEL_FREE_SOURCES)
-    return SpeculativeStrategy(drafter, policy, hook)
+    predraft = opts.predraft if opts.predraft is not None else opts.draft_device == "cuda"
+    return SpeculativeStrategy(drafter, policy, hook, predraft=predraft)

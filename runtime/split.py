@@ -24,17 +24,16 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tandem.kernels.sampling import Sampler
 from tandem.models import paths
+from tandem.runtime.adaptive import FixedLength
 from tandem.runtime.backend import Backend
 from tandem.runtime.drafters.base import Draft, Drafter
-from tandem.runtime.generate import Commit, DecodeStats
-from tandem.runtime.speculative import _prefill_all_but_last, verify_round
+from tandem.runtime.speculative import speculative
 
 
 class WindowedDrafter:
@@ -114,89 +113,16 @@ def set_threads(backend: Backend, n: int) -> None:
         llama_cpp.llama_set_n_threads(ctx, n, n)
 
 
-def _predraft(drafter: Drafter, assumed: list[int], k: int, sampler: Sampler) -> tuple[list[int], Draft]:
-    """Draft ``bonus-guess + k`` after ``assumed``; return (context it presumes, draft)."""
-    d = drafter.propose(assumed, k + 1, sampler)
-    if not d.tokens:
-        return assumed, d
-    rest = Draft(d.tokens[1:], None if d.q is None else d.q[1:], d.source,
-                 None if d.confidence is None else d.confidence[1:])
-    return [*assumed, d.tokens[0]], rest
-
-
 def split_speculative(drafter: Drafter, k: int, *, predraft: bool = True):
-    """A strategy (see :mod:`tandem.runtime.generate`) with fixed draft length ``k`` and,
-    when ``predraft``, the next round drafted in a background thread during verification.
+    """The speculative strategy with fixed draft length ``k`` and, when ``predraft``, the
+    next round drafted in a background thread during verification (the device split).
 
     Stats: ``extra['predraft_hits']`` / ``['predraft_misses']`` count rounds that started
     with a ready draft or dropped one.
     """
-
-    def strategy(target: Backend, prompt: list[int], sampler: Sampler, stats: DecodeStats) -> Iterator[Commit]:
-        context = list(prompt)
-        _prefill_all_but_last(target, context)
-        extra = stats.extra
-        for key in ("predraft_hits", "predraft_misses", "draft_s", "verify_s"):
-            extra.setdefault(key, 0.0)
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-predraft") if predraft else None
-        pending: Future | None = None
-        owed: tuple[list[int], int] | None = None
-        """A round whose drafter.commit waited for the background pre-draft to finish."""
-        try:
-            while len(context) <= target.n_ctx:
-                kk = min(k, target.n_ctx - len(context))
-                t0 = time.perf_counter()
-                draft = None
-                if pending is not None:
-                    assumed, ready = pending.result()
-                    pending = None
-                    if owed is not None:
-                        drafter.commit(*owed)
-                        owed = None
-                    if assumed == context and ready.tokens:
-                        draft = Draft(ready.tokens[:kk], None if ready.q is None else ready.q[:kk], ready.source)
-                        extra["predraft_hits"] += 1
-                    else:
-                        extra["predraft_misses"] += 1
-                if draft is None:
-                    draft = drafter.propose(context, kk, sampler) if kk > 0 else Draft([], None, "")
-                    stats.draft_calls += 1
-                t1 = time.perf_counter()
-                n = len(draft.tokens)
-                room = target.n_ctx - len(context) - n - 1
-                if pool is not None and n and room > 0:
-                    pending = pool.submit(_predraft, drafter, [*context, *draft.tokens], min(kk, room), sampler)
-                logits = target.evaluate([context[-1], *draft.tokens], logits_for=range(n + 1))
-                verdict = verify_round(logits, draft, context, sampler, target.n_vocab)
-                t2 = time.perf_counter()
-                target.truncate(len(context) + verdict.accepted)
-                context.extend(draft.tokens[: verdict.accepted])
-                context.append(verdict.token)
-                if pending is not None and verdict.accepted < n:
-                    pending.result()  # cannot be used; let it finish before touching the drafter
-                    pending = None
-                    extra["predraft_misses"] += 1
-                if pending is None and n:
-                    drafter.commit(context, verdict.accepted)
-                elif pending is not None:
-                    owed = (list(context), verdict.accepted)
-                stats.target_calls += 1
-                stats.rounds += 1
-                stats.drafted_tokens += n
-                stats.accepted_tokens += verdict.accepted
-                extra["draft_s"] += t1 - t0
-                extra["verify_s"] += t2 - t1
-                yield Commit([*draft.tokens[: verdict.accepted], verdict.token], verdict.accepted)
-        finally:
-            if pending is not None:
-                pending.result()
-            if pool is not None:
-                pool.shutdown(wait=True)
-
-    return strategy
+    return speculative(drafter, FixedLength(k), predraft=predraft)
 
 
-# -- calibration ------------------------------------------------------------------------
 def _cache_file() -> Path:
     return paths.cache_dir() / "split.json"
 

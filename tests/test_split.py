@@ -165,3 +165,32 @@ def test_build_strategy_draft_window_keeps_drafting_past_the_cap(stories260k) ->
             assert len(strategy.drafter.inner.backend.tokens) <= 24
         finally:
             strategy.close()
+
+
+def test_build_strategy_predrafts_in_the_one_speculative_loop(stories260k) -> None:
+    """`SpecOptions(predraft=True)` (on by default for a GPU drafter) is lossless through
+    build_strategy (hit rates are checked on the split tests above, same loop)."""
+    from tandem.kernels.sampling import Sampler, SamplingParams
+    from tandem.runtime.generate import DoneEvent, autoregressive, generate
+    from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.speculative import SpecOptions, build_strategy
+
+    with LlamaCppBackend(stories260k, LlamaConfig(n_ctx=512, n_threads=1)) as target:
+        prompt = target.tokenize("Lily and Ben went to the park", add_bos=True)
+
+        def run(strategy):
+            target.truncate(0)
+            events = generate(target, prompt, Sampler(SamplingParams.greedy_params()), strategy=strategy,
+                              max_tokens=64, stop_at_eog=False)
+            return [e for e in events if isinstance(e, DoneEvent)][0]
+
+        strategy = build_strategy(target, stories260k, SpecOptions(mode="model", draft_length=3, predraft=True),
+                                  llama_config=LlamaConfig(n_ctx=512, n_threads=1))
+        try:
+            assert strategy.describe()["predraft"] is True
+            plain = run(autoregressive)
+            spec = run(strategy)
+            assert spec.tokens == plain.tokens
+            assert spec.stats.target_calls < plain.stats.target_calls
+        finally:
+            strategy.close()
