@@ -67,6 +67,14 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise ModelFormatError(f"Cannot read {path}: {exc}") from None
 
 
+def read_json_optional(path: Path) -> dict[str, Any]:
+    """A JSON side file that may be missing or unreadable (``{}`` then)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
 def _walk(node: Any, kind: str) -> list[dict[str, Any]]:
     """All components of type ``kind`` in a (possibly nested ``Sequence``) normalizer/pre-tokenizer."""
     if not isinstance(node, dict):

@@ -12,7 +12,6 @@ otherwise the session runs on CPU and the backend logs one note saying so
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from tandem.models.errors import ModelFormatError, ModelNotFound, PromptError, TandemError
+from tandem.models.hf_tokenizer import read_json_optional
 from tandem.runtime.backend import MemoryReport
 from tandem.runtime.llama_vocab import LlamaVocab, TokenizerDelegate
 from tandem.runtime.onnx_export import FP32_FILE, INT8_FILE, META_FILE
@@ -107,8 +107,8 @@ class OnnxBackend(TokenizerDelegate):
         if self.note:
             log.warning(self.note)
         self.device = "cuda" if CUDA_EP in self.session.get_providers() else "cpu"
-        meta = self._read_json(folder / META_FILE)
-        hf_config = self._read_json(folder / "config.json")
+        meta = read_json_optional(folder / META_FILE)
+        hf_config = read_json_optional(folder / "config.json")
         self.tokenizer = LlamaVocab.open(folder / "vocab.gguf") if (folder / "vocab.gguf").exists() else HFTokenizer(folder)
         self._inputs = {i.name: i for i in self.session.get_inputs()}
         self._outputs = [o.name for o in self.session.get_outputs()]
@@ -131,13 +131,6 @@ class OnnxBackend(TokenizerDelegate):
         self._n_ctx = cfg.n_ctx or min(trained, 4096)
         self._past = self._empty_past()
         self._tokens: list[int] = []
-
-    @staticmethod
-    def _read_json(path: Path) -> dict:
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            return {}
 
     def _empty_past(self) -> list[np.ndarray]:
         return [np.zeros(self._kv_shape, dtype=self._kv_dtype) for _ in self._past_names]

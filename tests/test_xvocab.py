@@ -25,6 +25,7 @@ from toy_models import (
     exact_joint,
     model_distribution,
     random_table,
+    sequence_counts,
 )
 
 from tandem.kernels.acceptance import inverse_cdf, speculative_step
@@ -147,20 +148,8 @@ def test_tli_sequences_follow_the_target_exactly(k: int) -> None:
     x = CrossVocabDrafter(drafter, target, XVocabConfig(mode="tli", persist=False))
     strategy = speculative(x, FixedLength(k))
     sampler = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=k))
-    counts: dict[tuple[int, ...], int] = {}
-    trials, length = 8_000, 2
-    for _ in range(trials):
-        out: list[int] = []
-        stats = type("S", (), {"target_calls": 0, "rounds": 0, "drafted_tokens": 0, "accepted_tokens": 0,
-                                "draft_calls": 0, "extra": {}})()
-        run = strategy(target, [0], sampler, stats)
-        for commit in run:
-            out += commit.tokens
-            if len(out) >= length:
-                break
-        run.close()
-        key = tuple(out[:length])
-        counts[key] = counts.get(key, 0) + 1
+    length = 2
+    counts = sequence_counts(strategy, target, sampler, [0], length, 8_000)
     joint = exact_joint(model_distribution(target), 0, length)
     keys = sorted(set(joint) | set(counts))
     check_matches(np.array([counts.get(s, 0) for s in keys]), np.array([joint.get(s, 0.0) for s in keys]), 0.045)

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_xvocab import DRAFT_PIECES, TARGET_PIECES, PieceToy
-from toy_models import check_matches, exact_joint, model_distribution, random_table
+from toy_models import check_matches, exact_joint, model_distribution, random_table, sequence_counts
 
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.kernels.vocab_map import text_confidence
@@ -133,19 +133,8 @@ def test_text_mode_sampling_follows_the_target_exactly(k: int) -> None:
     x = CrossVocabDrafter(drafter, target, XVocabConfig(mode="text", persist=False))
     strategy = speculative(x, FixedLength(k))
     sampler = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=k))
-    counts: dict[tuple[int, ...], int] = {}
     length = 2
-    for _ in range(6_000):
-        out: list[int] = []
-        stats = type("S", (), {"target_calls": 0, "rounds": 0, "drafted_tokens": 0, "accepted_tokens": 0,
-                                "draft_calls": 0, "extra": {}})()
-        run = strategy(target, [0], sampler, stats)
-        for commit in run:
-            out += commit.tokens
-            if len(out) >= length:
-                break
-        run.close()
-        counts[tuple(out[:length])] = counts.get(tuple(out[:length]), 0) + 1
+    counts = sequence_counts(strategy, target, sampler, [0], length, 6_000)
     joint = exact_joint(model_distribution(target), 0, length)
     keys = sorted(set(joint) | set(counts))
     check_matches(np.array([counts.get(s, 0) for s in keys]), np.array([joint.get(s, 0.0) for s in keys]), 0.05)

@@ -131,3 +131,21 @@ def check_matches(counts: np.ndarray, probs: np.ndarray, tv_bound: float) -> Non
     df = int(support.sum()) - 1
     if df >= 1:
         assert chi2_pvalue(stat, df) > 1e-4, f"chi-square {stat:.1f} on {df} dof"
+
+
+def sequence_counts(strategy, target, sampler, prompt: list[int], length: int, trials: int) -> dict[tuple[int, ...], int]:
+    """How often a strategy produced each first-``length``-token continuation of ``prompt``."""
+    from tandem.runtime.generate import DecodeStats
+
+    counts: dict[tuple[int, ...], int] = {}
+    for _ in range(trials):
+        out: list[int] = []
+        run = strategy(target, list(prompt), sampler, DecodeStats())
+        for commit in run:
+            out += commit.tokens
+            if len(out) >= length:
+                break
+        run.close()
+        key = tuple(out[:length])
+        counts[key] = counts.get(key, 0) + 1
+    return counts

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from tandem.models.errors import ModelFormatError
+from tandem.models.hf_tokenizer import read_json_optional
 from tandem.models.vocab_coverage import gpt2_byte_chars
 from tandem.runtime.backend import SpecialTokens
 from tandem.runtime.llama_vocab import LlamaVocab
@@ -51,16 +52,9 @@ class HFTokenizer:
         self._byte_level = "ByteLevel" in json.dumps(spec.get("decoder") or {})
         self._added = {a["id"]: a for a in spec.get("added_tokens", [])}
         self.n_vocab = self.tok.get_vocab_size(with_added_tokens=True)
-        self._config = self._read_json(folder / "config.json")
-        self._tok_config = self._read_json(folder / "tokenizer_config.json")
+        self._config = read_json_optional(folder / "config.json")
+        self._tok_config = read_json_optional(folder / "tokenizer_config.json")
         self._pieces: dict[int, bytes] = {}
-
-    @staticmethod
-    def _read_json(path: Path) -> dict:
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            return {}
 
     def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
         # The tokenizers library always matches added-token text, so ``special`` cannot
