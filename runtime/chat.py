@@ -44,14 +44,15 @@ class ChatEngine:
         ids = self.target.tokenize(rendered.text, add_bos=not rendered.has_bos, special=bool(template))
         return ids, rendered.stops
 
-    def fit(self, messages: Sequence[Message], max_tokens: int) -> list[Message]:
-        """Drop the oldest non-system turns until the prompt leaves room for the reply."""
+    def fit(self, messages: Sequence[Message], max_tokens: int) -> tuple[list[int], list[str]]:
+        """Prompt ids and stop strings for ``messages``, dropping the oldest non-system
+        turns until the prompt leaves room for the reply."""
         msgs = list(messages)
         room = self.target.n_ctx - max(1, min(max_tokens, self.target.n_ctx // 2))
         while True:
-            ids, _ = self.render(msgs)
+            ids, stops = self.render(msgs)
             if len(ids) <= room:
-                return msgs
+                return ids, stops
             droppable = [i for i, m in enumerate(msgs[:-1]) if m["role"] != "system"]
             if not droppable:
                 raise PromptError(
@@ -70,7 +71,7 @@ class ChatEngine:
     ) -> Iterator[Event]:
         """Stream the assistant's reply to ``messages`` (the last one is the user's)."""
         with self.lock:
-            ids, stops = self.render(self.fit(messages, max_tokens))
+            ids, stops = self.fit(messages, max_tokens)
             yield from self._generate(ids, params, max_tokens, [*stops, *stop], cancel)
 
     def complete(

@@ -57,7 +57,7 @@ def drafts_job(slot: ModelSlot, req: GenRequest, *, ids: list[int] | None = None
             stops = list(req.stop)
             prompt = ids
             if messages is not None:
-                prompt, template_stops = slot.engine.render(slot.engine.fit(messages, req.max_tokens))
+                prompt, template_stops = slot.engine.fit(messages, req.max_tokens)
                 stops += template_stops
             assert prompt is not None
             result = auto.decoder.decode(prompt, req.n, req.max_tokens, cancel=cancel)
