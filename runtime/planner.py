@@ -58,6 +58,10 @@ class ModelPlan:
     device: str = "cpu"
     """Drafter only: ``cuda`` runs it in the torch engine on the GPU (Dovetail placement)
     when llama.cpp here cannot offload; ``cpu`` is llama.cpp (with ``n_gpu_layers``)."""
+    devices: tuple[str, ...] = ("cpu",)
+    """Drafter only: every device it fits on. ``device`` is the planner's default; when
+    there is more than one, :mod:`tandem.runtime.placement` picks between them from a
+    measured calibration (cached) before generating."""
 
     def setup(self, output_rows: int = 1) -> Setup:
         return Setup(self.n_ctx, self.n_batch, self.type_k, self.type_v, self.flash_attn,
@@ -270,7 +274,7 @@ def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelSh
                 g = _max_gpu_layers(d_shape, draft.setup(), machine, baseline, Estimate())
                 draft = replace(draft, n_gpu_layers=g)
             elif _torch_gpu_ok(machine, d_shape, draft.setup()):
-                draft = replace(draft, device="cuda")
+                draft = replace(draft, device="cuda", devices=("cuda", "cpu"))
             # A torch drafter on the GPU is still priced as host memory: an over-estimate
             # that keeps the host budget safe.
             d_est = estimate(d_shape, draft.setup(), include_process=False)
