@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         draft_max=args.draft_max,
         draft_len=args.draft_len,
         budget=args.budget,
+        placement=args.placement,
     )
     TandemApp(config).run()
     return 0

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tandem.models.store import resolve_model
 from tandem.runtime.hardware import PROFILES, format_size, resolve_machine
+from tandem.runtime.placement import Choice, calibrate, options
 from tandem.runtime.planner import Plan, PlanRequest, make_plan
 
 
@@ -27,7 +28,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft", default=None, help="draft model GGUF (optional)")
     p.add_argument("--ctx", type=int, default=None, help="context wanted (default: the model's, ≤ 4096)")
     p.add_argument("--draft-max", type=int, default=8, help="most drafts per round to budget for")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads to plan for (default: every core)")
     p.add_argument("--no-kv-quant", action="store_true", help="never quantize the target's KV cache")
+    p.add_argument("--calibrate", action="store_true",
+                   help="also load the pair and measure where the drafter runs fastest (what run/chat do "
+                        "at first use; cached)")
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     add_budget_args(p)
     p.set_defaults(func=run)
@@ -66,9 +71,41 @@ def run(args: argparse.Namespace) -> int:
     machine = resolve_machine(args.profile, args.budget, args.vram)
     draft = resolve_model(args.draft) if args.draft else None
     plan = make_plan(PlanRequest(resolve_model(args.model), draft, args.ctx, machine, draft_max=args.draft_max,
-                                 allow_kv_quant=not args.no_kv_quant))
+                                 allow_kv_quant=not args.no_kv_quant, threads=args.threads))
+    choice = calibrated(plan) if args.calibrate and plan.fits and plan.draft is not None else None
     if args.json:
-        print(json.dumps(plan.as_dict()))
+        out = plan.as_dict()
+        if choice is not None:
+            out["placement"] = choice.as_dict()
+        print(json.dumps(out))
     else:
-        print(render(plan))
+        print(render(plan) + ("\n" + render_choice(choice) if choice is not None else ""))
     return 0 if plan.fits else 6
+
+
+def calibrated(plan: Plan) -> Choice:
+    """Open the planned target and measure the drafter's placement options."""
+    from tandem.runtime.llama_backend import default_threads
+    from tandem.runtime.open_backend import open_backend
+
+    target = open_backend(plan.target.path, llama_config=plan.target.llama_config())
+    try:
+        opts = options(plan.draft.devices, plan.draft.n_threads or default_threads())
+        return calibrate(target, plan.target.path, plan.draft.path, opts,
+                         llama_config=plan.draft.llama_config())
+    finally:
+        target.close()
+
+
+def render_choice(choice: Choice) -> str:
+    lines = ["placement (measured" + (", cached" if choice.cached else "") + "):",
+             f"  plain decoding   ~{choice.plain:.1f} tok/s"]
+    for name, tps in sorted(choice.predicted.items(), key=lambda kv: -kv[1]):
+        mark = "  <- chosen" if name == choice.option.name else ""
+        lines.append(f"  {name:34} ~{tps:.1f} tok/s{mark}")
+    c = choice.costs
+    lines.append("  costs: " + ", ".join([*(f"decode {v * 1e3:.2f} ms @{t}t" for t, v in c.decode_s.items()),
+                                          *(f"verify {v * 1e3:.2f} ms @{t}t" for t, v in c.verify_s.items()),
+                                          *(f"draft {v * 1e3:.2f} ms/token {d}" for d, v in c.draft_s.items()),
+                                          *(f"acceptance {v:.2f} {d}" for d, v in c.acceptance.items())]))
+    return "\n".join(lines)

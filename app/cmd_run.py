@@ -8,9 +8,11 @@ import sys
 
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.models.store import resolve_model
+from tandem.runtime.backend import Backend
 from tandem.runtime.generate import DoneEvent, generate
 from tandem.runtime.llama_backend import LlamaConfig
 from tandem.runtime.open_backend import backend_kind, open_backend
+from tandem.runtime.placement import Placed, place
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -47,14 +49,19 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
                    help="fixed draft length instead of the adaptive policy")
 
 
+    g.add_argument("--placement", choices=["auto", "gpu", "cpu"], default="auto",
+                   help="where the drafter runs: auto measures the devices it fits on once (cached) and "
+                        "picks the fastest, with CPU thread splits and pre-drafting (default: auto)")
+
+
 def strategy_from_args(target, args: argparse.Namespace, llama_config: LlamaConfig | None = None,
-                       draft_window: int | None = None, draft_device: str = "cpu"):
+                       draft_window: int | None = None, draft_device: str = "cpu", predraft: bool | None = None):
     """The speculative strategy the flags ask for (see runtime.speculative.build_strategy)."""
     from tandem.runtime.speculative import SpecOptions, build_strategy
 
     mode = args.draft_mode or ("auto" if args.draft else "off")
     options = SpecOptions(mode=mode, draft_max=args.draft_max, draft_length=args.draft_len,
-                          draft_window=draft_window, draft_device=draft_device)
+                          draft_window=draft_window, draft_device=draft_device, predraft=predraft)
     return build_strategy(target, args.draft, options, llama_config=llama_config)
 
 
@@ -74,16 +81,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def open_planned(args: argparse.Namespace):
-    """The target backend, and the drafter's planned config, window and device (GGUF only).
+def open_planned(args: argparse.Namespace) -> tuple[Backend, int | None, Placed]:
+    """The target backend, the drafter's context window, and its placement (GGUF only).
 
     GGUF targets go through the memory planner, which sizes target and drafter to the
-    budget (BudgetError if nothing fits); ONNX exports and Hugging Face folders open
-    as they are (the planner prices llama.cpp models only).
+    budget (BudgetError if nothing fits), and the drafter's device and threads are chosen
+    by :func:`tandem.runtime.placement.place` (measured once, cached); ONNX exports and
+    Hugging Face folders open as they are (the planner prices llama.cpp models only).
     """
+    unplanned = Placed(None, "cpu", None, None)
     path = resolve_model(args.model)
     if backend_kind(path) != "gguf":
-        return open_backend(path, n_ctx=args.ctx, n_threads=args.threads), None, None, "cpu"
+        return open_backend(path, n_ctx=args.ctx, n_threads=args.threads), None, unplanned
     from tandem.runtime.planner import plan_for_run
 
     wants_model = args.draft and (args.draft_mode or "auto") in ("auto", "model", "xvocab")
@@ -96,16 +105,23 @@ def open_planned(args: argparse.Namespace):
         args.draft = None
     target = open_backend(path, llama_config=plan.target.llama_config())
     if plan.draft is None:
-        return target, None, None, "cpu"
-    return target, plan.draft.llama_config(), plan.draft.window, plan.draft.device
+        return target, None, unplanned
+    try:
+        placed = place(target, str(path), str(draft_path), plan.draft, mode=args.draft_mode or "auto",
+                       device=args.placement)
+    except BaseException:
+        target.close()
+        raise
+    return target, plan.draft.window, placed
 
 
 def run(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
-    target, draft_config, draft_window, draft_device = open_planned(args)
+    target, draft_window, placed = open_planned(args)
     strategy = None
     try:
-        strategy = strategy_from_args(target, args, draft_config, draft_window, draft_device)
+        strategy = strategy_from_args(target, args, placed.draft_config, draft_window, placed.draft_device,
+                                      placed.predraft)
         ids = target.tokenize(prompt, add_bos=True) if prompt else []
         if target.special.bos is not None and ids == [target.special.bos]:
             ids = []  # a prompt of only BOS is an empty prompt
@@ -117,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
                     out = {"model": target.name, "prompt": prompt, "text": event.text,
                            "token_ids": event.tokens, "stats": event.stats.as_dict(),
                            "speculation": strategy.describe()}
+                    if placed.choice is not None:
+                        out["placement"] = placed.choice.as_dict()
                     print(json.dumps(out))
                 else:
                     print(flush=True)

@@ -11,8 +11,8 @@ does). The target verifies every draft, so the output is exactly the target's.
 
 llama.cpp's ``llama_decode`` runs without the GIL (ctypes releases it), so the two
 threads really run in parallel. On a CPU-only machine the "devices" are thread groups:
-``target_threads + draft_threads`` cores. :func:`calibrate` times each placement on a
-short greedy run at first use and caches the winner in ``cache_dir()/split.json``.
+``target_threads + draft_threads`` cores. Which placement to use is chosen from measured
+costs by :mod:`tandem.runtime.placement`.
 
 :class:`WindowedDrafter` implements the planner's drafter context cap: the drafter
 sees BOS plus a window of recent tokens that moves in half-window jumps, so its cache
@@ -21,15 +21,10 @@ is rebuilt once per half window instead of the drafter stopping when its context
 
 from __future__ import annotations
 
-import hashlib
-import json
-import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 from tandem.kernels.sampling import Sampler
-from tandem.models import paths
 from tandem.runtime.adaptive import FixedLength
 from tandem.runtime.backend import Backend
 from tandem.runtime.drafters.base import Draft, Drafter
@@ -87,23 +82,6 @@ class Placement:
     target_gpu: bool = False
 
 
-def cpu_placements(cores: int) -> list[Placement]:
-    """Placements worth trying on ``cores`` CPU cores: sequential (both use all cores)
-    and parallel thread splits with pre-drafting."""
-    out = [Placement("sequential", cores, cores, False)]
-    for d in sorted({1, max(1, cores // 4)}):
-        if cores - d >= 1:
-            out.append(Placement(f"split {cores - d}+{d}", cores - d, d, True))
-    out.append(Placement(f"overlap {cores}+1", cores, 1, True))
-    return out
-
-
-def gpu_placements(cores: int) -> list[Placement]:
-    """Dovetail: draft on the GPU, verify on CPU threads; and the reverse."""
-    return [Placement("draft-gpu", cores, 1, True, draft_gpu=True),
-            Placement("target-gpu", 1, cores, True, target_gpu=True)]
-
-
 def set_threads(backend: Backend, n: int) -> None:
     """Change a llama.cpp backend's thread count in place (no reload)."""
     ctx = getattr(backend, "_ctx", None)
@@ -121,63 +99,3 @@ def split_speculative(drafter: Drafter, k: int, *, predraft: bool = True):
     with a ready draft or dropped one.
     """
     return speculative(drafter, FixedLength(k), predraft=predraft)
-
-
-def _cache_file() -> Path:
-    return paths.cache_dir() / "split.json"
-
-
-def calibration_key(target: Backend, draft: Backend, placement_names: Sequence[str]) -> str:
-    """Same models, same machine, same candidates -> the cached choice applies."""
-    import os
-    import platform
-
-    def ident(b: Backend) -> str:
-        p = getattr(b, "path", None)
-        return f"{p}:{Path(p).stat().st_size}" if p and Path(p).exists() else b.name
-
-    raw = "|".join([ident(target), ident(draft), platform.node(), str(os.cpu_count()), *placement_names])
-    return hashlib.sha256(raw.encode()).hexdigest()[:16]
-
-
-def measure_placement(target: Backend, drafter: Drafter, draft_backend: Backend, placement: Placement,
-                      prompt: list[int], k: int, n_tokens: int = 24) -> float:
-    """Greedy tokens/s of one placement on a short run."""
-    from tandem.kernels.sampling import SamplingParams
-    from tandem.runtime.generate import DoneEvent, generate
-
-    set_threads(target, placement.target_threads)
-    set_threads(draft_backend, placement.draft_threads)
-    strategy = split_speculative(drafter, k, predraft=placement.predraft)
-    start = time.perf_counter()
-    out = 0
-    for ev in generate(target, prompt, Sampler(SamplingParams(temperature=0.0)), strategy=strategy,
-                       max_tokens=n_tokens, stop_at_eog=False):
-        if isinstance(ev, DoneEvent):
-            out = ev.stats.generated_tokens
-    return out / max(time.perf_counter() - start, 1e-9)
-
-
-@dataclass
-class Calibration:
-    best: str
-    tokens_per_s: dict[str, float]
-
-
-def calibrate(target: Backend, drafter: Drafter, draft_backend: Backend, placements: Sequence[Placement],
-              prompt: list[int], k: int = 4, reps: int = 2, *, use_cache: bool = True) -> Calibration:
-    """Pick the fastest placement (median of ``reps`` interleaved runs), cached on disk."""
-    key = calibration_key(target, draft_backend, [p.name for p in placements])
-    cache = _cache_file()
-    data = json.loads(cache.read_text()) if cache.exists() else {}
-    if use_cache and key in data:
-        return Calibration(**data[key])
-    runs: dict[str, list[float]] = {p.name: [] for p in placements}
-    for _ in range(reps):  # interleaved so a busy machine hurts every placement alike
-        for p in placements:
-            runs[p.name].append(measure_placement(target, drafter, draft_backend, p, prompt, k))
-    speeds = {name: sorted(v)[len(v) // 2] for name, v in runs.items()}
-    result = Calibration(max(speeds, key=speeds.get), speeds)
-    data[key] = asdict(result)
-    cache.write_text(json.dumps(data, indent=1))
-    return result

@@ -16,8 +16,6 @@ from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
 from tandem.runtime.split import (
     Placement,
     WindowedDrafter,
-    calibrate,
-    cpu_placements,
     set_threads,
     split_speculative,
 )
@@ -124,20 +122,6 @@ def test_windowed_drafter_view_moves_in_half_windows() -> None:
         assert view[1:] == ctx[len(ctx) - (len(view) - 1):] if len(view) > 1 else True
         starts.append(w._start)
     assert len(set(starts)) > 3 and all(b - a in (0, 8) for a, b in zip(starts, starts[1:], strict=False))
-
-
-def test_calibration_picks_and_caches(pair, isolated_home: Path) -> None:
-    target, draft = pair
-    prompt = target.tokenize("Once upon a time", add_bos=True)
-    drafter = ModelDrafter(draft, owns_backend=False)
-    placements = cpu_placements(1)
-    first = calibrate(target, drafter, draft, placements, prompt, k=4, reps=1)
-    assert first.best in {p.name for p in placements}
-    assert set(first.tokens_per_s) == {p.name for p in placements}
-    assert all(v > 0 for v in first.tokens_per_s.values())
-    cached = calibrate(target, drafter, draft, placements, prompt, k=4, reps=1)
-    assert cached == first  # read back, not re-measured
-    assert (isolated_home / "cache" / "split.json").exists()
 
 
 def test_build_strategy_draft_window_keeps_drafting_past_the_cap(stories260k) -> None:

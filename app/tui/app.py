@@ -36,10 +36,13 @@ class AppConfig:
     measure_cost: bool = True
     budget: str | None = None
     """Host memory budget for the memory planner (``tandem chat --budget``)."""
+    placement: str = "auto"
+    """Drafter device: ``auto`` (measured once, cached), ``gpu`` or ``cpu``."""
 
     def choice(self, model: Path) -> ModelChoice:
         return ModelChoice(model, self.drafter, self.n_ctx, self.threads, self.draft_mode,
-                           self.draft_max, self.draft_len, self.measure_cost, self.budget)
+                           self.draft_max, self.draft_len, self.measure_cost, self.budget,
+                           placement=self.placement)
 
 
 class TandemApp(App):

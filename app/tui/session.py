@@ -226,6 +226,8 @@ class ModelChoice:
     """Host memory the chat may use (``6GiB``); ``None``: the planner's default share of RAM."""
     notes: list[str] = field(default_factory=list)
     """What the memory planner changed (e.g. a drafter it dropped), for the UI to show."""
+    placement: str = "auto"
+    """Drafter device: ``auto`` (measured once per pair and machine, cached), ``gpu`` or ``cpu``."""
 
     @property
     def target_name(self) -> str:
@@ -282,17 +284,23 @@ def load_engine(choice: ModelChoice) -> Any:
     try:
         if not speculative_available():
             raise TandemError("Speculative decoding is not available in this build: run without a drafter.")
+        from tandem.runtime.placement import Placed, place
         from tandem.runtime.speculative import SpecOptions, build_strategy
 
         planned = plan.draft if plan is not None else None
-        config = planned.llama_config() if planned is not None else None
-        on_gpu = planned is not None and planned.device == "cuda"
+        placed = Placed(None, "cpu", None, None)
+        if planned is not None and drafter_path is not None and choice.mode in ("auto", "model", "xvocab"):
+            placed = place(target, str(choice.target), str(drafter_path), planned, mode=choice.mode,
+                           device=choice.placement, notify=choice.notes.append)
+            if placed.choice is not None:
+                choice.notes.append(f"placement: {placed.choice.option.name} (measured)")
+        config = placed.draft_config
         drafter = (open_backend(drafter_path, n_ctx=choice.n_ctx, n_threads=choice.n_threads, llama_config=config)
-                   if drafter_path is not None and not on_gpu else None)
+                   if drafter_path is not None and placed.draft_device != "cuda" else None)
         options = SpecOptions(mode=choice.mode, draft_max=plan.draft_max if plan else choice.draft_max,
                               draft_length=choice.draft_len, measure_cost=choice.measure_cost,
                               draft_window=planned.window if planned is not None else None,
-                              draft_device=planned.device if planned is not None else "cpu")
+                              draft_device=placed.draft_device, predraft=placed.predraft)
         strategy = build_strategy(target, drafter if drafter is not None else drafter_path, options,
                                   llama_config=config)
     except BaseException:

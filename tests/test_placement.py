@@ -1,0 +1,130 @@
+"""Drafter placement chosen from measured per-device costs: the round model, the choice,
+the calibration on a real pair (cached), and `tandem run` following it losslessly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tandem.models.errors import TandemError
+from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
+from tandem.runtime.placement import (
+    Costs,
+    Option,
+    calibrate,
+    choose,
+    expected_tokens,
+    options,
+    place,
+    predict,
+)
+from tandem.runtime.planner import ModelPlan
+
+
+def _costs(gpu_step: float, cpu_step: float, verify: float = 0.040, alpha: float = 0.8) -> Costs:
+    """Costs for every option of ``options(("cuda", "cpu"), 8)``: fewer threads, slower."""
+    return Costs(decode_s={"8": 0.010, "7": 0.011, "6": 0.012}, verify_s={"8": verify, "7": verify * 1.1,
+                                                                         "6": verify * 1.2},
+                 draft_s={"cuda/8": gpu_step, "cpu/8": cpu_step, "cpu/2": cpu_step * 2, "cpu/1": cpu_step * 3},
+                 acceptance={"cuda": alpha, "cpu": alpha})
+
+
+def test_options_cover_devices_and_thread_splits() -> None:
+    names = [o.name for o in options(("cuda", "cpu"), 8)]
+    assert names == ["drafter on GPU, pre-drafting", "drafter on GPU", "drafter on CPU, sequential",
+                     "CPU split 7+1, pre-drafting", "CPU split 6+2, pre-drafting"]
+    assert [o.name for o in options(("cpu",), 1)] == ["drafter on CPU, sequential"]
+    assert all(o.target_threads + o.draft_threads <= 8 for o in options(("cpu",), 8) if o.predraft)
+
+
+def test_round_model() -> None:
+    assert expected_tokens(0.0, 4) == 1.0 and expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    costs = _costs(gpu_step=0.002, cpu_step=0.004, verify=0.040, alpha=1.0)
+    seq = Option("s", "cuda", 8, 8, False)
+    pre = Option("p", "cuda", 8, 8, True)
+    assert predict(seq, costs) == pytest.approx(5 / (4 * 0.002 + 0.040))
+    # Every round accepted: the next round's drafting hides behind verification.
+    assert predict(pre, costs) == pytest.approx(5 / 0.040)
+    # Nothing accepted: pre-drafts never hit, a round costs what a sequential one does.
+    costs.acceptance["cuda"] = 0.0
+    assert predict(pre, costs) == pytest.approx(predict(seq, costs))
+
+
+def test_choice_follows_the_measured_costs() -> None:
+    opts = options(("cuda", "cpu"), 8)
+    assert choose(opts, _costs(gpu_step=0.001, cpu_step=0.004)).option.name == "drafter on GPU, pre-drafting"
+    # A GPU whose launches cost more than the CPU drafter (a weak iGPU, a busy card) loses.
+    slow_gpu = choose(opts, _costs(gpu_step=0.050, cpu_step=0.002))
+    assert slow_gpu.option.draft_device == "cpu"
+    assert slow_gpu.predicted[slow_gpu.option.name] == max(slow_gpu.predicted.values())
+
+
+@pytest.fixture()
+def target(stories_twin: Path):
+    with LlamaCppBackend(stories_twin, LlamaConfig(n_ctx=512, n_threads=2)) as backend:
+        yield backend
+
+
+def test_calibration_on_a_real_pair_is_measured_once_and_cached(target, stories_twin: Path, stories260k: Path,
+                                                                isolated_home: Path, monkeypatch) -> None:
+    import tandem.runtime.placement as placement
+
+    opts = options(("cpu",), 2)
+    config = LlamaConfig(n_ctx=512, n_threads=2)
+    first = calibrate(target, str(stories_twin), str(stories260k), opts, mode="model", llama_config=config,
+                      notify=lambda _: None)
+    c = first.costs
+    assert set(c.decode_s) == set(c.verify_s) == {"1", "2"}
+    assert set(c.draft_s) == {"cpu/1", "cpu/2"}
+    assert all(v > 0 for v in [*c.decode_s.values(), *c.verify_s.values(), *c.draft_s.values()])
+    # The twin computes the drafter's own function (q8_0 rounding aside): drafts agree.
+    assert c.acceptance["cpu"] > 0.8
+    assert first.option.name in first.predicted and not first.cached
+    assert len(target.tokens) == 0  # the target comes back empty for the real run
+    assert (isolated_home / "cache" / "placement.json").exists()
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("a cached calibration must not measure again")
+
+    monkeypatch.setattr(placement, "measure_target", no_measuring)
+    again = calibrate(target, str(stories_twin), str(stories260k), opts, mode="model", llama_config=config)
+    assert again.cached and again.costs == first.costs and again.option == first.option
+
+
+def test_place_applies_the_choice_and_refuses_a_device_the_plan_lacks(target, stories_twin: Path,
+                                                                      stories260k: Path) -> None:
+    one_thread = ModelPlan(str(stories260k), 512, n_threads=1)
+    placed = place(target, str(stories_twin), str(stories260k), one_thread, mode="model")
+    assert placed.choice is None and placed.draft_device == "cpu" and placed.predraft is False
+    assert placed.draft_config.n_threads == 1
+    with pytest.raises(TandemError, match="cannot run on the GPU"):
+        place(target, str(stories_twin), str(stories260k), one_thread, device="gpu")
+    two = ModelPlan(str(stories260k), 512, n_threads=2)
+    chosen = place(target, str(stories_twin), str(stories260k), two, mode="model", notify=lambda _: None)
+    assert chosen.choice is not None
+    assert chosen.draft_config.n_threads == chosen.choice.option.draft_threads
+    assert chosen.predraft == chosen.choice.option.predraft
+
+
+def test_run_follows_the_measured_placement_losslessly(stories_twin: Path, stories260k: Path) -> None:
+    def run(*extra: str) -> dict:
+        cmd = [sys.executable, "-m", "tandem.app.cli", "run", "-m", str(stories_twin), "-p", "Once upon a time",
+               "-n", "48", "--threads", "2", "--ctx", "512", "--json", *extra]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        return json.loads(out.stdout)
+
+    plain = run("--draft-mode", "off")
+    spec = run("--draft", str(stories260k), "--draft-mode", "model")
+    assert spec["token_ids"] == plain["token_ids"]
+    chosen = spec["placement"]
+    assert chosen["placement"] in chosen["predicted_tokens_per_s"]
+    assert spec["speculation"]["predraft"] == chosen["predraft"]
+    cached = run("--draft", str(stories260k), "--draft-mode", "model")
+    assert cached["placement"]["cached"] and cached["token_ids"] == plain["token_ids"]
+    forced = run("--draft", str(stories260k), "--draft-mode", "model", "--placement", "cpu")
+    assert forced["token_ids"] == plain["token_ids"]
