@@ -63,3 +63,20 @@ def balanced_permutation(channel_scale: torch.Tensor, block: int) -> torch.Tenso
     n_blocks = n // block
     order = torch.argsort(channel_scale.abs(), descending=True)
     return order.reshape(block, n_blocks).T.reshape(-1)
+
+
+def rotation_matrix(
+    n: int, block: int | None = None, perm: torch.Tensor | None = None, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Orthonormal (n, n) matrix ``M`` with ``x @ M == fwht(x[..., perm], block)``.
+
+    Folding the channel reordering and the blockwise Hadamard transform into one dense
+    matrix turns ~3 log2(block) small tensor ops per call into one matmul, which is what
+    dominates for the narrow rows (32-64 channels) of small models; ``x @ M.T`` undoes it.
+    """
+    eye = torch.eye(n, dtype=torch.float64)
+    if perm is not None:
+        if sorted(perm.tolist()) != list(range(n)):
+            raise ValueError("perm must be a permutation of range(n)")
+        eye = eye[:, perm]
+    return fwht(eye, block).to(dtype)

@@ -96,3 +96,36 @@ def max_error_bound(x: torch.Tensor, bits: int, group: int) -> torch.Tensor:
     fp16_eps = 2.0**-10
     slack = fp16_eps * (lo.abs() + step * ((1 << bits) - 1)) + 1e-7
     return step / 2 + slack
+
+
+def quantize_channels(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """KIVI-style per-channel quantization of a block of tokens ``x`` (n, width).
+
+    Keys have a few channels that are large for *every* token (outlier channels), so a
+    per-token group wastes its range on them; one min/step per channel over a group of
+    tokens fits each channel's own range instead (KIVI, Liu et al. 2024). Returns
+    ``(packed (n, width*bits/8) uint8, step (width,) fp16, lo (width,) fp16)``; each
+    token's codes stay a separate row, so tokens can later be dropped from the group
+    (eviction, rollback) without touching the others.
+    """
+    width = x.shape[-1]
+    _check(width, bits, width)
+    levels = (1 << bits) - 1
+    g = x.float()
+    lo = g.amin(dim=0).half()
+    step = ((g.amax(dim=0) - lo.float()) / levels).half()
+    safe = torch.where(step.float() > 0, step.float(), torch.ones_like(step.float()))
+    codes = torch.round((g - lo.float()) / safe).clamp_(0, levels)
+    return pack(codes, bits), step, lo
+
+
+def dequantize_channels(
+    packed: torch.Tensor, bits: int, step: torch.Tensor, lo: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Decode rows of :func:`quantize_channels`; ``step``/``lo`` are per row (n, width) or shared (width,)."""
+    return (unpack(packed, bits).to(dtype) * step.to(dtype) + lo.to(dtype)).to(dtype)
+
+
+def channel_group_bytes(width: int) -> int:
+    """Bytes of one per-channel token group's parameters: fp16 step and minimum per channel."""
+    return 4 * width

@@ -7,7 +7,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tandem.kernels.hadamard import balanced_permutation, fwht, hadamard_matrix, pow2_block
+from tandem.kernels.hadamard import (
+    balanced_permutation,
+    fwht,
+    hadamard_matrix,
+    pow2_block,
+    rotation_matrix,
+)
 from tandem.kernels.kv_budget import (
     allocate_budgets,
     eviction_scores,
@@ -18,9 +24,11 @@ from tandem.kernels.kv_budget import (
 from tandem.kernels.kv_quant import (
     bytes_per_row,
     dequantize,
+    dequantize_channels,
     max_error_bound,
     pack,
     quantize,
+    quantize_channels,
     unpack,
 )
 
@@ -171,3 +179,40 @@ def test_eviction_scores_and_select_keep_retain_window_and_sinks() -> None:
     assert select_keep(scores, budget=50, window=8).tolist() == list(range(50))
     # Budget below sinks + window: sinks then the most recent tokens.
     assert select_keep(scores, budget=5, window=8, sinks=2).tolist() == [0, 1, 47, 48, 49]
+
+
+def test_reordered_rotation_is_orthonormal_and_invertible_fp32() -> None:
+    """RotateKV: permute (calibrated) then blockwise Hadamard; inverse exact, q.k kept to 1e-5."""
+    torch.manual_seed(3)
+    calib = torch.randn(200, 32)
+    calib[:, [1, 2, 3]] *= 30  # three outlier channels in the first Hadamard block
+    perm = balanced_permutation(calib.abs().amax(0), block=8)
+    assert sorted(perm.tolist()) == list(range(32))
+    inv = torch.argsort(perm)
+    x = torch.randn(5, 32)
+    assert torch.equal(x[:, perm][:, inv], x)  # inverse restores exactly
+    assert all(sum(int(c) in (1, 2, 3) for c in blk) <= 1 for blk in perm.reshape(4, 8))
+    m = rotation_matrix(32, 8, perm)
+    assert torch.allclose(m @ m.T, torch.eye(32), atol=1e-6)
+    assert torch.allclose(x @ m, fwht(x[:, perm], 8), atol=1e-6)
+    q, k = torch.randn(16, 32), calib[:16]
+    assert torch.allclose(((q @ m) * (k @ m)).sum(-1), (q * k).sum(-1), rtol=1e-5, atol=1e-5 * float(k.abs().max()))
+    assert torch.allclose((k @ m) @ m.T, k, atol=1e-5 * float(k.abs().max()))
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_channel_quantization_bound_and_outlier_channels(bits: int) -> None:
+    torch.manual_seed(bits)
+    x = torch.randn(64, 32)
+    x[:, 5] = x[:, 5] * 20 + 40  # an outlier channel, as keys have
+    packed, step, lo = quantize_channels(x, bits)
+    assert packed.shape == (64, 32 * bits // 8) and step.shape == lo.shape == (32,)
+    y = dequantize_channels(packed, bits, step, lo)
+    bound = max_error_bound(x.T.contiguous(), bits, 64).squeeze(-1)  # per channel over the tokens
+    assert ((x - y).abs().amax(0) <= bound).all()
+    # Per channel, the outlier no longer sets the step of the other channels.
+    per_token = (x - dequantize(quantize(x, bits, 32))).norm()
+    assert (x - y).norm() < per_token
+    # Dropping tokens keeps the others' codes and the group's parameters valid.
+    keep = torch.tensor([0, 7, 63])
+    assert torch.equal(dequantize_channels(packed[keep], bits, step, lo), y[keep])

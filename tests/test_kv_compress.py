@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tandem.runtime.torch_engine.backend import TorchBackend, TorchConfig
+from tandem.runtime.torch_engine.cache import KVCache
 from tandem.runtime.torch_engine.kv_compress import (
     CompressedKVCache,
     KVCompressConfig,
@@ -117,10 +118,20 @@ CONFIGS = [
     KVCompressConfig(policy="cake", sinks=4, window=6, budget=16),
     KVCompressConfig(policy="none", bits=4, group=16),
     KVCompressConfig(policy="window", sinks=2, window=10, bits=2, key_bits=4, group=16),
+    KVCompressConfig(policy="none", bits=4, group=16, key_mode="channel", key_group=4),
+    KVCompressConfig(policy="window", sinks=4, window=10, bits=4, key_mode="channel", key_group=4, residual=2,
+                     hold="float16"),
+    KVCompressConfig(policy="cake", sinks=4, window=6, budget=14, bits=4, key_bits=8, key_mode="channel",
+                     key_group=4),
+    KVCompressConfig(policy="none", bits=4, group=8, rot_block=8, hold="float16"),
 ]
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c.policy}-{c.bits}")
+def _cfg_id(c: KVCompressConfig | None) -> str:
+    return "full" if c is None else f"{c.policy}-{c.bits}-{c.key_mode}-{c.hold}"
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_cfg_id)
 def test_rollback_is_exact(stories260k: Path, cfg: KVCompressConfig) -> None:
     """Drafts evaluated then trimmed leave no trace: the next logits equal a no-draft run."""
     a, b = _backend(stories260k, cfg), _backend(stories260k, cfg)
@@ -135,6 +146,131 @@ def test_rollback_is_exact(stories260k: Path, cfg: KVCompressConfig) -> None:
         assert np.array_equal(la, lb)
     for layer in range(a.cache.n_layers):
         assert torch.equal(a.cache.positions(layer), b.cache.positions(layer))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_cfg_id)
+def test_partial_acceptance_equals_accepted_tokens_alone(stories260k: Path, cfg: KVCompressConfig) -> None:
+    """A verify pass whose drafts are partly accepted leaves the cache of a pass of the accepted tokens."""
+    a, b = (TorchBackend(stories260k, TorchConfig(device="cpu", dtype="float64", n_threads=1)) for _ in range(2))
+    use_compressed_cache(a, cfg)
+    use_compressed_cache(b, cfg)
+    ids = a.tokenize(PROMPT, add_bos=True)
+    a.evaluate(ids)
+    b.evaluate(ids)
+    for step in range(6):
+        x = [20 + step, 30 + step]
+        a.evaluate([*x, 60, 61, 62][: 2 + step % 3 + 1])  # 1..3 drafts after the accepted two
+        a.truncate(len(b.tokens) + 2)
+        b.evaluate(x)
+        np.testing.assert_allclose(a.evaluate([40 + step]), b.evaluate([40 + step]), rtol=0, atol=1e-8)
+        for layer in range(a.cache.n_layers):
+            assert torch.equal(a.cache.logical(layer), b.cache.logical(layer))
+        assert a.cache.nbytes() == b.cache.nbytes()
+
+
+@pytest.mark.parametrize("cfg", [
+    KVCompressConfig(policy="none", bits=4, key_bits=8, group=16),
+    KVCompressConfig(policy="none", bits=4, group=8, rot_block=8, hold="float16"),
+], ids=_cfg_id)
+def test_speculative_greedy_equals_plain_with_compressed_cache(stories260k: Path, cfg: KVCompressConfig) -> None:
+    """Per-token quantization holds every token the same whatever the pass: speculative == plain, token for token.
+
+    (Eviction and KIVI grouping act per pass, so a T-token verify pass sees up to T-1
+    more full-precision or unevicted entries than token-by-token decoding; for those the
+    guarantee is the rollback exactness tested above.)
+    """
+    from tandem.kernels.sampling import Sampler, SamplingParams
+    from tandem.runtime.generate import generate
+    from tandem.runtime.speculative import SpecOptions, build_strategy
+
+    outs = []
+    for spec in (False, True):
+        b = TorchBackend(stories260k, TorchConfig(device="cpu", dtype="float64", n_threads=1))
+        use_compressed_cache(b, cfg)
+        prompt = b.tokenize("Lily saw a big dog. The dog was happy. Lily saw a big dog. The dog", add_bos=True)
+        opts = SpecOptions(mode="ngram", draft_length=4, measure_cost=False)
+        strategy = build_strategy(b, None, opts) if spec else build_strategy(b, None, SpecOptions(mode="off"))
+        sampler = Sampler(SamplingParams.greedy_params())
+        *_, done = generate(b, prompt, sampler, strategy=strategy, max_tokens=64, stop_at_eog=False)
+        outs.append(done)
+        strategy.close()
+    assert outs[0].tokens == outs[1].tokens
+    st = outs[1].stats
+    assert 0 < st.accepted_tokens < st.drafted_tokens  # drafts were accepted and rejected
+
+
+def test_cake_cascade_keeps_total_under_budget_during_prefill(stories260k: Path) -> None:
+    cfg = KVCompressConfig(policy="cake", sinks=4, window=8, budget=24)
+    b = TorchBackend(stories260k, TorchConfig(device="cpu", n_threads=1, n_batch=512))
+    cache = use_compressed_cache(b, cfg)
+    totals: list[int] = []
+    original = cache.observe_attention
+
+    def spy(layer, probs):
+        original(layer, probs)
+        totals.append(sum(cache.stored(i) for i in range(cache.n_layers)))
+
+    cache.observe_attention = spy  # type: ignore[method-assign]
+    ids = b.tokenize(PROMPT * 6, add_bos=True)
+    assert len(ids) > 4 * cfg.budget
+    b.evaluate(ids)  # one long pass
+    assert len(totals) == cache.n_layers
+    assert max(totals) <= cfg.budget * cache.n_layers
+    assert totals[0] == cfg.budget * cache.n_layers  # layer 0 alone may use the whole total
+    for layer in range(cache.n_layers):
+        assert cache.logical(layer)[:4].tolist() == [0, 1, 2, 3]
+        assert set(range(len(ids) - cfg.window, len(ids))) <= set(cache.logical(layer).tolist())
+
+
+def test_cake_cascade_with_room_for_everything_is_identity(stories260k: Path) -> None:
+    ids_text = PROMPT * 3
+    ref = _backend(stories260k, None)
+    b = _backend(stories260k, KVCompressConfig(policy="cake", window=8, budget=4096))
+    ids = ref.tokenize(ids_text, add_bos=True)
+    np.testing.assert_allclose(b.evaluate(ids, logits_for=list(range(len(ids)))),
+                               ref.evaluate(ids, logits_for=list(range(len(ids)))), atol=1e-4)
+    assert b.cache.evicted == 0 and all(b.cache.stored(i) == len(ids) for i in range(b.cache.n_layers))
+
+
+def test_kivi_groups_form_lazily_and_bytes_count_everything(stories260k: Path) -> None:
+    cfg = KVCompressConfig(policy="none", sinks=4, bits=4, group=32, key_mode="channel", key_group=8, residual=3)
+    b = _backend(stories260k, cfg)
+    cache: CompressedKVCache = b.cache
+    ids = b.tokenize(PROMPT, add_bos=True)
+    b.evaluate(ids)
+    body = cache._body[0]
+    assert body.n_q == 0 and body.rk.shape[0] == len(ids) - 4  # nothing grouped inside the pass
+    b.evaluate([9])
+    n_body = len(ids) - 4
+    groups = (n_body - 3) // 8
+    assert body.n_q == 8 * groups and body.rk.shape[0] == n_body + 1 - 8 * groups
+    w, layers = cache.width, cache.n_layers
+    expect = layers * (2 * 4 * w * 4 + (n_body + 1) * (w // 2 + 4) + body.n_q * w // 2
+                       + groups * (4 * w + 4) + body.rk.shape[0] * w * 4)
+    assert cache.nbytes() == expect
+
+
+def test_key_reordering_from_calibration(stories260k: Path) -> None:
+    from tandem.kernels.hadamard import balanced_permutation
+    from tandem.runtime.torch_engine.kv_store import calibrate_key_scales
+
+    b = _backend(stories260k, None)
+    scales = calibrate_key_scales(b, b.tokenize("One day, a cat sat on a mat. It was warm.", add_bos=True))
+    assert len(scales) == b.model_config.n_layers and len(b.tokens) == 0
+    assert all(s.shape == (b.model_config.kv_width,) and (s > 0).all() for s in scales)
+    cfg = KVCompressConfig(policy="none", bits=8, group=8, rot_block=8)
+    cache = use_compressed_cache(b, cfg)
+    perms = [balanced_permutation(s, 8) for s in scales]
+    assert perms[0].tolist() != list(range(len(perms[0])))
+    cache.set_key_order(perms)
+    ref = _backend(stories260k, None)
+    ids = b.tokenize(PROMPT, add_bos=True)
+    b.evaluate(ids)
+    ref.evaluate(ids)
+    # Reading undoes the reordering: layer 0's keys (same inputs) match to 8-bit precision.
+    k0, _, _ = cache._read(0, 0)
+    ref_k = ref.cache._k[0][:, : len(ids)]
+    assert float((k0 - ref_k).norm() / ref_k.norm()) < 0.01
 
 
 def test_cake_budgets_and_window(stories260k: Path) -> None:
@@ -174,6 +310,50 @@ def test_tree_accept_path_with_compressed_cache(stories260k: Path) -> None:
     assert torch.equal(a.cache.positions(0), b.cache.positions(0))
     # Batched vs sequential matmuls differ in the last bits, so not bit-exact.
     np.testing.assert_allclose(a.evaluate([50]), b.evaluate([50]), atol=1e-4)
+
+
+def test_full_cache_keep_tree_path_off_node_zero() -> None:
+    """keep() keeps the prefix before the last pass and compacts the chosen nodes after it.
+
+    The accepted branch [n0+2, n0+5] does not start at the pass start n0: nodes n0 and
+    n0+1 (another root's subtree) must go, not stay because they precede the branch.
+    """
+    c = KVCache(1, 1, 1, capacity=2)
+    n0 = 5
+    for start, n in ((0, n0), (n0, 6)):
+        vals = torch.arange(start, start + n, dtype=torch.float32) + (100 if start else 0)
+        c.update(0, vals.view(1, n, 1), vals.view(1, n, 1), torch.arange(start, start + n))
+        c.commit(n)
+    c.keep([n0 + 2, n0 + 5])
+    assert len(c) == n0 + 2
+    assert c._k[0][0, : len(c), 0].tolist() == [0, 1, 2, 3, 4, 107, 110]
+    assert c.positions().tolist() == [0, 1, 2, 3, 4, 7, 10]
+    c.update(0, torch.zeros(1, 3, 1), torch.zeros(1, 3, 1), torch.arange(7, 10))
+    c.commit(3)
+    c.keep([])  # no node accepted: back to the prefix
+    assert len(c) == n0 + 2
+    with pytest.raises(ValueError):
+        c.keep([3])  # before the last pass
+
+
+@pytest.mark.parametrize("cfg", [None, *CONFIGS], ids=_cfg_id)
+def test_accept_path_off_node_zero_equals_plain_branch(stories260k: Path, cfg: KVCompressConfig | None) -> None:
+    """Two roots; accepting the second root's branch equals evaluating that branch alone."""
+    a, b = _backend(stories260k, cfg), _backend(stories260k, cfg)
+    ids = a.tokenize(PROMPT, add_bos=True)
+    for _ in range(2):  # the second round runs with evictions/quantized groups in place
+        a.evaluate(ids[:8])
+        b.evaluate(ids[:8])
+    a.evaluate_tree([30, 31, 40, 41, 42], [-1, 0, -1, 2, 2])
+    a.accept_path([2, 4])
+    b.evaluate([40, 42])
+    assert a.tokens == b.tokens and len(a.cache) == len(b.cache)
+    if cfg is not None:
+        for layer in range(a.cache.n_layers):
+            assert a.cache.logical(layer).tolist() == b.cache.logical(layer).tolist()
+            assert torch.equal(a.cache.positions(layer), b.cache.positions(layer))
+    for t in (50, 51):
+        np.testing.assert_allclose(a.evaluate([t]), b.evaluate([t]), atol=1e-4)
 
 
 def test_bad_config_is_rejected() -> None:

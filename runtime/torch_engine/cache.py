@@ -22,9 +22,13 @@ them and nothing in the model changes:
     Exact for every entry that is still held: entries at positions ``< n`` are untouched.
 
 ``keep(indices)``
-    Keep only the given logical suffix entries (used after tree verification to compact
-    the accepted branch): ``indices`` are logical indices ``>= prefix`` in increasing
-    order; everything before the smallest is kept as is.
+    Tree verification (``TorchBackend.accept_path``): the last pass evaluated a token
+    tree whose nodes are logical entries ``prefix .. len-1``, where ``prefix`` is the
+    length before that pass (the cache remembers it at ``commit``). Keep the prefix,
+    keep the nodes ``indices`` (increasing, all ``>= prefix``) renumbered
+    ``prefix, prefix + 1, ...``, drop every other node. The accepted branch need not
+    start at the first node (a tree may have several roots), so the prefix is *not*
+    ``min(indices)``. An empty ``indices`` drops the whole tree.
 
 ``wants_attention`` / ``observe_attention(layer, probs)``
     A cache that needs attention statistics (e.g. CAKE budgets, H2O scores) sets
@@ -65,6 +69,7 @@ class KVCache:
         self._v = [self._alloc(self._capacity) for _ in range(n_layers)]
         self._pos = torch.zeros(self._capacity, dtype=torch.long, device=self.device)
         self._len = 0
+        self._pass_start = 0
 
     def _alloc(self, capacity: int) -> torch.Tensor:
         return torch.zeros(self.n_kv_heads, capacity, self.head_dim, dtype=self.dtype, device=self.device)
@@ -103,22 +108,32 @@ class KVCache:
         return self._k[layer][:, :end], self._v[layer][:, :end], self._pos[:end]
 
     def commit(self, n_new: int) -> None:
+        self._pass_start = self._len
         self._len += n_new
 
     def trim(self, n: int) -> None:
         self._len = max(0, min(n, self._len))
+        self._pass_start = min(self._pass_start, self._len)
+
+    def _tree_prefix(self, indices: list[int]) -> int:
+        """The prefix :meth:`keep` preserves (start of the last pass), after checking ``indices``."""
+        start = self._pass_start
+        if any(b <= a for a, b in zip(indices, indices[1:], strict=False)):
+            raise ValueError(f"keep indices must be increasing, got {indices}")
+        if indices and (indices[0] < start or indices[-1] >= len(self)):
+            raise ValueError(f"keep indices must lie in the last pass [{start}, {len(self)}), got {indices}")
+        return start
 
     def keep(self, indices: list[int]) -> None:
-        if not indices:
-            return
-        start = min(indices)
-        idx = torch.tensor(indices, dtype=torch.long, device=self.device)
-        end = start + len(indices)
-        for store in (self._k, self._v):
-            for t in store:
-                t[:, start:end] = t[:, idx].clone()
-        self._pos[start:end] = self._pos[idx].clone()
-        self._len = end
+        start = self._tree_prefix(indices)
+        if indices:
+            idx = torch.tensor(indices, dtype=torch.long, device=self.device)
+            end = start + len(indices)
+            for store in (self._k, self._v):
+                for t in store:
+                    t[:, start:end] = t[:, idx].clone()
+            self._pos[start:end] = self._pos[idx].clone()
+        self._len = self._pass_start = start + len(indices)
 
     def observe_attention(self, layer: int, probs: torch.Tensor) -> None:
         """Attention probabilities of the last pass; only called when ``wants_attention``."""
@@ -133,7 +148,7 @@ class KVCache:
         return 2 * self.n_layers * per
 
     def reset(self) -> None:
-        self._len = 0
+        self._len = self._pass_start = 0
 
 
 class PastCache(KVCache):

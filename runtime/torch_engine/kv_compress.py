@@ -1,49 +1,66 @@
-"""Compressed KV caches for the torch engine: sinks + window, CAKE budgets, RotateKV 4/2-bit.
+"""Compressed KV caches for the torch engine: sinks + window, CAKE budgets, RotateKV / KIVI 8/4/2-bit.
 
 One class, :class:`CompressedKVCache`, configured by :class:`KVCompressConfig`:
 
 * ``policy="window"`` (StreamingLLM): keep the first ``sinks`` tokens and the most
-  recent ``window``. **Positions are cache-relative**: the stored keys are post-RoPE,
-  the window's keys are contiguous with the new queries already, and the sink keys are
-  re-rotated (RoPE composes: ``R(a) R(b) = R(a + b)``) by the number of evicted tokens,
-  so the attended keys always sit at contiguous positions ending right before the query.
+  recent ``window``. **Positions are cache-relative**: the window's keys are contiguous
+  with the new queries already, and the sink keys are re-rotated (RoPE composes:
+  ``R(a) R(b) = R(a + b)``) by the number of evicted tokens, so the attended keys always
+  sit at contiguous positions ending right before the query.
 * ``policy="cake"`` (CAKE): one total budget (``budget`` tokens per layer on average) is
   split over layers by attention entropy x variance over the last ``obs_window`` queries,
   and each layer keeps its sinks, the observation window and its highest-scoring tokens.
   Kept tokens are scattered, so CAKE keeps their **original positions** (as the paper).
-* ``bits=4|2`` (RotateKV): keys are un-rotated to pre-RoPE, Hadamard-rotated across the
-  KV heads of a token, quantized per token in groups (asymmetric min/max); values are
-  Hadamard-rotated and quantized the same way. Reading dequantizes, un-rotates and
-  re-applies RoPE at the (possibly cache-relative) position. Sink tokens stay full
-  precision and are returned bit-exact.
+  With ``cascade`` a long pass (a prefill chunk longer than the observation window)
+  re-splits the budget over the layers processed so far after each layer and evicts at
+  once, so the cache never holds more than the total budget after any layer.
+* ``bits`` (values) / ``key_bits``: quantization of non-sink entries. Keys are un-rotated
+  to pre-RoPE first. ``key_mode="token"`` (RotateKV): a key row is reordered by a
+  calibrated channel permutation (:meth:`CompressedKVCache.set_key_order`), Hadamard-
+  rotated and quantized per token in groups of ``group`` channels. ``key_mode="channel"``
+  (KIVI): keys are quantized per channel over groups of ``key_group`` tokens; the newest
+  tokens not yet forming a group stay full precision (counted in the bytes). Values are
+  always per token (rotated when ``rotate``). Sink tokens stay full precision.
+* ``hold="float16"`` stores the full-precision entries (sinks, residual keys, an
+  unquantized body) in half precision, as an fp16 engine would.
 
-**Rollback.** Eviction is lazy: it happens at the start of the next forward pass (each
-layer's first ``update``), never in ``commit``. So ``trim(n)`` after a rejected draft
-simply drops entries with logical index ``>= n``: every remaining entry is untouched,
-and the next pass evicts exactly what it would have evicted had the drafts never been
-evaluated. The cost is that between passes up to ``T`` (the last pass's length) extra
-entries are held.
+**Rollback.** Eviction and key grouping are lazy: they happen at the start of the next
+forward pass (each layer's first ``update``), never in ``commit``. So ``trim(n)`` after a
+rejected draft simply drops entries with logical index ``>= n``: every remaining entry
+is untouched, and the next pass evicts and groups exactly what it would have had the
+drafts never been evaluated. The cost is that between passes up to ``T`` (the last
+pass's length) extra entries are held. The one exception is CAKE's cascade, which
+evicts inside a pass; it only acts on passes longer than the observation window
+(prefill), never on a speculative verification of fewer drafts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from tandem.kernels.hadamard import fwht, pow2_block
+from tandem.kernels.hadamard import pow2_block, rotation_matrix
 from tandem.kernels.kv_budget import (
     allocate_budgets,
     eviction_scores,
     layer_preference,
     select_keep,
 )
-from tandem.kernels.kv_quant import QuantizedRows, bytes_per_row, dequantize, quantize
+from tandem.kernels.kv_quant import (
+    bytes_per_row,
+    channel_group_bytes,
+    dequantize,
+    dequantize_channels,
+    quantize,
+    quantize_channels,
+)
 from tandem.runtime.torch_engine.cache import KVCache
 from tandem.runtime.torch_engine.config import ModelConfig
-from tandem.runtime.torch_engine.llama import apply_rope, rope_tables
+from tandem.runtime.torch_engine.kv_store import RopeTable, Seg, cat_opt, cat_q
 
 POLICIES = ("none", "window", "cake")
+HOLD_DTYPES = {None: None, "float16": torch.float16, "float32": torch.float32}
 
 
 @dataclass(frozen=True)
@@ -54,14 +71,27 @@ class KVCompressConfig:
     """``window`` policy: recent tokens kept. ``cake``: the observation window (always kept)."""
     budget: int = 128
     """``cake`` policy: average tokens kept per layer (total = budget x layers)."""
+    cascade: bool = True
+    """``cake``: cascading budgets inside long passes (prefill), see the module docstring."""
     bits: int | None = None
-    """4 or 2 for RotateKV quantization of non-sink entries; None keeps full precision."""
+    """8, 4 or 2-bit quantization of non-sink values (and keys unless ``key_bits``); None: full precision."""
     key_bits: int | None = None
     """Bits for keys when they should differ from ``bits`` (keys set attention logits,
     which softmax amplifies, so they are the more sensitive half)."""
     group: int = 32
+    """Channels per quantization group of a token's row (values; keys in ``token`` mode)."""
+    key_mode: str = "token"
+    """``token``: RotateKV per-token groups after reordering + Hadamard; ``channel``: KIVI."""
+    key_group: int = 64
+    """``channel`` mode: tokens sharing one step/minimum per channel."""
+    residual: int = 0
+    """``channel`` mode: newest tokens always kept full precision beyond the partial group."""
     rotate: bool = True
-    """Hadamard rotation before quantizing (off: plain per-token quantization, ablation)."""
+    """Hadamard rotation before per-token quantization (off: plain quantization, ablation)."""
+    rot_block: int | None = None
+    """Hadamard block size (None: the largest power of two dividing the row width)."""
+    hold: str | None = None
+    """dtype of full-precision entries: None (the engine's) or ``float16``."""
     cake_gamma: float = 200.0
 
     def __post_init__(self) -> None:
@@ -72,43 +102,14 @@ class KVCompressConfig:
                 raise ValueError(f"bits must be 2, 4, 8 or None, got {b}")
         if self.key_bits is not None and self.bits is None:
             raise ValueError("key_bits needs bits (the value bits) as well")
-        if self.sinks < 0 or self.window < 1 or self.budget < 1:
-            raise ValueError("sinks >= 0, window >= 1 and budget >= 1 are required")
-
-
-@dataclass
-class _Seg:
-    """One layer's stored entries, token-major: k/v (n, H, D) floats or quantized rows."""
-
-    pos: torch.Tensor
-    logical: torch.Tensor
-    k: torch.Tensor | None = None
-    v: torch.Tensor | None = None
-    qk: QuantizedRows | None = None
-    qv: QuantizedRows | None = None
-    obs: torch.Tensor | None = None
-    """CAKE: attention of the last queries over these entries, (heads, w, n)."""
-    obs_rows: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
-
-    def __len__(self) -> int:
-        return int(self.pos.shape[0])
-
-
-def _cat_q(a: QuantizedRows | None, b: QuantizedRows) -> QuantizedRows:
-    if a is None:
-        return b
-    return QuantizedRows(
-        torch.cat((a.packed, b.packed)), torch.cat((a.scale, b.scale)), torch.cat((a.zero, b.zero)),
-        b.bits, b.group, b.width,
-    )
-
-
-def _take_q(q: QuantizedRows, idx: torch.Tensor) -> QuantizedRows:
-    return QuantizedRows(q.packed[idx], q.scale[idx], q.zero[idx], q.bits, q.group, q.width)
+        if self.key_mode not in ("token", "channel") or self.hold not in HOLD_DTYPES:
+            raise ValueError(f"bad key_mode {self.key_mode!r} or hold {self.hold!r}")
+        if self.sinks < 0 or self.window < 1 or self.budget < 1 or self.key_group < 1 or self.residual < 0:
+            raise ValueError("sinks >= 0, residual >= 0, window, budget and key_group >= 1 are required")
 
 
 class CompressedKVCache(KVCache):
-    """Sinks + window / CAKE eviction and RotateKV quantization behind the :class:`KVCache` calls."""
+    """Sinks + window / CAKE eviction and RotateKV / KIVI quantization behind the :class:`KVCache` calls."""
 
     def __init__(
         self,
@@ -122,26 +123,40 @@ class CompressedKVCache(KVCache):
         self.n_layers, self.n_kv_heads, self.head_dim = model_cfg.n_layers, model_cfg.n_kv_heads, model_cfg.head_dim
         self.mcfg, self.cfg = model_cfg, cfg
         self.dtype, self.device = dtype, torch.device(device)
-        self.rope_freqs = rope_freqs
+        self.hold = HOLD_DTYPES[cfg.hold] or dtype
+        self.rope = RopeTable(model_cfg.rotary_dim, model_cfg.rope_theta, rope_freqs, dtype)
         self.wants_attention = cfg.policy == "cake"
-        width = self.n_kv_heads * self.head_dim
+        self.width = width = self.n_kv_heads * self.head_dim
         if cfg.bits is not None and (width % cfg.group or (cfg.group * cfg.bits) % 8):
             raise ValueError(f"group {cfg.group} must divide the KV row width {width}")
-        self._block = pow2_block(width)
-        self._len = 0
-        self._budgets: list[int] | None = None
-        self.evicted = 0
+        self._block = cfg.rot_block or pow2_block(width)
+        self._rot: list[torch.Tensor | None] = [None] * self.n_layers
+        self._key_rot: list[torch.Tensor | None] = [None] * self.n_layers
+        if cfg.rotate:
+            m = rotation_matrix(width, self._block).to(self.device)
+            self._rot = [m] * self.n_layers
+            self._key_rot = [m] * self.n_layers
         self.reset()
+
+    def set_key_order(self, perms: list[torch.Tensor]) -> None:
+        """RotateKV channel reordering: per layer, the key permutation applied before the rotation."""
+        if len(perms) != self.n_layers:
+            raise ValueError("one permutation per layer")
+        self._key_rot = [rotation_matrix(self.width, self._block, p).to(self.device) for p in perms]
 
     # -- bookkeeping -------------------------------------------------------------------
     def reset(self) -> None:
         empty = torch.zeros(0, dtype=torch.long, device=self.device)
-        self._sink = [_Seg(empty, empty) for _ in range(self.n_layers)]
-        self._body = [_Seg(empty, empty) for _ in range(self.n_layers)]
-        self._len = 0
+        self._sink = [Seg(empty, empty) for _ in range(self.n_layers)]
+        self._body = [Seg(empty, empty) for _ in range(self.n_layers)]
+        self._len = self._pass_start = 0
         self._pending = [False] * self.n_layers
-        self._budgets = None
+        self._budgets: list[int] | None = None
         self.evicted = 0
+
+    @property
+    def key_bits(self) -> int | None:
+        return self.cfg.key_bits or self.cfg.bits
 
     def stored(self, layer: int) -> int:
         """Entries physically held for ``layer`` (sinks + body)."""
@@ -154,73 +169,93 @@ class CompressedKVCache(KVCache):
         return torch.cat((self._sink[layer].logical, self._body[layer].logical))
 
     def nbytes(self) -> int:
-        elem = torch.empty(0, dtype=self.dtype).element_size()
-        width = self.n_kv_heads * self.head_dim
+        """Bytes of every key/value code, scale, minimum and full-precision entry held.
+
+        Per-channel key groups count their step/minimum tables and one int32 token count
+        each (group membership is a run-length over the token order).
+        """
+        elem = torch.empty(0, dtype=self.hold).element_size()
+        w, cfg = self.width, self.cfg
         total = 0
         for layer in range(self.n_layers):
-            total += 2 * len(self._sink[layer]) * width * elem
-            n = len(self._body[layer])
-            if self.cfg.bits is None:
-                total += 2 * n * width * elem
+            sink, body = self._sink[layer], self._body[layer]
+            total += 2 * len(sink) * w * elem
+            n = len(body)
+            if cfg.bits is None:
+                total += 2 * n * w * elem
+                continue
+            total += n * bytes_per_row(w, cfg.bits, cfg.group)
+            if cfg.key_mode == "token":
+                total += n * bytes_per_row(w, self.key_bits, cfg.group)
             else:
-                key_bits = self.cfg.key_bits or self.cfg.bits
-                total += n * (bytes_per_row(width, key_bits, self.cfg.group) + bytes_per_row(width, self.cfg.bits, self.cfg.group))
+                total += body.n_q * w * self.key_bits // 8 + body.n_groups * (channel_group_bytes(w) + 4)
+                total += (n - body.n_q) * w * elem
         return total
 
-    # -- rotation helpers --------------------------------------------------------------
-    def _rope(self, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-        """Apply (or undo) RoPE to token-major (n, H, D) at ``positions``."""
-        if x.shape[0] == 0:
-            return x
-        cos, sin = rope_tables(positions, self.mcfg.rotary_dim, self.mcfg.rope_theta, self.rope_freqs, x.dtype)
-        return apply_rope(x, cos[:, None, :], (-sin if inverse else sin)[:, None, :])
-
-    def _encode(self, x: torch.Tensor, bits: int) -> QuantizedRows:
+    # -- encoding ----------------------------------------------------------------------
+    def _encode(self, x: torch.Tensor, bits: int, rot: torch.Tensor | None):
         rows = x.reshape(x.shape[0], -1).float()
-        if self.cfg.rotate:
-            rows = fwht(rows, self._block)
-        return quantize(rows, bits, self.cfg.group)
+        return quantize(rows if rot is None else rows @ rot, bits, self.cfg.group)
 
-    def _decode(self, q: QuantizedRows) -> torch.Tensor:
+    def _decode(self, q, rot: torch.Tensor | None) -> torch.Tensor:
         rows = dequantize(q)
-        if self.cfg.rotate:
-            rows = fwht(rows, self._block)  # orthonormal and symmetric: its own inverse
+        rows = rows if rot is None else rows @ rot.T
         return rows.reshape(-1, self.n_kv_heads, self.head_dim).to(self.dtype)
+
+    def _keys_pre(self, layer: int) -> torch.Tensor:
+        """The body's dequantized pre-RoPE keys, (n, H, D) in the engine dtype."""
+        body = self._body[layer]
+        if self.cfg.key_mode == "token":
+            return self._decode(body.qk, self._key_rot[layer])
+        parts = []
+        if body.n_q:
+            rows = dequantize_channels(body.kc, self.key_bits, body.kstep[body.kg], body.klo[body.kg], self.dtype)
+            parts.append(rows.reshape(-1, self.n_kv_heads, self.head_dim))
+        if body.rk is not None and body.rk.shape[0]:
+            parts.append(body.rk.to(self.dtype))
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    def _form_groups(self, layer: int) -> None:
+        """KIVI: quantize the oldest residual keys in whole groups of ``key_group`` tokens."""
+        body, g = self._body[layer], self.cfg.key_group
+        while body.rk is not None and body.rk.shape[0] >= g + self.cfg.residual:
+            body.add_group(*quantize_channels(body.rk[:g].reshape(g, -1), self.key_bits))
 
     # -- eviction ----------------------------------------------------------------------
     def _keep_body(self, layer: int, idx: torch.Tensor) -> None:
         seg = self._body[layer]
         self.evicted += len(seg) - int(idx.numel())
-        seg.pos, seg.logical = seg.pos[idx], seg.logical[idx]
-        if seg.k is not None:
-            seg.k, seg.v = seg.k[idx], seg.v[idx]
-        if seg.qk is not None:
-            seg.qk, seg.qv = _take_q(seg.qk, idx), _take_q(seg.qv, idx)
+        seg.take(idx)
         if seg.obs is not None:
             n_sink = len(self._sink[layer])
             seg.obs = torch.cat((seg.obs[..., :n_sink], seg.obs[..., n_sink + idx]), dim=-1)
 
     def _evict(self, layer: int) -> None:
         body = self._body[layer]
-        n_sink = len(self._sink[layer])
         if self.cfg.policy == "window":
             if len(body) > self.cfg.window:
-                self._keep_body(layer, torch.arange(len(body) - self.cfg.window, len(body)))
+                self._keep_body(layer, torch.arange(len(body) - self.cfg.window, len(body), device=self.device))
         elif self.cfg.policy == "cake" and body.obs is not None:
-            # Rows beyond the observation window are dropped only now, so a rollback
-            # before this pass could still restore the rows a draft pushed out.
-            body.obs, body.obs_rows = body.obs[:, -self.cfg.window :], body.obs_rows[-self.cfg.window :]
             if layer == 0 or self._budgets is None:
-                self._budgets = self._cake_budgets()
-            budget = self._budgets[layer] - n_sink
-            if len(body) > budget:
-                scores = eviction_scores(body.obs[..., n_sink:], self.cfg.cake_gamma)
-                keep = select_keep(scores, max(budget, 0), window=self.cfg.window)
-                self._keep_body(layer, keep.to(self.device))
+                self._budgets = self._cake_budgets(self.n_layers)
+            self._cake_evict(layer, self._budgets[layer])
 
-    def _cake_budgets(self) -> list[int]:
+    def _cake_evict(self, layer: int, budget: int) -> None:
+        body = self._body[layer]
+        # Rows beyond the observation window are dropped only now, so a rollback
+        # before this pass could still restore the rows a draft pushed out.
+        body.obs, body.obs_rows = body.obs[:, -self.cfg.window :], body.obs_rows[-self.cfg.window :]
+        n_sink = len(self._sink[layer])
+        budget -= n_sink
+        if len(body) > budget:
+            scores = eviction_scores(body.obs[..., n_sink:], self.cfg.cake_gamma)
+            keep = select_keep(scores, max(budget, 0), window=self.cfg.window)
+            self._keep_body(layer, keep.to(self.device))
+
+    def _cake_budgets(self, n_layers: int) -> list[int]:
+        """CAKE budgets for layers ``0 .. n_layers-1`` sharing the whole total (cascade: a prefix)."""
         prefs, lengths = [], []
-        for layer in range(self.n_layers):
+        for layer in range(n_layers):
             obs = self._body[layer].obs
             obs = None if obs is None else obs[:, -self.cfg.window :]
             prefs.append(1.0 if obs is None or obs.shape[1] < 2 else layer_preference(obs))
@@ -234,6 +269,8 @@ class CompressedKVCache(KVCache):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self._pending[layer]:
             self._evict(layer)
+            if self.cfg.bits is not None and self.cfg.key_mode == "channel":
+                self._form_groups(layer)
             self._pending[layer] = False
         t = k.shape[1]
         kt, vt = k.transpose(0, 1), v.transpose(0, 1)  # (T, H, D)
@@ -241,19 +278,20 @@ class CompressedKVCache(KVCache):
         n_s = max(0, min(t, self.cfg.sinks - self._len))
         sink, body = self._sink[layer], self._body[layer]
         if n_s:
-            sink.k = kt[:n_s].clone() if sink.k is None else torch.cat((sink.k, kt[:n_s]))
-            sink.v = vt[:n_s].clone() if sink.v is None else torch.cat((sink.v, vt[:n_s]))
+            sink.k, sink.v = cat_opt(sink.k, kt[:n_s].to(self.hold)), cat_opt(sink.v, vt[:n_s].to(self.hold))
             sink.pos = torch.cat((sink.pos, positions[:n_s]))
             sink.logical = torch.cat((sink.logical, logical[:n_s]))
         if t > n_s:
             kb, vb, pb = kt[n_s:], vt[n_s:], positions[n_s:]
             if self.cfg.bits is None:
-                body.k = kb.clone() if body.k is None else torch.cat((body.k, kb))
-                body.v = vb.clone() if body.v is None else torch.cat((body.v, vb))
+                body.k, body.v = cat_opt(body.k, kb.to(self.hold)), cat_opt(body.v, vb.to(self.hold))
             else:
-                key_bits = self.cfg.key_bits or self.cfg.bits
-                body.qk = _cat_q(body.qk, self._encode(self._rope(kb, pb, inverse=True), key_bits))
-                body.qv = _cat_q(body.qv, self._encode(vb, self.cfg.bits))
+                pre = self.rope.apply(kb, pb, inverse=True)
+                if self.cfg.key_mode == "token":
+                    body.qk = cat_q(body.qk, self._encode(pre, self.key_bits, self._key_rot[layer]))
+                else:
+                    body.rk = cat_opt(body.rk, pre.to(self.hold))
+                body.qv = cat_q(body.qv, self._encode(vb, self.cfg.bits, self._rot[layer]))
             body.pos = torch.cat((body.pos, pb))
             body.logical = torch.cat((body.logical, logical[n_s:]))
         return self._read(layer, t)
@@ -270,80 +308,85 @@ class CompressedKVCache(KVCache):
         ks, vs = [], []
         if len(sink):
             shift = pos[: len(sink)] - sink.pos
-            ks.append(self._rope(sink.k, shift) if bool((shift != 0).any()) else sink.k)
-            vs.append(sink.v)
+            sk = sink.k.to(self.dtype)
+            ks.append(self.rope.apply(sk, shift) if bool((shift != 0).any()) else sk)
+            vs.append(sink.v.to(self.dtype))
         if len(body):
             if self.cfg.bits is None:
-                ks.append(body.k)
-                vs.append(body.v)
+                ks.append(body.k.to(self.dtype))
+                vs.append(body.v.to(self.dtype))
             else:
-                ks.append(self._rope(self._decode(body.qk), pos[len(sink) :]))
-                vs.append(self._decode(body.qv))
-        k_all = torch.cat(ks).transpose(0, 1).to(self.dtype)
-        v_all = torch.cat(vs).transpose(0, 1).to(self.dtype)
+                ks.append(self.rope.apply(self._keys_pre(layer), pos[len(sink) :]))
+                vs.append(self._decode(body.qv, self._rot[layer]))
+        k_all = (torch.cat(ks) if len(ks) > 1 else ks[0]).transpose(0, 1)
+        v_all = (torch.cat(vs) if len(vs) > 1 else vs[0]).transpose(0, 1)
         return k_all, v_all, pos
 
     def observe_attention(self, layer: int, probs: torch.Tensor) -> None:
-        """CAKE: keep the last ``window`` queries' attention over the stored entries."""
+        """CAKE: keep the last ``window`` queries' attention; cascade-evict inside long passes."""
         seg = self._body[layer]
         n = probs.shape[-1]
+        # Every row is kept until the next eviction (a rollback may cut into this pass).
         rows = probs.detach().float()
         old = seg.obs
         if old is not None and old.shape[-1] < n:
             old = torch.nn.functional.pad(old, (0, n - old.shape[-1]))
-        obs = rows if old is None else torch.cat((old, rows), dim=1)
-        new_rows = torch.arange(self._len, self._len + rows.shape[1], device=self.device)
-        seg.obs_rows = torch.cat((seg.obs_rows.to(self.device), new_rows))
-        seg.obs = obs
+        seg.obs = rows if old is None else torch.cat((old, rows), dim=1)
+        t = probs.shape[1]
+        seg.obs_rows = torch.cat((seg.obs_rows.to(self.device), torch.arange(self._len, self._len + t, device=self.device)))
+        if self.cfg.cascade and t > self.cfg.window:
+            budgets = self._cake_budgets(layer + 1)
+            for i in range(layer + 1):
+                self._cake_evict(i, budgets[i])
 
     def commit(self, n_new: int) -> None:
+        self._pass_start = self._len
         self._len += n_new
         self._pending = [True] * self.n_layers
 
+    def _select(self, pred) -> None:
+        """Keep, in every layer, the entries whose logical index satisfies ``pred`` (a tensor op).
+
+        CAKE's observed attention follows: its columns (stored entries) and its rows
+        (queries, by logical index) are filtered by the same predicate, so accepting a
+        tree branch leaves the statistics a plain evaluation of the branch would have.
+        """
+        for layer in range(self.n_layers):
+            sink, body = self._sink[layer], self._body[layer]
+            masks = [pred(seg.logical) for seg in (sink, body)]
+            if body.obs is not None:
+                cols = torch.cat(masks)[: body.obs.shape[-1]]
+                rows = pred(body.obs_rows)
+                body.obs, body.obs_rows = body.obs[:, rows][..., cols], body.obs_rows[rows]
+                if body.obs.shape[1] == 0:
+                    body.obs = None
+            for seg, mask in zip((sink, body), masks, strict=True):
+                if not bool(mask.all()):
+                    seg.take(torch.nonzero(mask).squeeze(-1))
+
     def trim(self, n: int) -> None:
         n = max(0, min(n, self._len))
-        for layer in range(self.n_layers):
-            for seg in (self._sink[layer], self._body[layer]):
-                keep = torch.nonzero(seg.logical < n).squeeze(-1)
-                if keep.numel() == len(seg):
-                    continue
-                seg.pos, seg.logical = seg.pos[keep], seg.logical[keep]
-                if seg.k is not None:
-                    seg.k, seg.v = seg.k[keep], seg.v[keep]
-                if seg.qk is not None:
-                    seg.qk, seg.qv = _take_q(seg.qk, keep), _take_q(seg.qv, keep)
-            self._trim_obs(layer, n)
+        self._select(lambda logical: logical < n)
         self._len = n
-
-    def _trim_obs(self, layer: int, n: int) -> None:
-        seg = self._body[layer]
-        if seg.obs is None:
-            return
-        rows = seg.obs_rows < n
-        seg.obs, seg.obs_rows = seg.obs[:, rows, : self.stored(layer)], seg.obs_rows[rows]
-        if seg.obs.shape[1] == 0:
-            seg.obs = None
+        self._pass_start = min(self._pass_start, n)
 
     def keep(self, indices: list[int]) -> None:
-        """Tree verification: keep logical entries ``indices`` of the suffix, renumbered."""
-        if not indices:
-            return
-        start = min(indices)
-        idx = torch.tensor(indices, device=self.device)
+        """Tree verification: keep the prefix and the last pass's nodes ``indices``, renumbered (see :class:`KVCache`)."""
+        start = self._tree_prefix(indices)
+        idx = torch.tensor(indices, dtype=torch.long, device=self.device)
+        self._select(lambda logical: (logical < start) | torch.isin(logical, idx))
+
+        def renumber(logical: torch.Tensor) -> torch.Tensor:
+            tail = logical >= start
+            out = logical.clone()
+            out[tail] = start + torch.searchsorted(idx, logical[tail])
+            return out
+
         for layer in range(self.n_layers):
             for seg in (self._sink[layer], self._body[layer]):
-                old = seg.logical
-                sel = torch.nonzero((old < start) | torch.isin(old, idx)).squeeze(-1)
-                seg.pos, seg.logical = seg.pos[sel], old[sel]
-                if seg.k is not None:
-                    seg.k, seg.v = seg.k[sel], seg.v[sel]
-                if seg.qk is not None:
-                    seg.qk, seg.qv = _take_q(seg.qk, sel), _take_q(seg.qv, sel)
-                tail = seg.logical >= start
-                seg.logical = seg.logical.clone()
-                seg.logical[tail] = start + torch.searchsorted(idx, seg.logical[tail])
-            self._body[layer].obs, self._body[layer].obs_rows = None, self._body[layer].obs_rows[:0]
-        self._len = start + len(indices)
+                seg.logical = renumber(seg.logical)
+            self._body[layer].obs_rows = renumber(self._body[layer].obs_rows)
+        self._len = self._pass_start = start + len(indices)
 
 
 def compressed_cache_factory(cfg: KVCompressConfig):
