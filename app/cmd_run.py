@@ -10,7 +10,6 @@ from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.models.store import resolve_model
 from tandem.runtime.backend import Backend
 from tandem.runtime.generate import DoneEvent, generate
-from tandem.runtime.llama_backend import LlamaConfig
 from tandem.runtime.open_backend import backend_kind, open_backend
 from tandem.runtime.placement import Placed, place
 
@@ -54,15 +53,17 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
                         "picks the fastest, with CPU thread splits and pre-drafting (default: auto)")
 
 
-def strategy_from_args(target, args: argparse.Namespace, llama_config: LlamaConfig | None = None,
-                       draft_window: int | None = None, draft_device: str = "cpu", predraft: bool | None = None):
+def strategy_from_args(target, args: argparse.Namespace, draft_window: int | None = None,
+                       placed: Placed | None = None):
     """The speculative strategy the flags ask for (see runtime.speculative.build_strategy)."""
     from tandem.runtime.speculative import SpecOptions, build_strategy
 
     mode = args.draft_mode or ("auto" if args.draft else "off")
+    placed = placed or Placed(None, "cpu", None, None)
     options = SpecOptions(mode=mode, draft_max=args.draft_max, draft_length=args.draft_len,
-                          draft_window=draft_window, draft_device=draft_device, predraft=predraft)
-    return build_strategy(target, args.draft, options, llama_config=llama_config)
+                          draft_window=draft_window, draft_device=placed.draft_device, predraft=placed.predraft,
+                          draft_cost=placed.draft_cost)
+    return build_strategy(target, args.draft, options, llama_config=placed.draft_config)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -120,8 +121,7 @@ def run(args: argparse.Namespace) -> int:
     target, draft_window, placed = open_planned(args)
     strategy = None
     try:
-        strategy = strategy_from_args(target, args, placed.draft_config, draft_window, placed.draft_device,
-                                      placed.predraft)
+        strategy = strategy_from_args(target, args, draft_window=draft_window, placed=placed)
         ids = target.tokenize(prompt, add_bos=True) if prompt else []
         if target.special.bos is not None and ids == [target.special.bos]:
             ids = []  # a prompt of only BOS is an empty prompt

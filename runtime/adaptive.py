@@ -169,8 +169,13 @@ class LengthPolicy(Protocol):
         ...
 
     def observe(
-        self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float, source: str = ""
-    ) -> None: ...
+        self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float, source: str = "",
+        *, timed: bool = True,
+    ) -> None:
+        """Learn from a round. ``timed=False``: the times are not representative (the
+        first round of a generation also pays the drafter's catch-up on the whole prompt
+        and, on a GPU, first-launch costs) and only the acceptance counts."""
+        ...
 
 
 @dataclass
@@ -187,7 +192,8 @@ class FixedLength:
         return n
 
     def observe(
-        self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float, source: str = ""
+        self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float, source: str = "",
+        *, timed: bool = True,
     ) -> None:
         return None
 
@@ -320,7 +326,8 @@ class AdaptivePolicy:
         return float(np.clip((self._calib_acc + 1.0) / (self._calib_conf + 1.0), 0.0, 1.5))
 
     def observe(
-        self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float, source: str = ""
+        self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float, source: str = "",
+        *, timed: bool = True,
     ) -> None:
         if drafted == 0:
             return
@@ -333,6 +340,8 @@ class AdaptivePolicy:
         self.reached[:tested] += 1.0
         self.accepted[:accepted] += 1.0
         self._calibrate(drafted, accepted)
+        if not timed:
+            return
         # One-token call time, from this verify and the cost curve; then relative costs.
         t1 = verify_s / self.cost(drafted)
         self.t1_s = 0.9 * self.t1_s + 0.1 * t1 if self.t1_s > 0 else t1

@@ -119,9 +119,9 @@ class _Histogram:
     def trim(self, confidence, n: int, source: str = "") -> int:
         return self.policy.trim(confidence, n, source)
 
-    def observe(self, drafted, accepted, draft_s, verify_s, round_s, source: str = "") -> None:
+    def observe(self, drafted, accepted, draft_s, verify_s, round_s, source: str = "", *, timed: bool = True) -> None:
         self.counts[drafted] = self.counts.get(drafted, 0) + 1
-        self.policy.observe(drafted, accepted, draft_s, verify_s, round_s, source)
+        self.policy.observe(drafted, accepted, draft_s, verify_s, round_s, source, timed=timed)
 
 
 def _rate(n_tokens: int, seconds: float) -> float:

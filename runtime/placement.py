@@ -281,6 +281,8 @@ class Placed:
     """``None`` leaves the strategy's default (on for a GPU drafter)."""
     choice: Choice | None
     """The calibration behind it; ``None`` when there was only one option."""
+    draft_cost: float | None = None
+    """Measured drafter seconds per token / target decode step, for the adaptive policy."""
 
 
 DEVICE_CHOICES = ("auto", "gpu", "cpu")
@@ -309,4 +311,8 @@ def place(target: Backend, target_path: str, draft_path: str, planned, *, mode: 
     best = choice.option if choice is not None else opts[0]
     set_threads(target, best.target_threads)
     config = replace(planned.llama_config(), n_threads=best.draft_threads)
-    return Placed(config, best.draft_device, best.predraft, choice)
+    cost = None
+    if choice is not None:
+        c = choice.costs
+        cost = c.draft_s[f"{best.draft_device}/{best.draft_threads}"] / c.decode_s[str(best.target_threads)]
+    return Placed(config, best.draft_device, best.predraft, choice, cost)

@@ -136,6 +136,7 @@ def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | Non
             extra.setdefault(key, 0.0)
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-predraft") if predraft else None
         pending: Future | None = None
+        caught_up = False
         owed: tuple[list[int], int] | None = None
         """A round whose ``drafter.commit`` waits until the background draft is done."""
         try:
@@ -193,7 +194,9 @@ def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | Non
                     extra["rounds_speculative"] += 1
                     extra[f"drafted:{source}"] = extra.get(f"drafted:{source}", 0.0) + n
                     extra[f"accepted:{source}"] = extra.get(f"accepted:{source}", 0.0) + verdict.accepted
-                policy.observe(n, verdict.accepted, drafted_at - start, verified_at - drafted_at, end - start, source)
+                policy.observe(n, verdict.accepted, drafted_at - start, verified_at - drafted_at, end - start, source,
+                               timed=caught_up)
+                caught_up = caught_up or n > 0  # the first drafting round also paid the catch-up
                 if hook is not None and pending is None:
                     hook(target, drafter, context)
                 yield Commit([*accepted, verdict.token], verdict.accepted)
@@ -231,6 +234,9 @@ class SpecOptions:
     predraft: bool | None = None
     """Draft the next round while the target verifies (see :func:`speculative`);
     ``None``: on when the drafter runs on its own device (``draft_device="cuda"``)."""
+    draft_cost: float | None = None
+    """Measured drafter seconds per token over the target's one-token call (from the
+    placement calibration): the adaptive policy starts from it instead of learning it."""
 
 
 class SpeculativeStrategy:
@@ -308,6 +314,8 @@ def open_model_drafter(target: Backend, draft: str | Path | Backend, mode: str, 
             from tandem.runtime.torch_engine.backend import TorchBackend, TorchConfig
 
             backend = TorchBackend(path, TorchConfig(device="cuda", n_ctx=target.n_ctx + 16))
+            backend.evaluate([backend.special.bos or 0])  # first CUDA launches (kernels, cuBLAS) are slow:
+            backend.truncate(0)  # pay them here, not in the first round the adaptive policy times
         else:
             backend = open_backend(path, n_ctx=target.n_ctx, llama_config=llama_config)
     else:
@@ -387,6 +395,7 @@ def build_strategy(
         cost = load_cost_curve(target, k_max) if opts.measure_cost else CostCurve(CPU_COST_CURVE, 0.0)
         model_free = draft is None or opts.mode == "ngram"
         policy = AdaptivePolicy(cost, AdaptiveConfig(max_len=k_max, stop_threshold=opts.stop_threshold),
+                                draft_cost=opts.draft_cost or 0.0,
                                 cheap_drafter=model_free,
                                 cheap_sources=frozenset() if model_free or len(drafters) == 1 else MODEL_FREE_SOURCES)
     predraft = opts.predraft if opts.predraft is not None else opts.draft_device == "cuda"

@@ -139,3 +139,16 @@ def test_mixed_chain_keeps_model_free_out_of_model_stats() -> None:
     assert n >= 4
     policy.observe(n, n, 0.0, 0.1 * CPU(n), 0.1 * CPU(n), source="suffix")
     assert np.array_equal(policy.acceptance(), before)  # and does not touch the model's estimate
+
+
+def test_untimed_round_teaches_acceptance_but_not_cost() -> None:
+    """The first drafting round pays the drafter's catch-up on the whole prompt (and a GPU's
+    first launches): one such outlier must not switch speculation off for good."""
+    policy = AdaptivePolicy(CostCurve.linear(0.05, t1_s=0.01), AdaptiveConfig(max_len=8), draft_cost=0.1)
+    before = policy.acceptance().copy()
+    policy.observe(4, 4, draft_s=0.5, verify_s=0.012, round_s=0.52, timed=False)
+    assert policy.draft_cost == 0.1 and policy.overhead == 0.0
+    assert policy.acceptance()[0] > before[0]
+    assert policy.next_length() > 0
+    policy.observe(4, 4, draft_s=0.5, verify_s=0.012, round_s=0.52)  # the same round, timed
+    assert policy.draft_cost > 1.0

@@ -300,7 +300,8 @@ def load_engine(choice: ModelChoice) -> Any:
         options = SpecOptions(mode=choice.mode, draft_max=plan.draft_max if plan else choice.draft_max,
                               draft_length=choice.draft_len, measure_cost=choice.measure_cost,
                               draft_window=planned.window if planned is not None else None,
-                              draft_device=placed.draft_device, predraft=placed.predraft)
+                              draft_device=placed.draft_device, predraft=placed.predraft,
+                              draft_cost=placed.draft_cost)
         strategy = build_strategy(target, drafter if drafter is not None else drafter_path, options,
                                   llama_config=config)
     except BaseException:
