@@ -61,8 +61,10 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
 def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
     """Inverse of :func:`pack`: uint8 bytes back to one code per element (uint8)."""
     per = 8 // bits
+    if per == 1:
+        return packed
     mask = (1 << bits) - 1
-    parts = [(packed >> (i * bits)) & mask for i in range(per)]
+    parts = [packed & mask, *((packed >> (i * bits)) & mask for i in range(1, per - 1)), packed >> ((per - 1) * bits)]
     return torch.stack(parts, dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * per)
 
 

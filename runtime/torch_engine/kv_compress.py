@@ -15,7 +15,7 @@ One class, :class:`CompressedKVCache`, configured by :class:`KVCompressConfig`:
   re-splits the budget over the layers processed so far after each layer and evicts at
   once, so the cache never holds more than the total budget after any layer.
 * ``bits`` (values) / ``key_bits``: quantization of non-sink entries. Keys are un-rotated
-  to pre-RoPE first. ``key_mode="token"`` (RotateKV): a key row is reordered by a
+  to pre-RoPE first unless ``pre_rope=False``. ``key_mode="token"`` (RotateKV): a key row is reordered by a
   calibrated channel permutation (:meth:`CompressedKVCache.set_key_order`), Hadamard-
   rotated and quantized per token in groups of ``group`` channels. ``key_mode="channel"``
   (KIVI): keys are quantized per channel over groups of ``key_group`` tokens; the newest
@@ -47,17 +47,9 @@ from tandem.kernels.kv_budget import (
     layer_preference,
     select_keep,
 )
-from tandem.kernels.kv_quant import (
-    bytes_per_row,
-    channel_group_bytes,
-    dequantize,
-    dequantize_channels,
-    quantize,
-    quantize_channels,
-)
 from tandem.runtime.torch_engine.cache import KVCache
 from tandem.runtime.torch_engine.config import ModelConfig
-from tandem.runtime.torch_engine.kv_store import RopeTable, Seg, cat_opt, cat_q
+from tandem.runtime.torch_engine.kv_store import CodecMixin, RopeTable, Seg, cat_opt, cat_q
 
 POLICIES = ("none", "window", "cake")
 HOLD_DTYPES = {None: None, "float16": torch.float16, "float32": torch.float32}
@@ -86,6 +78,10 @@ class KVCompressConfig:
     """``channel`` mode: tokens sharing one step/minimum per channel."""
     residual: int = 0
     """``channel`` mode: newest tokens always kept full precision beyond the partial group."""
+    pre_rope: bool = True
+    """Quantize keys before RoPE (RotateKV, KVQuant: channel structure is cleaner there);
+    False stores them as the engine gives them (KIVI), which spares re-applying RoPE to
+    every stored key on every read."""
     rotate: bool = True
     """Hadamard rotation before per-token quantization (off: plain quantization, ablation)."""
     rot_block: int | None = None
@@ -108,7 +104,7 @@ class KVCompressConfig:
             raise ValueError("sinks >= 0, residual >= 0, window, budget and key_group >= 1 are required")
 
 
-class CompressedKVCache(KVCache):
+class CompressedKVCache(CodecMixin, KVCache):
     """Sinks + window / CAKE eviction and RotateKV / KIVI quantization behind the :class:`KVCache` calls."""
 
     def __init__(
@@ -154,10 +150,6 @@ class CompressedKVCache(KVCache):
         self._budgets: list[int] | None = None
         self.evicted = 0
 
-    @property
-    def key_bits(self) -> int | None:
-        return self.cfg.key_bits or self.cfg.bits
-
     def stored(self, layer: int) -> int:
         """Entries physically held for ``layer`` (sinks + body)."""
         return len(self._sink[layer]) + len(self._body[layer])
@@ -167,59 +159,6 @@ class CompressedKVCache(KVCache):
 
     def logical(self, layer: int = 0) -> torch.Tensor:
         return torch.cat((self._sink[layer].logical, self._body[layer].logical))
-
-    def nbytes(self) -> int:
-        """Bytes of every key/value code, scale, minimum and full-precision entry held.
-
-        Per-channel key groups count their step/minimum tables and one int32 token count
-        each (group membership is a run-length over the token order).
-        """
-        elem = torch.empty(0, dtype=self.hold).element_size()
-        w, cfg = self.width, self.cfg
-        total = 0
-        for layer in range(self.n_layers):
-            sink, body = self._sink[layer], self._body[layer]
-            total += 2 * len(sink) * w * elem
-            n = len(body)
-            if cfg.bits is None:
-                total += 2 * n * w * elem
-                continue
-            total += n * bytes_per_row(w, cfg.bits, cfg.group)
-            if cfg.key_mode == "token":
-                total += n * bytes_per_row(w, self.key_bits, cfg.group)
-            else:
-                total += body.n_q * w * self.key_bits // 8 + body.n_groups * (channel_group_bytes(w) + 4)
-                total += (n - body.n_q) * w * elem
-        return total
-
-    # -- encoding ----------------------------------------------------------------------
-    def _encode(self, x: torch.Tensor, bits: int, rot: torch.Tensor | None):
-        rows = x.reshape(x.shape[0], -1).float()
-        return quantize(rows if rot is None else rows @ rot, bits, self.cfg.group)
-
-    def _decode(self, q, rot: torch.Tensor | None) -> torch.Tensor:
-        rows = dequantize(q)
-        rows = rows if rot is None else rows @ rot.T
-        return rows.reshape(-1, self.n_kv_heads, self.head_dim).to(self.dtype)
-
-    def _keys_pre(self, layer: int) -> torch.Tensor:
-        """The body's dequantized pre-RoPE keys, (n, H, D) in the engine dtype."""
-        body = self._body[layer]
-        if self.cfg.key_mode == "token":
-            return self._decode(body.qk, self._key_rot[layer])
-        parts = []
-        if body.n_q:
-            rows = dequantize_channels(body.kc, self.key_bits, body.kstep[body.kg], body.klo[body.kg], self.dtype)
-            parts.append(rows.reshape(-1, self.n_kv_heads, self.head_dim))
-        if body.rk is not None and body.rk.shape[0]:
-            parts.append(body.rk.to(self.dtype))
-        return torch.cat(parts) if len(parts) > 1 else parts[0]
-
-    def _form_groups(self, layer: int) -> None:
-        """KIVI: quantize the oldest residual keys in whole groups of ``key_group`` tokens."""
-        body, g = self._body[layer], self.cfg.key_group
-        while body.rk is not None and body.rk.shape[0] >= g + self.cfg.residual:
-            body.add_group(*quantize_channels(body.rk[:g].reshape(g, -1), self.key_bits))
 
     # -- eviction ----------------------------------------------------------------------
     def _keep_body(self, layer: int, idx: torch.Tensor) -> None:
@@ -286,7 +225,7 @@ class CompressedKVCache(KVCache):
             if self.cfg.bits is None:
                 body.k, body.v = cat_opt(body.k, kb.to(self.hold)), cat_opt(body.v, vb.to(self.hold))
             else:
-                pre = self.rope.apply(kb, pb, inverse=True)
+                pre = self.rope.apply(kb, pb, inverse=True) if self.cfg.pre_rope else kb
                 if self.cfg.key_mode == "token":
                     body.qk = cat_q(body.qk, self._encode(pre, self.key_bits, self._key_rot[layer]))
                 else:
@@ -316,7 +255,12 @@ class CompressedKVCache(KVCache):
                 ks.append(body.k.to(self.dtype))
                 vs.append(body.v.to(self.dtype))
             else:
-                ks.append(self.rope.apply(self._keys_pre(layer), pos[len(sink) :]))
+                keys, at = self._body_keys(layer), pos[len(sink) :]
+                if self.cfg.pre_rope:
+                    keys = self.rope.apply(keys, at)
+                elif bool((at != body.pos).any()):  # stored at their own positions; move if needed
+                    keys = self.rope.apply(keys, at - body.pos)
+                ks.append(keys)
                 vs.append(self._decode(body.qv, self._rot[layer]))
         k_all = (torch.cat(ks) if len(ks) > 1 else ks[0]).transpose(0, 1)
         v_all = (torch.cat(vs) if len(vs) > 1 else vs[0]).transpose(0, 1)

@@ -13,10 +13,19 @@ newest tokens, not yet forming a full group.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from tandem.kernels.kv_quant import QuantizedRows
+from tandem.kernels.kv_quant import (
+    QuantizedRows,
+    bytes_per_row,
+    channel_group_bytes,
+    dequantize,
+    dequantize_channels,
+    quantize,
+    quantize_channels,
+)
 from tandem.runtime.torch_engine.llama import apply_rope, rope_tables
 
 
@@ -96,6 +105,82 @@ class Seg:
         self.kc, self.kg = cat_opt(self.kc, codes), cat_opt(self.kg, gid)
         self.kstep, self.klo = cat_opt(self.kstep, step[None]), cat_opt(self.klo, lo[None])
         self.rk = self.rk[n:]
+
+
+class CodecMixin:
+    """Byte accounting and (de)quantization of :class:`~.kv_compress.CompressedKVCache` bodies.
+
+    A mixin so the cache module stays about eviction and the engine interface; it reads
+    the cache's ``cfg``, ``width``, ``hold``, ``dtype``, rotations and segments.
+    """
+
+    cfg: Any
+    width: int
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    hold: torch.dtype
+    dtype: torch.dtype
+    _sink: list[Seg]
+    _body: list[Seg]
+    _key_rot: list[torch.Tensor | None]
+
+    @property
+    def key_bits(self) -> int:
+        return self.cfg.key_bits or self.cfg.bits
+
+    def nbytes(self) -> int:
+        """Bytes of every key/value code, scale, minimum and full-precision entry held.
+
+        Per-channel key groups count their step/minimum tables and one int32 token count
+        each (group membership is a run-length over the token order).
+        """
+        elem = torch.empty(0, dtype=self.hold).element_size()
+        w, cfg = self.width, self.cfg
+        total = 0
+        for layer in range(self.n_layers):
+            sink, body = self._sink[layer], self._body[layer]
+            total += 2 * len(sink) * w * elem
+            n = len(body)
+            if cfg.bits is None:
+                total += 2 * n * w * elem
+                continue
+            total += n * bytes_per_row(w, cfg.bits, cfg.group)
+            if cfg.key_mode == "token":
+                total += n * bytes_per_row(w, self.key_bits, cfg.group)
+            else:
+                total += body.n_q * w * self.key_bits // 8 + body.n_groups * (channel_group_bytes(w) + 4)
+                total += (n - body.n_q) * w * elem
+        return total
+
+    def _encode(self, x: torch.Tensor, bits: int, rot: torch.Tensor | None):
+        rows = x.reshape(x.shape[0], -1).float()
+        return quantize(rows if rot is None else rows @ rot, bits, self.cfg.group)
+
+    def _decode(self, q, rot: torch.Tensor | None) -> torch.Tensor:
+        rows = dequantize(q)
+        rows = rows if rot is None else rows @ rot.T
+        return rows.reshape(-1, self.n_kv_heads, self.head_dim).to(self.dtype)
+
+    def _body_keys(self, layer: int) -> torch.Tensor:
+        """The body's dequantized keys as stored (pre- or post-RoPE), (n, H, D) in the engine dtype."""
+        body = self._body[layer]
+        if self.cfg.key_mode == "token":
+            return self._decode(body.qk, self._key_rot[layer])
+        parts = []
+        if body.n_q:
+            rows = dequantize_channels(body.kc, self.key_bits, body.kstep[body.kg], body.klo[body.kg], self.dtype)
+            parts.append(rows.reshape(-1, self.n_kv_heads, self.head_dim))
+        if body.rk is not None and body.rk.shape[0]:
+            parts.append(body.rk.to(self.dtype))
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    def _form_groups(self, layer: int) -> None:
+        """KIVI: quantize the oldest residual keys in whole groups of ``key_group`` tokens."""
+        body, g = self._body[layer], self.cfg.key_group
+        while body.rk is not None and body.rk.shape[0] >= g + self.cfg.residual:
+            body.add_group(*quantize_channels(body.rk[:g].reshape(g, -1), self.key_bits))
+
 
 
 class RopeTable:
