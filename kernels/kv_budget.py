@@ -106,3 +106,42 @@ def select_keep(scores: torch.Tensor, budget: int, window: int, sinks: int = 0) 
     top = torch.topk(free, budget - n_forced).indices
     forced[top] = True
     return torch.nonzero(forced).squeeze(-1)
+
+
+def fold_moments(
+    m1: torch.Tensor | None, m2: torch.Tensor | None, seen: int, rows: torch.Tensor, window: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Fold attention rows into CAKE's running statistics, in O(heads x keys) memory.
+
+    CAKE scores keys by the mean and variance of their attention over the last ``window``
+    queries. Holding those rows costs ``heads x window x keys`` floats per layer, more
+    than the KV entries they help evict; a running mean ``m1`` (heads, n) and a running
+    head-averaged second moment ``m2`` (n,) give the same two statistics (exactly the
+    window mean until ``window`` rows were seen, then an exponential average with weight
+    ``1/window``). ``rows`` is (heads, T, n); ``m1``/``m2`` may cover fewer keys (new keys
+    start at zero, as the zero attention earlier queries gave them). Returns the new
+    ``(m1, m2, seen)``.
+    """
+    h, t, n = rows.shape
+    m1 = torch.zeros(h, n, device=rows.device) if m1 is None else torch.nn.functional.pad(m1, (0, n - m1.shape[-1]))
+    m2 = torch.zeros(n, device=rows.device) if m2 is None else torch.nn.functional.pad(m2, (0, n - m2.shape[-1]))
+    rows = rows.float()
+    sq = rows.square().mean(dim=0)  # (T, n)
+    for i in range(t):
+        seen += 1
+        a = 1.0 / min(seen, window)
+        m1 = m1 + a * (rows[:, i] - m1)
+        m2 = m2 + a * (sq[i] - m2)
+    return m1, m2, seen
+
+
+def preference_from_moments(m1: torch.Tensor, m2: torch.Tensor, tau1: float = 1.0, tau2: float = 1.0) -> float:
+    """:func:`layer_preference` from :func:`fold_moments` statistics (same formula, running moments)."""
+    entropy = -(m1.clamp_min(1e-12).log() * m1).sum(dim=-1).mean()
+    variance = (m2 - m1.square().mean(dim=0)).sum()
+    return float(entropy.clamp_min(0) ** (1.0 / tau1) * variance.clamp_min(1e-12) ** (1.0 / tau2))
+
+
+def scores_from_moments(m1: torch.Tensor, m2: torch.Tensor, gamma: float = 200.0) -> torch.Tensor:
+    """:func:`eviction_scores` from running moments: head-mean of (mean + gamma x variance), shape (n,)."""
+    return m1.mean(dim=0) + gamma * (m2 - m1.square().mean(dim=0))

@@ -17,7 +17,10 @@ from tandem.kernels.hadamard import (
 from tandem.kernels.kv_budget import (
     allocate_budgets,
     eviction_scores,
+    fold_moments,
     layer_preference,
+    preference_from_moments,
+    scores_from_moments,
     select_keep,
     sinks_window_keep,
 )
@@ -216,3 +219,17 @@ def test_channel_quantization_bound_and_outlier_channels(bits: int) -> None:
     # Dropping tokens keeps the others' codes and the group's parameters valid.
     keep = torch.tensor([0, 7, 63])
     assert torch.equal(dequantize_channels(packed[keep], bits, step, lo), y[keep])
+
+
+def test_running_moments_equal_window_statistics_then_decay() -> None:
+    attn = _attn(3, 12, 20, 4)
+    m1, m2, seen = fold_moments(None, None, 0, attn[:, :5], window=16)  # in two passes,
+    m1, m2, seen = fold_moments(m1, m2, seen, attn[:, 5:], window=16)  # as decoding does
+    assert seen == 12
+    assert torch.allclose(scores_from_moments(m1, m2), eviction_scores(attn), atol=1e-6)
+    assert abs(preference_from_moments(m1, m2) - layer_preference(attn)) < 1e-5 * layer_preference(attn)
+    # New keys join with zero history; past the window, old rows fade with weight 1 - 1/window.
+    more = _attn(3, 40, 24, 5)
+    m1, m2, seen = fold_moments(m1, m2, seen, more, window=16)
+    assert m1.shape == (3, 24) and m2.shape == (24,)
+    assert torch.allclose(m1.sum(-1), torch.ones(3), atol=1e-5)  # still a distribution per head

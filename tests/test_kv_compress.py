@@ -290,6 +290,26 @@ def test_cake_budgets_and_window(stories260k: Path) -> None:
             assert logical[:4] == [0, 1, 2, 3]
 
 
+def test_cake_statistics_are_small_and_counted(stories260k: Path) -> None:
+    """CAKE's attention statistics are O(kv heads x entries) and part of ``nbytes``."""
+    cfg = KVCompressConfig(policy="cake", sinks=4, window=8, budget=20)
+    b = _backend(stories260k, cfg)
+    cache: CompressedKVCache = b.cache
+    b.evaluate(b.tokenize(PROMPT * 2, add_bos=True))
+    for t in range(10):
+        b.evaluate([5 + t])
+    stats = 0
+    for layer in range(cache.n_layers):
+        body, n = cache._body[layer], cache.stored(layer)
+        # Folded up to the previous pass: the newest entry has no history yet.
+        assert body.m1.shape == (cache.n_kv_heads, n - 1) and body.m2.shape == (n - 1,)
+        assert body.obs.shape == (cache.n_kv_heads, 1, n)  # the last pass, held for rollback
+        stats += 4 * (body.m1.numel() + body.m2.numel() + body.obs.numel())
+    kv = sum(2 * cache.stored(i) * cache.width * 4 for i in range(cache.n_layers))
+    assert cache.nbytes() == kv + stats
+    assert stats < kv
+
+
 def test_cake_full_budget_matches_full_cache(stories260k: Path) -> None:
     ref_tokens, ref_logits = _greedy(_backend(stories260k, None), 20)
     tokens, logits = _greedy(_backend(stories260k, KVCompressConfig(policy="cake", window=8, budget=4096)), 20)

@@ -8,8 +8,11 @@ One class, :class:`CompressedKVCache`, configured by :class:`KVCompressConfig`:
   ``R(a) R(b) = R(a + b)``) by the number of evicted tokens, so the attended keys always
   sit at contiguous positions ending right before the query.
 * ``policy="cake"`` (CAKE): one total budget (``budget`` tokens per layer on average) is
-  split over layers by attention entropy x variance over the last ``obs_window`` queries,
+  split over layers by attention entropy x variance over the last ``window`` queries,
   and each layer keeps its sinks, the observation window and its highest-scoring tokens.
+  The statistics are running moments per KV head and entry (``fold_moments``), not the
+  window's attention rows, which would take more memory than the entries they evict;
+  they are counted in :meth:`nbytes`.
   Kept tokens are scattered, so CAKE keeps their **original positions** (as the paper).
   With ``cascade`` a long pass (a prefill chunk longer than the observation window)
   re-splits the budget over the layers processed so far after each layer and evicts at
@@ -43,8 +46,9 @@ import torch
 from tandem.kernels.hadamard import pow2_block, rotation_matrix
 from tandem.kernels.kv_budget import (
     allocate_budgets,
-    eviction_scores,
-    layer_preference,
+    fold_moments,
+    preference_from_moments,
+    scores_from_moments,
     select_keep,
 )
 from tandem.runtime.torch_engine.cache import KVCache
@@ -165,29 +169,37 @@ class CompressedKVCache(CodecMixin, KVCache):
         seg = self._body[layer]
         self.evicted += len(seg) - int(idx.numel())
         seg.take(idx)
+        n_sink = len(self._sink[layer])
+        cols = torch.cat((torch.arange(n_sink, device=self.device), n_sink + idx))
         if seg.obs is not None:
-            n_sink = len(self._sink[layer])
-            seg.obs = torch.cat((seg.obs[..., :n_sink], seg.obs[..., n_sink + idx]), dim=-1)
+            seg.obs = seg.obs[..., cols]
+        if seg.m1 is not None:
+            seg.m1, seg.m2 = seg.m1[:, cols], seg.m2[cols]
 
     def _evict(self, layer: int) -> None:
         body = self._body[layer]
         if self.cfg.policy == "window":
             if len(body) > self.cfg.window:
                 self._keep_body(layer, torch.arange(len(body) - self.cfg.window, len(body), device=self.device))
-        elif self.cfg.policy == "cake" and body.obs is not None:
+        elif self.cfg.policy == "cake" and (body.obs is not None or body.m1 is not None):
             if layer == 0 or self._budgets is None:
                 self._budgets = self._cake_budgets(self.n_layers)
             self._cake_evict(layer, self._budgets[layer])
 
+    def _fold(self, layer: int) -> None:
+        """Move the last pass's attention rows into the running moments (only once no rollback can need them)."""
+        seg = self._body[layer]
+        if seg.obs is not None:
+            seg.m1, seg.m2, seg.seen = fold_moments(seg.m1, seg.m2, seg.seen, seg.obs, self.cfg.window)
+            seg.obs, seg.obs_rows = None, seg.obs_rows[:0]
+
     def _cake_evict(self, layer: int, budget: int) -> None:
+        self._fold(layer)
         body = self._body[layer]
-        # Rows beyond the observation window are dropped only now, so a rollback
-        # before this pass could still restore the rows a draft pushed out.
-        body.obs, body.obs_rows = body.obs[:, -self.cfg.window :], body.obs_rows[-self.cfg.window :]
         n_sink = len(self._sink[layer])
         budget -= n_sink
-        if len(body) > budget:
-            scores = eviction_scores(body.obs[..., n_sink:], self.cfg.cake_gamma)
+        if body.m1 is not None and len(body) > budget:
+            scores = scores_from_moments(body.m1[:, n_sink:], body.m2[n_sink:], self.cfg.cake_gamma)
             keep = select_keep(scores, max(budget, 0), window=self.cfg.window)
             self._keep_body(layer, keep.to(self.device))
 
@@ -195,9 +207,9 @@ class CompressedKVCache(CodecMixin, KVCache):
         """CAKE budgets for layers ``0 .. n_layers-1`` sharing the whole total (cascade: a prefix)."""
         prefs, lengths = [], []
         for layer in range(n_layers):
-            obs = self._body[layer].obs
-            obs = None if obs is None else obs[:, -self.cfg.window :]
-            prefs.append(1.0 if obs is None or obs.shape[1] < 2 else layer_preference(obs))
+            self._fold(layer)
+            body = self._body[layer]
+            prefs.append(1.0 if body.m1 is None or body.seen < 2 else preference_from_moments(body.m1, body.m2))
             lengths.append(self.stored(layer))
         floor = min(self.cfg.sinks + self.cfg.window, self.cfg.budget)
         return allocate_budgets(prefs, self.cfg.budget * self.n_layers, lengths, floor=floor)
@@ -267,16 +279,15 @@ class CompressedKVCache(CodecMixin, KVCache):
         return k_all, v_all, pos
 
     def observe_attention(self, layer: int, probs: torch.Tensor) -> None:
-        """CAKE: keep the last ``window`` queries' attention; cascade-evict inside long passes."""
+        """CAKE: hold this pass's attention (averaged per KV head) until the next pass; cascade in long passes."""
         seg = self._body[layer]
-        n = probs.shape[-1]
-        # Every row is kept until the next eviction (a rollback may cut into this pass).
-        rows = probs.detach().float()
+        h, t, n = probs.shape
+        # Held raw until the next pass folds them (a rollback may cut into this pass).
+        rows = probs.detach().float().view(self.n_kv_heads, h // self.n_kv_heads, t, n).mean(dim=1)
         old = seg.obs
         if old is not None and old.shape[-1] < n:
             old = torch.nn.functional.pad(old, (0, n - old.shape[-1]))
         seg.obs = rows if old is None else torch.cat((old, rows), dim=1)
-        t = probs.shape[1]
         seg.obs_rows = torch.cat((seg.obs_rows.to(self.device), torch.arange(self._len, self._len + t, device=self.device)))
         if self.cfg.cascade and t > self.cfg.window:
             budgets = self._cake_budgets(layer + 1)
@@ -291,19 +302,22 @@ class CompressedKVCache(CodecMixin, KVCache):
     def _select(self, pred) -> None:
         """Keep, in every layer, the entries whose logical index satisfies ``pred`` (a tensor op).
 
-        CAKE's observed attention follows: its columns (stored entries) and its rows
-        (queries, by logical index) are filtered by the same predicate, so accepting a
-        tree branch leaves the statistics a plain evaluation of the branch would have.
+        CAKE's statistics follow: the pending attention rows (queries, by logical index)
+        and every column (stored entries) are filtered by the same predicate, so accepting
+        a tree branch leaves the statistics a plain evaluation of the branch would have.
         """
         for layer in range(self.n_layers):
             sink, body = self._sink[layer], self._body[layer]
             masks = [pred(seg.logical) for seg in (sink, body)]
+            cols = torch.cat(masks)
             if body.obs is not None:
-                cols = torch.cat(masks)[: body.obs.shape[-1]]
                 rows = pred(body.obs_rows)
-                body.obs, body.obs_rows = body.obs[:, rows][..., cols], body.obs_rows[rows]
+                body.obs, body.obs_rows = body.obs[:, rows][..., cols[: body.obs.shape[-1]]], body.obs_rows[rows]
                 if body.obs.shape[1] == 0:
                     body.obs = None
+            if body.m1 is not None:
+                keep = cols[: body.m1.shape[-1]]
+                body.m1, body.m2 = body.m1[:, keep], body.m2[keep]
             for seg, mask in zip((sink, body), masks, strict=True):
                 if not bool(mask.all()):
                     seg.take(torch.nonzero(mask).squeeze(-1))

@@ -65,8 +65,13 @@ class Seg:
     rk: torch.Tensor | None = None
     """Channel mode: full-precision pre-RoPE keys of the newest, not yet grouped tokens."""
     obs: torch.Tensor | None = None
-    """CAKE: attention of the last queries over this layer's entries, (heads, w, n)."""
+    """CAKE: attention rows of the last pass not yet folded into the moments, (kv heads, T, n)."""
     obs_rows: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    m1: torch.Tensor | None = None
+    """CAKE: running mean attention per KV head and entry (kv heads, n), see ``fold_moments``."""
+    m2: torch.Tensor | None = None
+    """CAKE: running head-averaged second moment of attention per entry (n,)."""
+    seen: int = 0
 
     def __len__(self) -> int:
         return int(self.pos.shape[0])
@@ -130,7 +135,7 @@ class CodecMixin:
         return self.cfg.key_bits or self.cfg.bits
 
     def nbytes(self) -> int:
-        """Bytes of every key/value code, scale, minimum and full-precision entry held.
+        """Bytes of every key/value code, scale, minimum and full-precision entry held, and CAKE's statistics.
 
         Per-channel key groups count their step/minimum tables and one int32 token count
         each (group membership is a run-length over the token order).
@@ -140,6 +145,8 @@ class CodecMixin:
         total = 0
         for layer in range(self.n_layers):
             sink, body = self._sink[layer], self._body[layer]
+            for stat in (body.m1, body.m2, body.obs):  # CAKE's statistics are memory too
+                total += 0 if stat is None else stat.numel() * stat.element_size()
             total += 2 * len(sink) * w * elem
             n = len(body)
             if cfg.bits is None:
