@@ -72,3 +72,47 @@ def quantize_gguf(
         tail = " | ".join(line for line in log[-3:] if line.strip())
         raise ModelFormatError(f"llama.cpp could not quantize {src} to {qtype} (returned {rc}): {tail}")
     return dst
+
+
+def cached_copy_path(src: str | os.PathLike[str], qtype: str) -> Path:
+    """Where :func:`cached_copy` keeps ``src`` quantized to ``qtype``: the user cache dir,
+    named by the source's resolved path, size and modification time, so an edited or
+    replaced source gets a fresh copy and nothing is ever re-quantized needlessly."""
+    import hashlib
+
+    from tandem.models.paths import cache_dir
+
+    src = Path(src).resolve()
+    st = src.stat()
+    key = hashlib.sha256(f"{src}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache_dir() / "quantized" / f"{src.stem}-{key}-{check_type(qtype)}.gguf"
+
+
+def cached_copy(src: str | os.PathLike[str], qtype: str) -> Path:
+    """``src`` quantized to ``qtype`` by llama.cpp, made once and cached (see
+    :func:`cached_copy_path`). The memory planner uses this for a drafter: a drafter's
+    weights only shape its proposals and the target verifies every token, so a
+    quantized drafter changes speed, never the output. Written to a temporary name and
+    renamed, so a concurrent or interrupted run never sees half a file.
+
+    The quantizer runs in a child process: it reads the whole model and allocates work
+    buffers that the allocator keeps, which would otherwise stay in the resident memory
+    of a process that was planned to a budget before the copy was made."""
+    import subprocess
+
+    dst = cached_copy_path(src, qtype)
+    if dst.is_file():
+        return dst
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f"{dst.stem}.{os.getpid()}.tmp")
+    code = "import sys; from tandem.models.quantize import quantize_gguf; quantize_gguf(*sys.argv[1:4])"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, str(src), str(tmp), qtype],
+                              capture_output=True, text=True, check=False)
+        if proc.returncode != 0 or not tmp.is_file():
+            tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
+            raise ModelFormatError(f"Could not make a {qtype} copy of {src}: {tail[0]}")
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dst

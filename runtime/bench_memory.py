@@ -14,12 +14,14 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.drafters.model import ModelDrafter
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
 from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
+from tandem.runtime.memprobe import ProbeModel, ProbeSpec, measure
 from tandem.runtime.planner import SAFETY, PlanRequest, make_plan
 from tandem.runtime.split import Placement, WindowedDrafter, set_threads, split_speculative
 
@@ -42,23 +44,53 @@ def _twin(params: str) -> Path:
     return ensure_twin(STORIES, params, "q8_0", Path(__file__).resolve().parents[1] / ".bench" / "twins")
 
 
+def _probe_model(plan, prompt_tokens: int, output_rows: int = 1) -> ProbeModel:
+    return ProbeModel(plan.path, plan.n_ctx, plan.n_batch, plan.flash_attn, plan.type_k, plan.type_v, 1,
+                      prompt_tokens=prompt_tokens, output_rows=output_rows)
+
+
+def _measured_extra(alone, plans: dict, k: int) -> dict[str, int]:
+    """Resident bytes each plan's drafter adds to the target alone, measured in fresh
+    processes (:mod:`tandem.runtime.memprobe`): the target prefills 64 tokens and
+    verifies k+1 rows in every run (its share cancels), the drafter fills its context
+    (its window, or the full context) so its compute buffer is touched at its worst."""
+    target = _probe_model(alone.target, 64, k + 1)
+    base = measure(ProbeSpec([target]))["peak_bytes"]
+    out = {}
+    for name, plan in plans.items():
+        d = plan.draft
+        if d is None:
+            out[name] = 0
+            continue
+        both = measure(ProbeSpec([target, _probe_model(d, d.n_ctx - k - 2)]))["peak_bytes"]
+        out[name] = both - base
+    return out
+
+
 def specmemo(args: argparse.Namespace) -> dict:
+    """Unconstrained plan vs the plan under a budget that leaves speculation ``--share``
+    of its unconstrained extra memory: memory predicted and measured, tokens/s (median
+    of ``--reps`` alternating runs), and whether the output is identical."""
+    from tandem.models.quantize import cached_copy
     from tandem.runtime.hardware import resolve_machine
 
     target_path = _twin(args.params)
     ctx, k = args.ctx, 4
 
-    def plan(budget):
+    def plan(budget, draft=STORIES, baseline=None):
         m = resolve_machine(budget=budget, measure_bandwidth=False)
-        return make_plan(PlanRequest(target_path, STORIES, ctx, m, draft_max=k, acceptance=0.95, threads=1))
+        return make_plan(PlanRequest(target_path, draft, ctx, m, draft_max=k, acceptance=0.95, threads=1,
+                                     baseline=baseline))
 
     full = plan("8GiB")
-    alone = make_plan(PlanRequest(target_path, None, ctx, resolve_machine(budget="8GiB", measure_bandwidth=False),
-                                  draft_max=k, threads=1, baseline=full.baseline))
+    alone = plan("8GiB", None, full.baseline)
     spec_full = full.host_total - alone.host_total
     budget = int((alone.host_total + args.share * spec_full) / (1 - SAFETY))
-    cut = plan(budget)
+    cut = plan(budget, STORIES, full.baseline)
+    if cut.draft is not None and cut.draft.quant:
+        cut.draft = replace(cut.draft, path=str(cached_copy(cut.draft.source, cut.draft.quant)))
     spec_cut = cut.host_total - alone.host_total if cut.draft else 0
+    measured = _measured_extra(alone, {"unconstrained": full, "budget-cut": cut}, k)
     target = LlamaCppBackend(target_path, full.target.llama_config())
     prompt = target.tokenize(PROMPT, add_bos=True)
     variants = {}
@@ -77,11 +109,15 @@ def specmemo(args: argparse.Namespace) -> dict:
             runs[name].append(tps)
             outputs[name] = toks
     med = {n: statistics.median(v) for n, v in runs.items()}
+    d = cut.draft
     return {
-        "target": target_path.name, "ctx": ctx, "budget_bytes": budget,
-        "unconstrained_spec_bytes": spec_full, "cut_spec_bytes": spec_cut,
-        "spec_memory_share": spec_cut / spec_full if spec_full else None,
-        "cut_drafter": None if cut.draft is None else {"window": cut.draft.window, "n_batch": cut.draft.n_batch},
+        "target": target_path.name, "ctx": ctx, "tokens": args.tokens, "budget_bytes": budget,
+        "predicted": {"unconstrained_spec_bytes": spec_full, "cut_spec_bytes": spec_cut,
+                      "share": spec_cut / spec_full if spec_full else None},
+        "measured": {"unconstrained_spec_bytes": measured["unconstrained"], "cut_spec_bytes": measured["budget-cut"],
+                     "share": measured["budget-cut"] / measured["unconstrained"] if measured["unconstrained"] else None},
+        "cut_drafter": None if d is None else {"window": d.window, "n_batch": d.n_batch, "type_k": d.type_k,
+                                               "quant": d.quant, "draft_max": cut.draft_max},
         "tokens_per_s": med, "throughput_kept": med["budget-cut"] / med["unconstrained"],
         "identical_output": outputs["unconstrained"] == outputs["budget-cut"], "runs": runs,
     }

@@ -24,9 +24,11 @@ The constants of :data:`LLAMA_CPP` were fitted (least squares) to resident-set
 measurements made with :mod:`tandem.runtime.memprobe` on stories260K and three synthetic
 llama GGUFs (vocab 512/32000, width 64-512, 3-6 layers, F32/F16/Q8_0), over contexts
 256-2048, batches 64-512, flash attention on and off; max in-sample error 6 % except
-one point (stories260K, batch 512, flash attention: +16 %, an over-estimate). The
-torch and onnxruntime constants are first estimates (documented at each) not yet
-fitted to measurements; their weights and KV terms are exact arithmetic.
+one point (stories260K, batch 512, flash attention: +16 %, an over-estimate). A model
+in the torch engine on a CUDA GPU is priced in VRAM by :func:`torch_gpu_items`, fitted
+to ``torch.cuda.max_memory_allocated`` on an H100 (-1 % to +6 %). The other torch and
+onnxruntime constants are first estimates (documented at each) not yet fitted to
+measurements; their weights and KV terms are exact arithmetic.
 """
 
 from __future__ import annotations
@@ -91,11 +93,31 @@ class ModelShape:
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 
 
-def shape_from_gguf(path_or_info) -> ModelShape:
-    """A :class:`ModelShape` from a GGUF header (no tensor data is read)."""
+QUANT_COPY_TYPES = ("q8_0", "f16")
+"""Types :func:`shape_from_gguf` can price a llama.cpp-quantized copy in (whole-file
+types with one rule per tensor; the mixed K-quant presets choose per tensor)."""
+
+
+def _copy_nbytes(name: str, shape: tuple[int, ...], nbytes: int, as_type: str) -> int:
+    """Bytes of one tensor after ``llama_model_quantize`` to ``as_type``: 2-D+ weights
+    take the type when their rows hold whole blocks and fall back to f16 otherwise
+    (checked against llama.cpp on stories260K, whose 172-wide ffn_down stays f16);
+    1-D tensors (norms, biases) keep their type."""
+    if len(shape) < 2 or not name.endswith("weight"):
+        return nbytes
+    block, size = KV_TYPE_SIZES[as_type if shape[0] % KV_TYPE_SIZES[as_type][0] == 0 else "f16"]
+    return math.prod(shape) // block * size
+
+
+def shape_from_gguf(path_or_info, as_type: str | None = None) -> ModelShape:
+    """A :class:`ModelShape` from a GGUF header (no tensor data is read); with
+    ``as_type`` (one of :data:`QUANT_COPY_TYPES`), the shape of the copy llama.cpp's
+    quantizer would make, so the planner can price a quantized drafter before making it."""
     from tandem.models.gguf_file import GGUFInfo, inspect_gguf
 
     info: GGUFInfo = path_or_info if isinstance(path_or_info, GGUFInfo) else inspect_gguf(path_or_info)
+    if as_type is not None and as_type not in QUANT_COPY_TYPES:
+        raise TandemError(f"Cannot price a {as_type} copy; choose one of {', '.join(QUANT_COPY_TYPES)}.")
     n_layer = int(info.arch_value("block_count", 0) or 0)
     n_head = int(info.arch_value("attention.head_count", 1) or 1)
     n_embd = int(info.arch_value("embedding_length", 0) or 0)
@@ -104,26 +126,27 @@ def shape_from_gguf(path_or_info) -> ModelShape:
     inp = out = 0
     types: dict[int, int] = {}
     for t in info.tensors:
+        nbytes = t.nbytes if as_type is None else _copy_nbytes(t.name, tuple(t.shape), t.nbytes, as_type)
         m = _BLOCK.match(t.name)
         if m and int(m.group(1)) < n_layer:
-            layers[int(m.group(1))] += t.nbytes
-            types[t.ggml_type] = types.get(t.ggml_type, 0) + t.nbytes
+            layers[int(m.group(1))] += nbytes
+            types[t.ggml_type] = types.get(t.ggml_type, 0) + nbytes
         elif t.name.startswith("token_embd"):
-            inp += t.nbytes
+            inp += nbytes
         else:
-            out += t.nbytes
+            out += nbytes
     tokens = info.metadata.get("tokenizer.ggml.tokens")
     n_vocab = getattr(tokens, "length", None) or (len(tokens) if isinstance(tokens, list) else 0)
     import gguf
 
     wtype = gguf.GGMLQuantizationType(max(types, key=types.get)).name.lower() if types else "f32"
     return ModelShape(
-        name=info.path.stem, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+        name=info.path.stem if as_type is None else f"{info.path.stem} ({as_type.upper()} copy)", n_layer=n_layer, n_embd=n_embd, n_head=n_head,
         n_head_kv=int(info.arch_value("attention.head_count_kv", n_head) or n_head),
         head_dim_k=k_dim, head_dim_v=int(info.arch_value("attention.value_length", k_dim)),
         n_ff=int(info.arch_value("feed_forward_length", 0) or 0), n_vocab=int(n_vocab),
         n_ctx_train=int(info.arch_value("context_length", 2048) or 2048),
-        layer_bytes=tuple(layers), input_bytes=inp, output_bytes=out, weight_type=wtype,
+        layer_bytes=tuple(layers), input_bytes=inp, output_bytes=out, weight_type=as_type or wtype,
         n_params=info.n_params,
     )
 
@@ -182,8 +205,28 @@ longer counts (its resident size depends on the page cache, not the model).
 ``device_context`` is the usual CUDA context + cuBLAS handle size (~300-400 MiB), an
 estimate not measured here."""
 
+TORCH_CUDA_HOST = 300 * 1024**2
+"""Host RSS that torch's CUDA runtime adds once a drafter runs on the GPU (context,
+driver mappings, cuBLAS). Measured 272 MiB on an H100 with torch 2.11+cu130 (133 MiB at
+context creation, 139 MiB at the first matmul); other drivers differ, so it is a named
+constant for a measurement to replace. Only the first CUDA user of a process pays it;
+planning on a detected GPU has already created the context (free VRAM is asked of
+CUDA), so there this errs large by the context's share."""
+TORCH_CUDA_DEVICE = 720 * 1024**2
+"""VRAM the CUDA context and cuBLAS workspace take outside torch's allocator: 0.7 GiB
+measured on that H100 (free memory before and after); smaller GPUs typically need
+300-500 MiB, so this errs large."""
+TORCH_ALLOC_ROUND = 512
+"""The CUDA caching allocator rounds every block up to this many bytes."""
+TORCH_SCORE_MATRICES = 2.5
+"""Float32 (heads × chunk × keys) matrices alive at once in attention: the torch engine
+passes SDPA an explicit mask, which sends it to the unfused math path (scores, masked
+scores, softmax; measured 2.5-2.9 on an H100 for chunks of 64-512 tokens)."""
+TORCH_WORK_FIXED = 64 * 1024
+"""Small blocks of a forward pass (rope tables, positions, index tensors), each rounded."""
+
 TORCH = RuntimeCosts(process=0, per_model=8_000_000, per_vocab=64.0, kt_flash=4.0, kt_plain=4.0,
-                     kth_plain=8.0, t_embd=48.0, out_row=8.0, device_context=500 * 1024**2)
+                     kth_plain=8.0, t_embd=48.0, out_row=8.0, device_context=TORCH_CUDA_DEVICE)
 """torch engine (estimate): ``import torch`` itself (~250-350 MB) is in the process
 baseline, not here; scores are materialised (q·k then softmax: 2 × 4 bytes per
 element); activations ~12 float32 per hidden unit per token."""
@@ -194,6 +237,7 @@ ONNX = RuntimeCosts(process=20_000_000, per_model=10_000_000, per_vocab=64.0, kt
 at their peak; past and present KV both live during a step (counted in :func:`_kv`)."""
 
 COSTS = {"llama.cpp": LLAMA_CPP, "torch": TORCH, "onnxruntime": ONNX}
+
 
 
 @dataclass(frozen=True)
@@ -306,6 +350,40 @@ def model_items(shape: ModelShape, setup: Setup, kind: str = "llama.cpp", role: 
     return [i for i in items if i.bytes]
 
 
+def _round(n: int) -> int:
+    return -(-n // TORCH_ALLOC_ROUND) * TORCH_ALLOC_ROUND
+
+
+def torch_gpu_items(shape: ModelShape, setup: Setup, role: str = "draft") -> list[Item]:
+    """A model in the torch engine on a CUDA GPU: what ``torch.cuda.max_memory_allocated``
+    sees (fitted on an H100, see ``test_torch_gpu_drafter_vram_matches_prediction``), plus
+    its host side.
+
+    * weights: float32, whatever the file's type (the torch engine dequantizes on load;
+      the host copy is freed after the upload);
+    * KV cache: float32 K and V plus an int64 position per cell, in the doubling cache of
+      :mod:`tandem.runtime.torch_engine.cache` (:func:`torch_capacity` cells);
+    * workspace of the worst forward chunk (``n_batch`` tokens seeing a full context):
+      :data:`TORCH_SCORE_MATRICES` attention matrices, activations, the logits rows.
+      It dominates at long contexts (70 MB for a 1 MB drafter at 2048 × 512), which is
+      why the planner gives a GPU drafter the same windows and batches as a CPU one.
+
+    The CUDA context (device and host) is a per-process cost, added by :func:`estimate`."""
+    cap = torch_capacity(setup.n_ctx)
+    t = min(setup.n_batch, setup.n_ctx)
+    weights = 4 * shape.n_params + TORCH_ALLOC_ROUND * (9 * shape.n_layer + 3)
+    kv = 2 * shape.n_layer * _round(shape.kv_bytes_per_token("f32", "f32") // (2 * shape.n_layer) * cap) + 8 * cap
+    scores = int(TORCH_SCORE_MATRICES * 4 * shape.n_head * t * setup.n_ctx)
+    work = (scores + 4 * t * (4 * shape.n_embd + 2 * shape.n_ff)
+            + 8 * (setup.output_rows + 1) * shape.n_vocab + TORCH_WORK_FIXED)
+    return [
+        Item(f"{role} weights (float32: the torch engine dequantizes)", role, "gpu", weights),
+        Item(f"{role} KV cache (float32, {cap} cells)", role, "gpu", kv),
+        Item(f"{role} attention, activations and logits (chunks of {t})", role, "gpu", work),
+        Item(f"{role} torch runtime and vocabulary", role, "host", int(TORCH.per_model + TORCH.per_vocab * shape.n_vocab)),
+    ]
+
+
 def speculation_items(target: ModelShape, k: int, kind: str = "llama.cpp") -> list[Item]:
     """Buffers speculation needs beyond the drafter itself, for up to ``k`` drafts/round:
     the drafter's q rows over the target vocabulary (float64 while sampling) and, for a
@@ -323,18 +401,27 @@ def speculation_items(target: ModelShape, k: int, kind: str = "llama.cpp") -> li
 def estimate(
     target: ModelShape, target_setup: Setup, draft: ModelShape | None = None,
     draft_setup: Setup | None = None, *, k: int = 0, kind: str = "llama.cpp",
-    draft_kind: str | None = None, include_process: bool = True,
+    draft_kind: str | None = None, draft_device: str = "cpu", include_process: bool = True,
 ) -> Estimate:
-    """The whole pair's memory. ``include_process`` adds the runtime's once-per-process
-    cost (and, with any GPU layer, the CUDA context)."""
+    """The whole pair's memory. ``draft_device="cuda"`` prices the drafter in the torch
+    engine on a CUDA GPU (:func:`torch_gpu_items`). ``include_process`` adds the
+    runtime's once-per-process cost and, with anything on a GPU, the CUDA context (its
+    device memory, and for torch its host side :data:`TORCH_CUDA_HOST`)."""
     if kind not in COSTS:
         raise TandemError(f"Unknown backend kind {kind!r}; choose one of {', '.join(KINDS)}.")
     items = model_items(target, target_setup, kind, "target")
-    if draft is not None and draft_setup is not None:
+    torch_gpu = draft is not None and draft_setup is not None and draft_device == "cuda"
+    if torch_gpu:
+        items += torch_gpu_items(draft, draft_setup, "draft")
+    elif draft is not None and draft_setup is not None:
         items += model_items(draft, draft_setup, draft_kind or kind, "draft")
     items += speculation_items(target, k, kind)
     if include_process:
         items.append(Item(f"{kind} runtime (once per process)", "runtime", "host", COSTS[kind].process))
-        if any(i.device == "gpu" for i in items):
+        if torch_gpu:
+            # The drafter is what brings CUDA into this process, so its context is its cost.
+            items.append(Item("torch CUDA context and cuBLAS", "draft", "gpu", TORCH.device_context))
+            items.append(Item("torch CUDA runtime, host side (estimate)", "draft", "host", TORCH_CUDA_HOST))
+        elif any(i.device == "gpu" for i in items):
             items.append(Item("GPU context", "runtime", "gpu", COSTS[kind].device_context))
     return Estimate(tuple(items))

@@ -6,8 +6,11 @@ fits, so the plan is the fastest one it knows to fit. The order follows what use
 1. lossless and nearly free: a smaller prefill batch for the target (only prefill slows);
 2. the drafter shrinks before the target is touched (anchors §4/§8: incumbents OOM or
    silently cut the user's context because the drafter was not budgeted): a windowed
-   draft context (acceptance barely moves), a q8_0 draft KV, fewer drafts per round;
-   then the draft model is dropped (model-free drafting, which costs ~no memory, stays);
+   draft context (acceptance barely moves), a q8_0 draft KV, a small draft batch, fewer
+   drafts per round; each rung is tried with the drafter's own weights and then with a
+   Q8_0 copy of an F32/F16 drafter (made once by llama.cpp's quantizer, cached: the
+   target verifies every token, so it changes speed, never the output); then the draft
+   model is dropped (model-free drafting, which costs ~no memory, stays);
 3. the target's KV cache goes to q8_0 (small quality cost, said so), again trying the
    drafter ladder first;
 4. the context: an explicit ``--ctx`` is never shrunk — the plan fails and lists what
@@ -16,6 +19,12 @@ fits, so the plan is the fastest one it knows to fit. The order follows what use
 
 Budgets cover the whole process: the planner adds the interpreter and libraries already
 resident (measured now for this machine; :data:`PROFILE_BASELINE` for a profile).
+
+Where the drafter runs: with a llama.cpp build that offloads, it takes GPU layers first.
+Otherwise, on a detected CUDA GPU, it may run in the torch engine there, priced in VRAM
+(float32 weights, its KV cache, a workspace, the CUDA context; see
+:func:`tandem.runtime.memory_model.torch_gpu_items`) under the ``--vram`` budget; the
+plan lists every device it fits on (``ModelPlan.devices``).
 """
 
 from __future__ import annotations
@@ -26,20 +35,32 @@ from pathlib import Path
 from tandem.models.errors import BudgetError
 from tandem.runtime.hardware import Machine, format_size, process_rss
 from tandem.runtime.memory_model import Estimate, ModelShape, Setup, estimate, shape_from_gguf
+from tandem.runtime.plan_devices import (
+    SAFETY,
+    fits,
+    gpu_offload_ok,
+    max_gpu_layers,
+    place_draft,
+    torch_cuda_ok,
+)
+from tandem.runtime.plan_suggest import leanest_kv, suggest
 
 PROFILE_BASELINE = 80 * 1024**2
 """Python, numpy, llama-cpp-python and the app, resident before any model (measured
 ~45 MiB for the CLI here; the TUI adds ~30 MiB)."""
-SAFETY = 0.03
-"""Share of the budget kept free for what the model does not see (allocator slack)."""
 DECODE_EFFICIENCY = 0.6
 """Share of memory bandwidth a decode step achieves reading weights (llama.cpp CPU)."""
 ACCEPTANCE_PRIOR = 0.7
 """Per-token acceptance assumed for a same-family model drafter before measuring."""
 CPU_VERIFY_COST = (1.0, 1.7, 1.9, 2.1, 2.4, 2.55, 2.7, 2.85, 3.0)
 """c(k): a CPU verify of k drafts relative to one decode step (issue 3's measurement)."""
-DRAFT_WINDOWS = (1024, 512, 256)
+DRAFT_WINDOWS = (1024, 512, 256, 128)
 DRAFT_LENGTHS = (8, 4, 2)
+LEAN_DRAFT_BATCH = 8
+"""Prefill batch of the leanest drafter: a windowed drafter only ever re-reads its window,
+and a small batch shrinks its compute buffer, output buffer and logits rows."""
+DRAFT_QUANT = "q8_0"
+"""Type of the drafter copy the ladder tries (lossless for the output: the target verifies)."""
 MIN_CTX = 256
 
 
@@ -62,6 +83,11 @@ class ModelPlan:
     """Drafter only: every device it fits on. ``device`` is the planner's default; when
     there is more than one, :mod:`tandem.runtime.placement` picks between them from a
     measured calibration (cached) before generating."""
+    quant: str | None = None
+    """Drafter only: ``path`` is a copy of ``source`` quantized to this type (cached in the
+    user cache dir; :func:`plan_for_run` makes it if it is missing)."""
+    source: str | None = None
+    """Drafter only: the file the user named, when ``path`` is a quantized copy of it."""
 
     def setup(self, output_rows: int = 1) -> Setup:
         return Setup(self.n_ctx, self.n_batch, self.type_k, self.type_v, self.flash_attn,
@@ -74,6 +100,15 @@ class ModelPlan:
         return LlamaConfig(n_ctx=self.n_ctx, n_batch=self.n_batch, n_threads=self.n_threads,
                            n_gpu_layers=self.n_gpu_layers, type_k=self.type_k, type_v=self.type_v,
                            flash_attn=self.flash_attn)
+
+    def torch_config(self, device: str | None = None):
+        """The :class:`~tandem.runtime.torch_engine.backend.TorchConfig` the planner priced
+        for a torch drafter on ``device`` (default: this plan's): same context and batch,
+        so its KV cache and workspace stay what the VRAM budget was checked against."""
+        from tandem.runtime.torch_engine.backend import TorchConfig
+
+        return TorchConfig(device=device or self.device, n_ctx=self.n_ctx, n_batch=self.n_batch,
+                           n_threads=self.n_threads)
 
 
 @dataclass
@@ -114,51 +149,6 @@ class Plan:
             why = self.reasons[-1] if self.reasons else "The plan does not fit the budget"
             raise BudgetError(f"{why}. What would fit: {hint}.")
         return self
-
-
-def _torch_gpu_ok(machine: Machine, d_shape: ModelShape, setup: Setup) -> bool:
-    """Whether the drafter can run on a detected CUDA GPU through the torch engine
-    (dequantized to fp32: weights and KV must fit the VRAM budget)."""
-    gpu = machine.gpu
-    if gpu is None or gpu.kind != "cuda" or machine.source != "detected":
-        return False
-    need = 4 * d_shape.n_params + 2 * d_shape.kv_bytes_per_token() * setup.n_ctx
-    if need > machine.vram_budget:
-        return False
-    import torch
-
-    return bool(torch.cuda.is_available())
-
-
-def _gpu_ok(machine: Machine) -> bool:
-    """Whether llama.cpp can offload layers here (a CUDA/Metal build) or in the profile."""
-    if not machine.gpus or machine.vram_budget <= 0:
-        return False
-    if machine.source != "detected":
-        return True
-    import llama_cpp
-
-    return bool(llama_cpp.llama_supports_gpu_offload())
-
-
-def _fits(est: Estimate, machine: Machine, baseline: int) -> bool:
-    host_room = machine.host_budget * (1 - SAFETY) - baseline
-    gpu = machine.gpu
-    if gpu is not None and gpu.unified:
-        return est.host + est.gpu <= host_room and est.gpu <= machine.vram_budget
-    return est.host <= host_room and est.gpu <= machine.vram_budget * (1 - SAFETY)
-
-
-def _max_gpu_layers(shape: ModelShape, setup: Setup, machine: Machine, baseline: int, others: Estimate) -> int:
-    """Most llama.cpp ``n_gpu_layers`` whose GPU share fits next to ``others``; -1 = all."""
-    if not _gpu_ok(machine):
-        return 0
-    for g in [-1, *range(shape.n_layer, 0, -1)]:
-        est = estimate(shape, replace(setup, n_gpu_layers=g))
-        both = Estimate(est.items + others.items)
-        if _fits(both, machine, baseline):
-            return g
-    return 0
 
 
 def _decode_speed(shape: ModelShape, setup: Setup, machine: Machine) -> float:
@@ -206,25 +196,44 @@ class PlanRequest:
     kept when it fits (``False``): the adaptive policy then turns drafting off at run
     time if it does not pay, using measured rather than predicted costs."""
     baseline: int | None = None
-    """Resident bytes before the models load; ``None``: this process's RSS (or the
-    profile constant when planning another machine)."""
+    """Resident bytes before the models load; ``None``: this process's RSS plus the
+    llama.cpp code it will still fault in (:func:`tandem.runtime.memprobe.unresident_code`),
+    or the profile constant when planning another machine."""
 
 
-def _ladder(t_shape: ModelShape, d_shape: ModelShape | None, ctx: int, draft_max: int):
-    """Candidate (target plan fields, draft plan fields or None, k, note) from best to leanest."""
+def _draft_rungs(d_shape: ModelShape, ctx: int, draft_max: int, quant: str | None):
+    """Drafter settings ((window, batch, kv, quant), k, note) from best to leanest, each
+    with the drafter's own weights first and then with its ``quant`` copy (if any)."""
+    d_ctx_full = min(ctx, d_shape.n_ctx_train)
+    d_kv = "q8_0" if d_shape.kv_type_ok("q8_0") else "f16"
+    rungs = [((None, 256, "f16"), draft_max, "full drafter")]
+    rungs += [((w, 64, "f16"), draft_max, f"draft window {w}") for w in DRAFT_WINDOWS if w < d_ctx_full]
+    rungs += [((min(DRAFT_WINDOWS[-1], d_ctx_full), LEAN_DRAFT_BATCH, d_kv), k, "lean drafter")
+              for k in DRAFT_LENGTHS if k <= draft_max]
+    for (window, batch, kv), k, note in rungs:
+        for q in (None, quant) if quant else (None,):
+            yield (window, batch, kv, q), k, note
+
+
+def _ladder(t_shape: ModelShape, d_shape: ModelShape | None, ctx: int, draft_max: int, quant: str | None):
+    """Candidate (target KV, target batch, drafter settings or None, k, note), best first."""
     for kv in ("f16", "q8_0"):
         if kv != "f16" and not t_shape.kv_type_ok(kv):
             continue
         for t_batch in (256, 64):
             if d_shape is not None:
-                d_ctx_full = min(ctx, d_shape.n_ctx_train)
-                yield kv, t_batch, (None, 256, "f16"), draft_max, "full drafter"
-                for window in (w for w in DRAFT_WINDOWS if w < d_ctx_full):
-                    yield kv, t_batch, (window, 64, "f16"), draft_max, f"draft window {window}"
-                for k in (x for x in DRAFT_LENGTHS if x <= draft_max):
-                    d_kv = "q8_0" if d_shape.kv_type_ok("q8_0") else "f16"
-                    yield kv, t_batch, (min(DRAFT_WINDOWS[-1], d_ctx_full), 32, d_kv), k, "lean drafter"
+                for draft_cfg, k, note in _draft_rungs(d_shape, ctx, draft_max, quant):
+                    yield kv, t_batch, draft_cfg, k, note
             yield kv, t_batch, None, draft_max, "no draft model"
+
+
+def _draft_quant(path: Path, shape: ModelShape) -> tuple[str, ModelShape] | None:
+    """A :data:`DRAFT_QUANT` copy worth trying: for an F32/F16/BF16 drafter whose copy is
+    at least 20 % smaller (its rows must hold whole blocks)."""
+    if shape.weight_type not in ("f32", "f16", "bf16"):
+        return None
+    copy = shape_from_gguf(path, as_type=DRAFT_QUANT)
+    return (DRAFT_QUANT, copy) if copy.weights_bytes <= 0.8 * shape.weights_bytes else None
 
 
 def make_plan(req: PlanRequest) -> Plan:
@@ -234,10 +243,22 @@ def make_plan(req: PlanRequest) -> Plan:
         from tandem.runtime.hardware import resolve_machine
 
         machine = resolve_machine()
-    baseline = req.baseline if req.baseline is not None else (
-        process_rss() if machine.source == "detected" else PROFILE_BASELINE)
+    if req.baseline is not None:
+        baseline = req.baseline
+    elif machine.source == "detected":
+        from tandem.runtime.memprobe import unresident_code
+
+        baseline = process_rss() + unresident_code()
+    else:
+        baseline = PROFILE_BASELINE
     t_shape = shape_from_gguf(req.target)
-    d_shape = shape_from_gguf(req.draft) if req.draft else None
+    d_shapes: dict[str | None, ModelShape] = {}
+    quant = None
+    if req.draft:
+        d_shapes[None] = shape_from_gguf(req.draft)
+        q = _draft_quant(req.draft, d_shapes[None])
+        if q is not None:
+            quant, d_shapes[quant] = q
     explicit = req.ctx is not None
     # A default context leaves the k candidate cells inside what the model was trained on.
     ctx = req.ctx or max(MIN_CTX, min(t_shape.n_ctx_train, 4096) - req.draft_max)
@@ -245,49 +266,52 @@ def make_plan(req: PlanRequest) -> Plan:
     if ctx > t_shape.n_ctx_train:
         reasons.append(f"context {ctx} exceeds what {t_shape.name} was trained on ({t_shape.n_ctx_train})")
     while True:
-        plan = _try_ctx(req, machine, baseline, t_shape, d_shape, ctx, reasons)
+        plan = _try_ctx(req, machine, baseline, t_shape, d_shapes, quant, ctx, reasons)
         if plan.fits or explicit or ctx <= MIN_CTX:
             break
         smaller = max(MIN_CTX, ctx // 2)
         reasons.append(f"the default context {ctx} does not fit the budget; trying {smaller}")
         ctx = smaller
     if not plan.fits:
-        plan.suggestions = suggest(req, machine, baseline, t_shape, ctx)
+        plan.suggestions = suggest(machine.host_budget * (1 - SAFETY) - baseline, baseline, SAFETY, t_shape, ctx,
+                                   req.draft_max, req.allow_kv_quant)
     return plan
 
 
 def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelShape,
-             d_shape: ModelShape | None, ctx: int, reasons: list[str]) -> Plan:
-    gpu_ok = _gpu_ok(machine)
-    for kv, t_batch, draft_cfg, k, note in _ladder(t_shape, d_shape, ctx, req.draft_max):
+             d_shapes: dict[str | None, ModelShape], quant: str | None, ctx: int, reasons: list[str]) -> Plan:
+    gpu_ok = gpu_offload_ok(machine)
+    torch_cuda = bool(d_shapes) and not gpu_ok and torch_cuda_ok(machine)
+    d_shape = d_shapes.get(None)
+    for kv, t_batch, draft_cfg, k, note in _ladder(t_shape, d_shape, ctx, req.draft_max, quant):
         if kv != "f16" and not req.allow_kv_quant:
             continue
-        spec_k = k  # model-free drafting verifies k drafts too, with or without a draft model
-        target = ModelPlan(str(req.target), ctx + spec_k, t_batch, kv, kv, n_threads=req.threads)
-        draft = None
-        d_est = Estimate()
-        if draft_cfg is not None and d_shape is not None:
-            window, d_batch, d_kv = draft_cfg
-            d_ctx = (window or min(ctx, d_shape.n_ctx_train)) + k + 1
-            draft = ModelPlan(str(req.draft), d_ctx, d_batch, d_kv, d_kv, n_threads=req.threads, window=window)
-            if gpu_ok:  # Dovetail: the small drafter takes the GPU first, the target the rest
-                g = _max_gpu_layers(d_shape, draft.setup(), machine, baseline, Estimate())
-                draft = replace(draft, n_gpu_layers=g)
-            elif _torch_gpu_ok(machine, d_shape, draft.setup()):
-                draft = replace(draft, device="cuda", devices=("cuda", "cpu"))
-            # A torch drafter on the GPU is still priced as host memory: an over-estimate
-            # that keeps the host budget safe.
-            d_est = estimate(d_shape, draft.setup(), include_process=False)
-        t_setup = target.setup(spec_k + 1)
-        g = _max_gpu_layers(t_shape, t_setup, machine, baseline, d_est) if gpu_ok else 0
-        target = replace(target, n_gpu_layers=g)
-        est = estimate(t_shape, target.setup(spec_k + 1), d_shape if draft else None,
-                       draft.setup() if draft else None, k=spec_k)
-        if not _fits(est, machine, baseline):
+        # Model-free drafting verifies k drafts too, with or without a draft model.
+        target = ModelPlan(str(req.target), ctx + k, t_batch, kv, kv, n_threads=req.threads)
+        if draft_cfg is None or d_shape is None or req.draft is None:
+            g = max_gpu_layers(t_shape, target.setup(k + 1), machine, baseline, Estimate()) if gpu_ok else 0
+            target = replace(target, n_gpu_layers=g)
+            est = estimate(t_shape, target.setup(k + 1), k=k)
+            if fits(est, machine, baseline):
+                return _finish(machine, baseline, t_shape, d_shape, target, None, k, est, note, reasons,
+                               req.acceptance, req.drop_slow_draft)
             continue
-        return _finish(machine, baseline, t_shape, d_shape, target, draft, spec_k, est, note, reasons,
-                       req.acceptance, req.drop_slow_draft)
-    kv = _leanest_kv(t_shape, req.allow_kv_quant)
+        window, d_batch, d_kv, q = draft_cfg
+        d_ctx = (window or min(ctx, d_shape.n_ctx_train)) + k + 1
+        path = str(req.draft)
+        if q is not None:
+            from tandem.models.quantize import cached_copy_path
+
+            path = str(cached_copy_path(req.draft, q))
+        draft = ModelPlan(path, d_ctx, d_batch, d_kv, d_kv, n_threads=req.threads, window=window, quant=q,
+                          source=str(req.draft) if q else None)
+        placed = place_draft(machine, baseline, gpu_ok, torch_cuda, t_shape, target, k, d_shapes[q], draft)
+        if placed is None:
+            continue
+        target, draft, est = placed
+        return _finish(machine, baseline, t_shape, d_shapes[q], target, draft, k, est, note, reasons,
+                       req.acceptance, req.drop_slow_draft, d_shape)
+    kv = leanest_kv(t_shape, req.allow_kv_quant)
     est = estimate(t_shape, Setup(ctx, 64, kv, kv))
     reasons = [*reasons, f"{t_shape.name} alone needs {format_size(est.host + baseline)} of host memory "
                f"at context {ctx} (with {kv} KV and a small batch) but the budget is "
@@ -298,7 +322,8 @@ def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelSh
 
 def _finish(machine: Machine, baseline: int, t_shape: ModelShape, d_shape: ModelShape | None,
             target: ModelPlan, draft: ModelPlan | None, k: int, est: Estimate, note: str,
-            reasons: list[str], alpha: float, drop_slow_draft: bool = True) -> Plan:
+            reasons: list[str], alpha: float, drop_slow_draft: bool = True,
+            d_original: ModelShape | None = None) -> Plan:
     reasons = list(reasons)
     speed = _decode_speed(t_shape, target.setup(), machine)
     speedup = 1.0
@@ -307,7 +332,7 @@ def _finish(machine: Machine, baseline: int, t_shape: ModelShape, d_shape: Model
                        + ("" if _layers(target.n_gpu_layers, t_shape) == "all layers" else ", the rest on CPU threads"))
     else:
         reasons.append("target on CPU threads" + (" (no GPU offload in this llama.cpp build)"
-                                                  if machine.gpus and not _gpu_ok(machine) else ""))
+                                                  if machine.gpus and not gpu_offload_ok(machine) else ""))
     if target.type_k != "f16":
         reasons.append(f"target KV cache quantized to {target.type_k}: f16 did not fit even without a "
                        "draft model (small quality cost)")
@@ -321,9 +346,19 @@ def _finish(machine: Machine, baseline: int, t_shape: ModelShape, d_shape: Model
                       for j in range(1, k + 1))
         where = "GPU" if draft.n_gpu_layers else "CPU"
         if draft.device == "cuda":
-            where = "GPU through the torch engine (this llama.cpp build cannot offload; Dovetail placement)"
+            where = (f"GPU through the torch engine ({format_size(est.total('gpu', 'draft'))} of VRAM with "
+                     "float32 weights and the CUDA context; this llama.cpp build cannot offload; Dovetail placement)")
         reasons.append(f"drafter {d_shape.name} on the {where} ({note}), up to {k} drafts per round; "
                        f"cost ratio c = {c:.3f}")
+        if len(draft.devices) > 1:
+            reasons.append("the drafter also fits on the CPU (llama.cpp): a measured calibration picks the faster")
+        elif draft.device == "cpu" and machine.gpu is not None and machine.gpu.kind == "cuda" and not gpu_offload_ok(machine):
+            reasons.append("the drafter's float32 copy for the GPU (torch engine) does not fit the GPU budget "
+                           "or no CUDA device is usable: it stays on the CPU")
+        if draft.quant and d_original is not None:
+            reasons.append(f"drafter weights from a {draft.quant.upper()} copy ({format_size(d_shape.weights_bytes)} "
+                           f"instead of {format_size(d_original.weights_bytes)}; made once with llama.cpp's "
+                           "quantizer and cached): the target verifies every token, so the output is unchanged")
         if draft.window:
             reasons.append(f"drafter context capped at {draft.window} tokens (drafts from a sliding window) "
                            "to fit the budget before touching the target's context")
@@ -344,56 +379,8 @@ def _finish(machine: Machine, baseline: int, t_shape: ModelShape, d_shape: Model
                 draft, draft is not None, k, est, speed, speedup, reasons)
 
 
-def _leanest_kv(shape: ModelShape, allow_quant: bool) -> str:
-    return "q8_0" if allow_quant and shape.kv_type_ok("q8_0") else "f16"
-
-
 def _layers(g: int, shape: ModelShape) -> str:
     return "all layers" if g < 0 or g > shape.n_layer else f"{g}/{shape.n_layer} layers"
-
-
-QUANT_BPW = {"q8_0": 8.5, "q6_k": 6.56, "q5_k_m": 5.69, "q4_k_m": 4.85, "q4_0": 4.5, "q3_k_m": 3.91}
-"""Average bits per weight of common GGUF quantizations (llama.cpp's published sizes)."""
-
-
-def suggest(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelShape, ctx: int) -> list[str]:
-    """What would fit: the largest context, KV quantization, a smaller quant."""
-    room = machine.host_budget * (1 - SAFETY) - baseline
-    out: list[str] = []
-
-    k = req.draft_max
-
-    def target_only(c: int, kv: str, shape: ModelShape = t_shape) -> int:
-        """The leanest rung of the ladder: no draft model, model-free drafts of k."""
-        return estimate(shape, Setup(c + k, 64, kv, kv, output_rows=k + 1), k=k).host
-
-    for kv in ("f16", "q8_0", "q4_0"):
-        if not t_shape.kv_type_ok(kv):
-            continue
-        if target_only(ctx, kv) <= room:
-            out.append(f"--kv {kv} at context {ctx}" + (" (q4_0 KV costs quality)" if kv == "q4_0" else ""))
-            break
-    lo, hi = 0, ctx
-    while lo < hi:  # largest context that fits with the leanest KV allowed
-        mid = (lo + hi + 1) // 2
-        if target_only(mid, _leanest_kv(t_shape, req.allow_kv_quant)) <= room:
-            lo = mid
-        else:
-            hi = mid - 1
-    if lo >= 64:
-        out.append(f"--ctx {lo} or less")
-    for q, bpw in sorted(QUANT_BPW.items(), key=lambda kv: -kv[1]):
-        scale = bpw / 8 / (t_shape.weights_bytes / max(t_shape.n_params, 1))
-        if scale >= 0.9:
-            continue
-        smaller = replace(t_shape, layer_bytes=tuple(int(b * scale) for b in t_shape.layer_bytes),
-                          input_bytes=int(t_shape.input_bytes * scale), output_bytes=int(t_shape.output_bytes * scale))
-        if target_only(ctx, "f16", smaller) <= room:
-            out.append(f"a {q.upper()} quant of the model (~{format_size(smaller.weights_bytes)} of weights)")
-            break
-    need = (baseline + target_only(ctx, "f16")) / (1 - SAFETY)
-    out.append(f"--budget {format_size(need)} for context {ctx} without a draft model")
-    return out
 
 
 def plan_for_run(target_path: str | Path, draft_path: str | Path | None = None, budget: int | str | None = None,
@@ -403,10 +390,12 @@ def plan_for_run(target_path: str | Path, draft_path: str | Path | None = None, 
     """The one call ``tandem run`` / ``tandem chat`` make: plan for this machine (or a
     profile) and raise :class:`BudgetError` with suggestions when nothing fits.
 
-    ``plan.target.llama_config()`` (and ``plan.draft.llama_config()`` when a draft model
-    is kept) are the backends' configs; ``plan.draft_max`` caps the draft length, and
-    ``plan.draft.window`` the drafter's context (wrap it in
-    :class:`tandem.runtime.split.WindowedDrafter`).
+    ``plan.target.llama_config()`` (and ``plan.draft.llama_config()``, or
+    ``plan.draft.torch_config()`` on ``cuda``, when a draft model is kept) are the
+    backends' configs; open the drafter from ``plan.draft.path``, which may be a
+    quantized copy of the file asked for (made here, once, and cached);
+    ``plan.draft_max`` caps the draft length, and ``plan.draft.window`` the drafter's
+    context (wrap it in :class:`tandem.runtime.split.WindowedDrafter`).
     """
     import tandem.runtime.llama_backend  # noqa: F401  (resident before the baseline is read)
     from tandem.runtime.hardware import resolve_machine
@@ -415,4 +404,9 @@ def plan_for_run(target_path: str | Path, draft_path: str | Path | None = None, 
     req = PlanRequest(Path(target_path), Path(draft_path) if draft_path else None, ctx, machine,
                       draft_max=draft_max, threads=threads, acceptance=acceptance,
                       drop_slow_draft=drop_slow_draft)
-    return make_plan(req).check()
+    plan = make_plan(req).check()
+    if plan.draft is not None and plan.draft.quant and plan.draft.source:
+        from tandem.models.quantize import cached_copy
+
+        plan.draft = replace(plan.draft, path=str(cached_copy(plan.draft.source, plan.draft.quant)))
+    return plan

@@ -196,3 +196,95 @@ def test_drafter_goes_to_the_gpu_through_torch_when_llama_cpp_cannot_offload(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cpu = make_plan(PlanRequest(stories_twin, stories260k, 512, machine, acceptance=ALPHA, drop_slow_draft=False))
     assert cpu.draft is not None and cpu.draft.device == "cpu"
+
+
+def test_specmemo_budget_keeps_a_quantized_windowed_drafter(stories_twin: Path, stories260k: Path) -> None:
+    """SpecMemo's bar: with the budget cut so speculation gets a third of its unconstrained
+    extra memory, the planner still keeps a real drafter, as a Q8_0 copy with a short
+    window and batch (BENCHMARKS.md measures its throughput), and plan_for_run makes the copy."""
+    from tandem.runtime.planner import plan_for_run
+
+    full = _plan(stories_twin, stories260k, "1GiB", ctx=2040)
+    alone = _plan(stories_twin, None, "1GiB", ctx=2040)
+    assert full.draft is not None and full.draft.quant is None  # roomy: the drafter's own weights
+    extra = full.host_total - alone.host_total
+    budget = int((alone.host_total + 0.33 * extra) / (1 - SAFETY))
+    cut = _plan(stories_twin, stories260k, budget, ctx=2040)
+    assert cut.fits and cut.draft is not None
+    assert cut.draft.quant == "q8_0" and cut.draft.source == str(stories260k)
+    assert cut.draft.window is not None and cut.draft.window <= 128
+    assert cut.host_total - alone.host_total <= 0.35 * extra
+    assert not Path(cut.draft.path).exists()  # make_plan only prices the copy
+    # plan_for_run (this process's own baseline) makes the copy the plan names.
+    alone_run = plan_for_run(stories_twin, None, "1GiB", 2040, threads=1)
+    squeezed = plan_for_run(stories_twin, stories260k, int((alone_run.host_total + 0.33 * extra) / (1 - SAFETY)),
+                            2040, threads=1, acceptance=ALPHA)
+    assert squeezed.draft is not None and squeezed.draft.quant == "q8_0"
+    assert Path(squeezed.draft.path).is_file() and squeezed.draft.path != squeezed.draft.source
+
+
+def _cuda_machine(monkeypatch: pytest.MonkeyPatch, budget: str, vram: int):
+    """This machine with a simulated CUDA GPU, a CPU-only llama.cpp and torch seeing CUDA."""
+    from dataclasses import replace
+
+    import llama_cpp
+    import torch
+
+    from tandem.runtime.hardware import GPU
+
+    monkeypatch.setattr(llama_cpp, "llama_supports_gpu_offload", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    base = resolve_machine(None, budget, None, measure_bandwidth=False)
+    gpu = GPU("test GPU", 8 * 1024**3, 8 * 1024**3, 300.0)
+    return replace(base, gpus=(gpu,), vram_budget=vram, source="detected")
+
+
+def test_torch_gpu_drafter_is_priced_in_vram(stories_twin: Path, stories260k: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch drafter on CUDA: weights, KV and workspace in VRAM, the CUDA runtime's host
+    side on the host; both devices fit, the GPU first; `tandem plan` lists its items on the gpu."""
+    from tandem.app.cmd_plan import render
+    from tandem.runtime.memory_model import TORCH_CUDA_HOST, Setup, shape_from_gguf, torch_gpu_items
+
+    machine = _cuda_machine(monkeypatch, "2GiB", 4 * 1024**3)
+    plan = make_plan(PlanRequest(stories_twin, stories260k, 512, machine, acceptance=ALPHA, drop_slow_draft=False,
+                                 baseline=40 * MiB))
+    assert plan.fits and plan.draft is not None
+    assert plan.draft.device == "cuda" and plan.draft.devices == ("cuda", "cpu")
+    draft_gpu = [i for i in plan.memory.items if i.role == "draft" and i.device == "gpu"]
+    assert {"weights", "KV", "attention,"} <= {w for i in draft_gpu for w in i.label.split()}
+    shape = shape_from_gguf(stories260k)
+    priced = torch_gpu_items(shape, Setup(plan.draft.n_ctx, plan.draft.n_batch))
+    assert plan.memory.total("gpu", "draft") > sum(i.bytes for i in priced if i.device == "gpu")  # + CUDA context
+    assert 4 * shape.n_params <= plan.memory.total("gpu", "draft") <= plan.vram_budget
+    assert any(i.device == "host" and i.bytes == TORCH_CUDA_HOST for i in plan.memory.items)
+    assert plan.memory.total("host", "draft") < 4 * shape.n_params + TORCH_CUDA_HOST + 16 * MiB  # no host weights
+    assert plan.draft.torch_config().n_ctx == plan.draft.n_ctx
+    text = render(plan)
+    assert any(line.split()[2:3] == ["gpu"] and "draft weights" in line for line in text.splitlines())
+
+
+def test_vram_budget_bounds_the_torch_gpu_drafter(stories_twin: Path, stories260k: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Too little VRAM for the CUDA context: the drafter fits on the CPU only. Too little
+    host for the llama.cpp drafter but room in VRAM (host side of CUDA made free here):
+    it fits on the GPU only."""
+    from dataclasses import replace
+
+    from tandem.runtime import memory_model
+
+    small = _cuda_machine(monkeypatch, "2GiB", 256 * MiB)
+    plan = make_plan(PlanRequest(stories_twin, stories260k, 512, small, acceptance=ALPHA, drop_slow_draft=False,
+                                 baseline=40 * MiB))
+    assert plan.draft is not None and plan.draft.devices == ("cpu",) and plan.draft.device == "cpu"
+    assert plan.memory.gpu == 0
+
+    monkeypatch.setattr(memory_model, "TORCH_CUDA_HOST", 0)
+    monkeypatch.setattr(memory_model, "TORCH", replace(memory_model.TORCH, per_model=0))
+    alone = make_plan(PlanRequest(stories_twin, None, 512, small, baseline=40 * MiB))
+    host_only = _cuda_machine(monkeypatch, str(int((alone.host_total + 200_000) / (1 - SAFETY))), 4 * 1024**3)
+    plan = make_plan(PlanRequest(stories_twin, stories260k, 512, host_only, acceptance=ALPHA, drop_slow_draft=False,
+                                 baseline=40 * MiB))
+    assert plan.fits and plan.draft is not None
+    assert plan.draft.devices == ("cuda",) and plan.draft.device == "cuda"
+    assert plan.memory.gpu <= host_only.vram_budget
