@@ -91,8 +91,7 @@ def calibrated(plan: Plan) -> Choice:
     target = open_backend(plan.target.path, llama_config=plan.target.llama_config())
     try:
         opts = options(plan.draft.devices, plan.draft.n_threads or default_threads())
-        return calibrate(target, plan.target.path, plan.draft.path, opts,
-                         llama_config=plan.draft.llama_config())
+        return calibrate(target, plan.target.path, plan.draft, opts)
     finally:
         target.close()
 

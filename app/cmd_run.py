@@ -59,11 +59,12 @@ def strategy_from_args(target, args: argparse.Namespace, draft_window: int | Non
     from tandem.runtime.speculative import SpecOptions, build_strategy
 
     mode = args.draft_mode or ("auto" if args.draft else "off")
-    placed = placed or Placed(None, "cpu", None, None)
+    placed = placed or Placed()
     options = SpecOptions(mode=mode, draft_max=args.draft_max, draft_length=args.draft_len,
                           draft_window=draft_window, draft_device=placed.draft_device, predraft=placed.predraft,
                           draft_cost=placed.draft_cost)
-    return build_strategy(target, args.draft, options, llama_config=placed.draft_config)
+    return build_strategy(target, placed.draft_path or args.draft, options, llama_config=placed.llama_config,
+                          torch_config=placed.torch_config)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -90,7 +91,7 @@ def open_planned(args: argparse.Namespace) -> tuple[Backend, int | None, Placed]
     by :func:`tandem.runtime.placement.place` (measured once, cached); ONNX exports and
     Hugging Face folders open as they are (the planner prices llama.cpp models only).
     """
-    unplanned = Placed(None, "cpu", None, None)
+    unplanned = Placed()
     path = resolve_model(args.model)
     if backend_kind(path) != "gguf":
         return open_backend(path, n_ctx=args.ctx, n_threads=args.threads), None, unplanned
@@ -108,8 +109,7 @@ def open_planned(args: argparse.Namespace) -> tuple[Backend, int | None, Placed]
     if plan.draft is None:
         return target, None, unplanned
     try:
-        placed = place(target, str(path), str(draft_path), plan.draft, mode=args.draft_mode or "auto",
-                       device=args.placement)
+        placed = place(target, str(path), plan.draft, mode=args.draft_mode or "auto", device=args.placement)
     except BaseException:
         target.close()
         raise

@@ -42,14 +42,13 @@ def bench(target_path: Path, draft_path: Path, *, threads: int, ctx: int, tokens
         raise SystemExit("the planner dropped the drafter: nothing to place")
     target = open_backend(target_path, llama_config=plan.target.llama_config())
     opts = options(plan.draft.devices, threads)
-    choice = calibrate(target, str(target_path), str(draft_path), opts, mode="model",
-                       llama_config=plan.draft.llama_config(), use_cache=False)
+    choice = calibrate(target, str(target_path), plan.draft, opts, mode="model", use_cache=False)
 
     def strategy(o: Option):
         cfg = replace(plan.draft.llama_config(), n_threads=o.draft_threads)
-        return build_strategy(target, draft_path, SpecOptions(mode="model", draft_length=CALIBRATION_K,
-                                                              draft_device=o.draft_device, predraft=o.predraft),
-                              llama_config=cfg)
+        return build_strategy(target, plan.draft.path, SpecOptions(mode="model", draft_length=CALIBRATION_K,
+                                                                   draft_device=o.draft_device, predraft=o.predraft),
+                              llama_config=cfg, torch_config=plan.draft.torch_config("cuda"))
 
     strategies = {o.name: (o, strategy(o)) for o in opts}
     speeds: dict[str, list[float]] = {"plain": [], **{n: [] for n in strategies}}

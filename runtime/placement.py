@@ -228,10 +228,15 @@ def _stderr(message: str) -> None:
     print(f"tandem: {message}", file=sys.stderr)
 
 
-def calibrate(target: Backend, target_path: str, draft_path: str, opts: Sequence[Option], *, mode: str = "auto",
-              llama_config=None, prompt: Sequence[int] | None = None, use_cache: bool = True,
+def calibrate(target: Backend, target_path: str, planned, opts: Sequence[Option], *, mode: str = "auto",
+              prompt: Sequence[int] | None = None, use_cache: bool = True,
               notify: Callable[[str], None] = _stderr) -> Choice:
-    """Measure (or read from the cache) the costs every option needs and choose."""
+    """Measure (or read from the cache) the costs every option needs and choose.
+
+    ``planned`` is the planner's drafter plan (:class:`~tandem.runtime.planner.ModelPlan`):
+    the drafter is measured as it will run (its file, possibly a quantized copy, and
+    the llama.cpp or torch config the planner priced)."""
+    draft_path = planned.path
     from tandem.runtime.speculative import open_model_drafter
 
     key = calibration_key(target_path, draft_path, opts, mode)
@@ -251,7 +256,8 @@ def calibrate(target: Backend, target_path: str, draft_path: str, opts: Sequence
     continuation, decode, verify = measure_target(target, prompt, target_threads)
     costs = Costs(decode, verify)
     for device in dict.fromkeys(o.draft_device for o in opts):
-        drafter = open_model_drafter(target, draft_path, mode, llama_config=llama_config, device=device)
+        drafter = open_model_drafter(target, draft_path, mode, llama_config=planned.llama_config(), device=device,
+                                     torch_config=planned.torch_config(device) if device == "cuda" else None)
         try:
             backend = getattr(drafter, "backend", None)
             threads = sorted({o.draft_threads for o in opts if o.draft_device == device})
@@ -272,14 +278,18 @@ def calibrate(target: Backend, target_path: str, draft_path: str, opts: Sequence
 
 @dataclass
 class Placed:
-    """What the speculative strategy needs from the chosen option."""
+    """What the speculative strategy needs from the planned, chosen placement."""
 
-    draft_config: object | None
+    draft_path: str | None = None
+    """The drafter file the planner priced (maybe its quantized copy); ``None``: as given."""
+    llama_config: object | None = None
     """The drafter's :class:`~tandem.runtime.llama_backend.LlamaConfig` with its thread count."""
-    draft_device: str
-    predraft: bool | None
+    torch_config: object | None = None
+    """The :class:`~tandem.runtime.torch_engine.backend.TorchConfig` priced for a GPU drafter."""
+    draft_device: str = "cpu"
+    predraft: bool | None = None
     """``None`` leaves the strategy's default (on for a GPU drafter)."""
-    choice: Choice | None
+    choice: Choice | None = None
     """The calibration behind it; ``None`` when there was only one option."""
     draft_cost: float | None = None
     """Measured drafter seconds per token / target decode step, for the adaptive policy."""
@@ -288,8 +298,8 @@ class Placed:
 DEVICE_CHOICES = ("auto", "gpu", "cpu")
 
 
-def place(target: Backend, target_path: str, draft_path: str, planned, *, mode: str = "auto",
-          device: str = "auto", use_cache: bool = True, notify: Callable[[str], None] = _stderr) -> Placed:
+def place(target: Backend, target_path: str, planned, *, mode: str = "auto", device: str = "auto",
+          use_cache: bool = True, notify: Callable[[str], None] = _stderr) -> Placed:
     """Choose the drafter's placement for ``planned`` (the planner's drafter plan):
     calibrate when it fits on more than one device or the CPU threads can be split,
     restricted to ``device`` (``gpu``/``cpu``) when the user asks, and apply the thread
@@ -306,13 +316,14 @@ def place(target: Backend, target_path: str, draft_path: str, planned, *, mode: 
         raise TandemError(f"The drafter cannot run on the {device.upper()} here: the plan allows "
                           f"{', '.join(planned.devices)}.")
     opts = options(devices, threads)
-    choice = (calibrate(target, target_path, draft_path, opts, mode=mode, llama_config=planned.llama_config(),
-                        use_cache=use_cache, notify=notify) if len(opts) > 1 else None)
+    choice = (calibrate(target, target_path, planned, opts, mode=mode, use_cache=use_cache, notify=notify)
+              if len(opts) > 1 else None)
     best = choice.option if choice is not None else opts[0]
     set_threads(target, best.target_threads)
-    config = replace(planned.llama_config(), n_threads=best.draft_threads)
     cost = None
     if choice is not None:
         c = choice.costs
         cost = c.draft_s[f"{best.draft_device}/{best.draft_threads}"] / c.decode_s[str(best.target_threads)]
-    return Placed(config, best.draft_device, best.predraft, choice, cost)
+    return Placed(planned.path, replace(planned.llama_config(), n_threads=best.draft_threads),
+                  planned.torch_config("cuda") if best.draft_device == "cuda" else None,
+                  best.draft_device, best.predraft, choice, cost)

@@ -298,7 +298,7 @@ def model_free_drafter(target: Backend) -> Drafter:
 
 
 def open_model_drafter(target: Backend, draft: str | Path | Backend, mode: str, *, llama_config=None,
-                       device: str = "cpu") -> Drafter:
+                       device: str = "cpu", torch_config=None) -> Drafter:
     """A model drafter for ``draft`` (a GGUF path, a store name or an open backend):
     same-vocabulary when the vocabularies match, cross-vocabulary otherwise (``auto``),
     or as ``mode`` demands."""
@@ -313,7 +313,7 @@ def open_model_drafter(target: Backend, draft: str | Path | Backend, mode: str, 
         if device == "cuda":
             from tandem.runtime.torch_engine.backend import TorchBackend, TorchConfig
 
-            backend = TorchBackend(path, TorchConfig(device="cuda", n_ctx=target.n_ctx + 16))
+            backend = TorchBackend(path, torch_config or TorchConfig(device="cuda", n_ctx=target.n_ctx + 16))
             backend.evaluate([backend.special.bos or 0])  # first CUDA launches (kernels, cuBLAS) are slow:
             backend.truncate(0)  # pay them here, not in the first round the adaptive policy times
         else:
@@ -344,6 +344,7 @@ def build_strategy(
     options: SpecOptions | None = None,
     *,
     llama_config=None,
+    torch_config=None,
     hook: RoundHook | None = None,
 ) -> SpeculativeStrategy:
     """THE entry point for speculative decoding (CLI, TUI, server and bench call it).
@@ -360,7 +361,8 @@ def build_strategy(
 
     Adaptive policies measure the target's verify-cost curve on first use (seconds,
     cached per model file and machine). Draft-model backends opened here use
-    ``llama_config`` (default: the target's context size). Close the result when done
+    ``llama_config`` (default: the target's context size), or ``torch_config`` for a
+    drafter on the GPU (the planner's priced config). Close the result when done
     (it frees the drafter); the target stays open. Output is lossless in every mode.
     """
     from tandem.runtime.adaptive import CostCurve
@@ -380,7 +382,7 @@ def build_strategy(
         drafters.append(model_free_drafter(target))
     if draft is not None and opts.mode != "ngram":
         model_drafter = open_model_drafter(target, draft, opts.mode, llama_config=llama_config,
-                                           device=opts.draft_device)
+                                           device=opts.draft_device, torch_config=torch_config)
         if opts.draft_window:
             from tandem.runtime.split import WindowedDrafter
 

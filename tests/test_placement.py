@@ -75,9 +75,8 @@ def test_calibration_on_a_real_pair_is_measured_once_and_cached(target, stories_
     import tandem.runtime.placement as placement
 
     opts = options(("cpu",), 2)
-    config = LlamaConfig(n_ctx=512, n_threads=2)
-    first = calibrate(target, str(stories_twin), str(stories260k), opts, mode="model", llama_config=config,
-                      notify=lambda _: None)
+    planned = ModelPlan(str(stories260k), 512, n_threads=2)
+    first = calibrate(target, str(stories_twin), planned, opts, mode="model", notify=lambda _: None)
     c = first.costs
     assert set(c.decode_s) == set(c.verify_s) == {"1", "2"}
     assert set(c.draft_s) == {"cpu/1", "cpu/2"}
@@ -92,22 +91,22 @@ def test_calibration_on_a_real_pair_is_measured_once_and_cached(target, stories_
         raise AssertionError("a cached calibration must not measure again")
 
     monkeypatch.setattr(placement, "measure_target", no_measuring)
-    again = calibrate(target, str(stories_twin), str(stories260k), opts, mode="model", llama_config=config)
+    again = calibrate(target, str(stories_twin), planned, opts, mode="model")
     assert again.cached and again.costs == first.costs and again.option == first.option
 
 
 def test_place_applies_the_choice_and_refuses_a_device_the_plan_lacks(target, stories_twin: Path,
                                                                       stories260k: Path) -> None:
     one_thread = ModelPlan(str(stories260k), 512, n_threads=1)
-    placed = place(target, str(stories_twin), str(stories260k), one_thread, mode="model")
+    placed = place(target, str(stories_twin), one_thread, mode="model")
     assert placed.choice is None and placed.draft_device == "cpu" and placed.predraft is False
-    assert placed.draft_config.n_threads == 1
+    assert placed.llama_config.n_threads == 1 and placed.draft_path == str(stories260k)
     with pytest.raises(TandemError, match="cannot run on the GPU"):
-        place(target, str(stories_twin), str(stories260k), one_thread, device="gpu")
+        place(target, str(stories_twin), one_thread, device="gpu")
     two = ModelPlan(str(stories260k), 512, n_threads=2)
-    chosen = place(target, str(stories_twin), str(stories260k), two, mode="model", notify=lambda _: None)
+    chosen = place(target, str(stories_twin), two, mode="model", notify=lambda _: None)
     assert chosen.choice is not None
-    assert chosen.draft_config.n_threads == chosen.choice.option.draft_threads
+    assert chosen.llama_config.n_threads == chosen.choice.option.draft_threads
     assert chosen.predraft == chosen.choice.option.predraft
 
 

@@ -288,13 +288,14 @@ def load_engine(choice: ModelChoice) -> Any:
         from tandem.runtime.speculative import SpecOptions, build_strategy
 
         planned = plan.draft if plan is not None else None
-        placed = Placed(None, "cpu", None, None)
+        placed = Placed()
         if planned is not None and drafter_path is not None and choice.mode in ("auto", "model", "xvocab"):
-            placed = place(target, str(choice.target), str(drafter_path), planned, mode=choice.mode,
-                           device=choice.placement, notify=choice.notes.append)
+            placed = place(target, str(choice.target), planned, mode=choice.mode, device=choice.placement,
+                           notify=choice.notes.append)
+            drafter_path = Path(placed.draft_path)  # the file the planner priced (maybe a quantized copy)
             if placed.choice is not None:
                 choice.notes.append(f"placement: {placed.choice.option.name} (measured)")
-        config = placed.draft_config
+        config = placed.llama_config
         drafter = (open_backend(drafter_path, n_ctx=choice.n_ctx, n_threads=choice.n_threads, llama_config=config)
                    if drafter_path is not None and placed.draft_device != "cuda" else None)
         options = SpecOptions(mode=choice.mode, draft_max=plan.draft_max if plan else choice.draft_max,
@@ -303,7 +304,7 @@ def load_engine(choice: ModelChoice) -> Any:
                               draft_device=placed.draft_device, predraft=placed.predraft,
                               draft_cost=placed.draft_cost)
         strategy = build_strategy(target, drafter if drafter is not None else drafter_path, options,
-                                  llama_config=config)
+                                  llama_config=config, torch_config=placed.torch_config)
     except BaseException:
         if drafter is not None:
             drafter.close()
