@@ -168,6 +168,11 @@ class LengthPolicy(Protocol):
         """How many of the ``n`` drafted tokens to verify (may be all, or none)."""
         ...
 
+    def predraft_pays(self, n: int) -> bool:
+        """Whether drafting the next round during the verification of ``n`` drafts is
+        worth it (PEARL's pre-drafting, "where the acceptance outlook allows")."""
+        ...
+
     def observe(
         self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float, source: str = "",
         *, timed: bool = True,
@@ -190,6 +195,9 @@ class FixedLength:
 
     def trim(self, confidence: Sequence[float] | None, n: int, source: str = "") -> int:
         return n
+
+    def predraft_pays(self, n: int) -> bool:
+        return True
 
     def observe(
         self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float, source: str = "",
@@ -320,6 +328,22 @@ class AdaptivePolicy:
         if mixed:  # probing is the model drafter's business
             return m if pays else 0
         return self._on(m) if pays else self._off(n)
+
+    def predraft_pays(self, n: int) -> bool:
+        """Pre-draft when it cannot cost anything or probably hits. A pre-draft the target
+        rejects is waited for before the next round drafts, which costs only the part of
+        drafting that outlasts verification: ``(n + 1)·draft_cost − c(n)`` one-token calls.
+        It is worth that when the chance of a hit — all ``n`` accepted and the bonus token
+        guessed, ``Π a_i`` over ``n + 1`` positions — outweighs it against what a hit saves."""
+        if n == 0:
+            return False
+        spill = (n + 1) * self.draft_cost - self.cost(n)
+        if spill <= 0:
+            return True
+        a = self.acceptance()
+        hit = float(np.prod(a[: min(n + 1, len(a))]))
+        saved = min((n + 1) * self.draft_cost, self.cost(n))
+        return hit * saved > (1 - hit) * spill
 
     def calibration(self) -> float:
         """Observed acceptances per unit of predicted confidence (decayed)."""

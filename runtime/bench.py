@@ -119,6 +119,9 @@ class _Histogram:
     def trim(self, confidence, n: int, source: str = "") -> int:
         return self.policy.trim(confidence, n, source)
 
+    def predraft_pays(self, n: int) -> bool:
+        return self.policy.predraft_pays(n)
+
     def observe(self, drafted, accepted, draft_s, verify_s, round_s, source: str = "", *, timed: bool = True) -> None:
         self.counts[drafted] = self.counts.get(drafted, 0) + 1
         self.policy.observe(drafted, accepted, draft_s, verify_s, round_s, source, timed=timed)

@@ -122,7 +122,8 @@ def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | Non
     already drafts the next one, assuming every draft is accepted and guessing the bonus
     token; the next round uses it when that guess came true and drops it otherwise. It
     pays when drafter and target run on different devices (drafter on a GPU, target on
-    CPU threads); the output is the same either way.
+    CPU threads), and only where the acceptance outlook allows: each round asks
+    ``policy.predraft_pays(n)``. The output is the same either way.
     """
 
     def strategy(target: Backend, prompt: list[int], sampler: Sampler, stats: DecodeStats) -> Iterator[Commit]:
@@ -164,7 +165,7 @@ def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | Non
                 drafted_at = time.perf_counter()
                 n = len(draft.tokens)
                 room = target.n_ctx - len(context) - n - 1
-                if pool is not None and n and room > 0:
+                if pool is not None and n and room > 0 and policy.predraft_pays(n):
                     pending = pool.submit(_predraft, drafter, [*context, *draft.tokens], min(k, room), sampler)
                 logits = target.evaluate([context[-1], *draft.tokens], logits_for=range(n + 1))
                 verified_at = time.perf_counter()

@@ -152,3 +152,17 @@ def test_untimed_round_teaches_acceptance_but_not_cost() -> None:
     assert policy.next_length() > 0
     policy.observe(4, 4, draft_s=0.5, verify_s=0.012, round_s=0.52)  # the same round, timed
     assert policy.draft_cost > 1.0
+
+
+def test_predraft_only_where_the_acceptance_outlook_allows() -> None:
+    """Drafting faster than verifying: pre-drafting is free, always on. Drafting slower:
+    a rejected pre-draft delays the next round, so it needs a likely hit."""
+    cheap = AdaptivePolicy(CostCurve.linear(0.05), AdaptiveConfig(max_len=8), draft_cost=0.05)
+    assert cheap.predraft_pays(4) and not cheap.predraft_pays(0)
+    dear = AdaptivePolicy(CostCurve.linear(0.05), AdaptiveConfig(max_len=8), draft_cost=0.6)
+    dear.reached[:] = 100
+    dear.accepted[:] = 98
+    assert dear.predraft_pays(4)
+    dear.accepted[:] = 30
+    assert not dear.predraft_pays(4)
+    assert FixedLength(4).predraft_pays(4)
