@@ -87,8 +87,24 @@ def test_expert_in_use_is_never_evicted() -> None:
     assert not cache.insert((1, 5, False), w(), 0, prefetched=True)  # nothing evictable
     assert set(cache.entries) == cache.pinned
     cache.pinned = {(0, 0, False), (0, 2, False)}
-    assert cache.insert((1, 5, False), w(), 0, prefetched=True)
+    assert cache.insert((1, 5, False), w(), 0, prefetched=False)
     assert (0, 1, False) not in cache.entries and (0, 0, False) in cache.entries
+
+
+def test_prefetch_only_replaces_experts_of_its_own_layer() -> None:
+    """A guess for layer 1 may push out a layer-1 expert, never another layer's (nor an unused guess)."""
+    cache = ExpertCache(OffloadConfig(budget_bytes=3 * 12), n_layers=3)
+
+    def w() -> ExpertWeights:
+        return ExpertWeights(torch.zeros(1), torch.zeros(1), torch.zeros(1))
+
+    cache.insert((0, 0, False), w(), 0, prefetched=False)
+    cache.insert((2, 0, False), w(), 0, prefetched=False)
+    assert cache.insert((1, 3, False), w(), 0, prefetched=True)  # free room
+    assert not cache.insert((1, 4, False), w(), 0, prefetched=True)  # only (1, 3), an unused guess, is in layer 1
+    cache.entries[(1, 3, False)].prefetched = False  # used now
+    assert cache.insert((1, 4, False), w(), 0, prefetched=True)
+    assert set(cache.entries) == {(0, 0, False), (2, 0, False), (1, 4, False)}
 
 
 def test_hobbit_prefers_evicting_far_layers_and_lru_recency() -> None:
@@ -122,3 +138,20 @@ def test_dense_model_cannot_be_offloaded(stories260k: Path) -> None:
     b = TorchBackend(stories260k, TorchConfig(device="cpu", n_threads=1))
     with pytest.raises(UnsupportedModel):
         enable_offload(b, OffloadConfig(budget_bytes=1 << 20))
+
+
+def test_widened_moe_computes_the_small_moe_and_routes_in_every_layer(stories_moe: Path, moe: TorchBackend,
+                                                                      tmp_path: Path) -> None:
+    """The benchmark's wide MoE: same function as its source, and no layer routes trivially."""
+    from tandem.runtime.bench_moe_model import widen_moe
+
+    wide = TorchBackend(widen_moe(stories_moe, tmp_path / "wide.gguf", 128, 32, 8), TorchConfig(device="cpu", n_threads=1))
+    assert (wide.model_config.dim, wide.model_config.expert_ffn_dim, wide.model_config.n_layers) == (128, 32, 8)
+    ids = moe.tokenize(TEXT, add_bos=True)
+    ref_tokens, ref_logits = _run(moe, ids, 12)
+    mgr = enable_offload(wide, OffloadConfig(budget_bytes=1 << 30, prefetch=False))
+    tokens, logits = _run(wide, ids, 12)
+    assert tokens == ref_tokens
+    np.testing.assert_allclose(logits, ref_logits, atol=1e-4)
+    per_layer = [{k[1] for k in mgr.cache.entries if k[0] == layer} for layer in range(8)]
+    assert all(len(used) >= 3 for used in per_layer)  # extra layers reuse trained routers

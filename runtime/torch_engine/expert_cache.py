@@ -2,20 +2,24 @@
 
 :class:`OffloadedExperts` replaces the engine's :class:`DenseExperts` behind
 :meth:`MoEFeedForward.store.run`: experts stay in an :class:`ExpertSource` (mmap'd GGUF
-or host RAM) and at most ``budget_bytes`` of them are resident on the compute device
-(GPU when present; on a CPU-only machine the "device" is RAM over disk-resident
-experts). Each feature is a switch in :class:`OffloadConfig`:
+or host RAM) and at most ``budget_bytes`` of them are resident on the compute device.
+On a CUDA device the cache holds GPU tensors and a load is a host-to-device copy (from
+pinned RAM it is asynchronous); on a CPU-only machine the "device" is RAM over
+disk-resident experts. Each feature is a switch in :class:`OffloadConfig`:
 
 * **eviction** ``"hobbit"``: lowest priority goes first, priority = weighted recency +
   frequency + layer closeness (an expert of a layer that runs soon is worth more);
   ``"lru"``: recency only. Experts in use by the running layer are pinned, never evicted.
-* **prefetch** (Fate's cross-layer gate): after layer ``l`` routes, layer ``l + 1``'s
-  router is applied to layer ``l``'s FFN input; its top-k experts are loaded on a
-  background thread while layer ``l`` computes. A wrong guess costs nothing but I/O:
-  a needed expert that is neither cached nor in flight is loaded synchronously.
+* **prefetch** (Fate's cross-layer gate): layer ``l + 1``'s router is applied to layer
+  ``l``'s FFN input and its top-k experts are loaded while layer ``l`` computes (a guess
+  only replaces experts of its own layer): on CUDA
+  as copies on a side stream, each recording an event the compute stream waits on before
+  first use (no host synchronisation); on CPU on a background thread. A wrong guess costs
+  only transfer: a needed expert that is neither cached nor in flight is loaded
+  synchronously (on CUDA: on the compute stream, which orders it before its use).
 * **mixed precision** (HOBBIT): on a miss, an expert whose routing weight is below
-  ``low_weight`` is loaded as its low-bit copy (fewer bytes, a quality cost measured in
-  BENCHMARKS.md); high- and low-precision copies are separate cache entries.
+  ``low_weight`` is loaded as its low-bit copy (fewer bytes; on CUDA the packed copy is
+  moved and dequantized on the GPU); high- and low-precision copies are separate entries.
 
 With a budget that holds every expert at full precision the output equals the
 un-offloaded model exactly (same kernels, same accumulation order).
@@ -32,7 +36,7 @@ from torch import nn
 
 from tandem.models.errors import UnsupportedModel
 from tandem.runtime.torch_engine.expert_store import ExpertSource, ExpertWeights, LowBitExperts
-from tandem.runtime.torch_engine.moe import swiglu
+from tandem.runtime.torch_engine.moe import expert_batches, linear, mix
 
 Key = tuple[int, int, bool]
 """(layer, expert, low_precision)."""
@@ -62,7 +66,9 @@ class OffloadStats:
     hits: int = 0
     misses: int = 0
     prefetch_hits: int = 0
+    prefetch_loads: int = 0
     waited: int = 0
+    """Hits on a prefetch still in flight: compute had to wait for its copy."""
     low_precision: int = 0
     bytes_loaded: int = 0
     recall_by_layer: dict[int, list[int]] = field(default_factory=dict)
@@ -85,6 +91,8 @@ class _Entry:
     last: int
     count: int
     prefetched: bool
+    ready: torch.cuda.Event | None = None
+    """CUDA prefetch: recorded on the copy stream after the copy; None once waited on."""
 
 
 class ExpertCache:
@@ -96,6 +104,8 @@ class ExpertCache:
         self.used = 0
         self.clock = 0
         self.pinned: set[Key] = set()
+        self.protected: set[Key] = set()
+        """The running prefetch's guesses: a guess must not evict another guess."""
         self.lock = threading.RLock()
         self.evictions = 0
 
@@ -115,26 +125,52 @@ class ExpertCache:
                 e.last, e.count = self.clock, e.count + 1
             return e
 
-    def insert(self, key: Key, weights: ExpertWeights, current_layer: int, prefetched: bool) -> bool:
-        """Make room (never evicting pinned experts) and insert; False if it cannot fit."""
+    def _replaceable(self, k: Key, e: _Entry, layer: int) -> bool:
+        """What a prefetch for ``layer`` may evict: that layer's used, unpinned, unpredicted experts."""
+        return k[0] == layer and k not in self.pinned and k not in self.protected and not e.prefetched
+
+    def admits_prefetch(self, key: Key, size: int) -> bool:
+        """Whether a prefetch of ``size`` bytes for ``key`` would fit (checked before paying the copy)."""
+        with self.lock:
+            free = self.cfg.budget_bytes - self.used
+            free += sum(e.nbytes for k, e in self.entries.items() if self._replaceable(k, e, key[0]))
+            return free >= size
+
+    def insert(
+        self, key: Key, weights: ExpertWeights, current_layer: int, prefetched: bool,
+        ready: torch.cuda.Event | None = None,
+    ) -> bool:
+        """Make room (never evicting pinned experts) and insert; False if it cannot fit.
+
+        A prefetch only replaces an expert of the layer it prefetches for, and never one
+        that is predicted too (``protected``) or an unused prefetch. Letting a guess push
+        out other layers' experts turns a tight cache into a one-layer-ahead stream that
+        reloads every expert on every token (measured on the H100: 4.4x the bytes of
+        plain LRU at a 25 % budget).
+        """
         size = weights.nbytes
         with self.lock:
             if key in self.entries:
                 return True
             while self.used + size > self.cfg.budget_bytes:
-                victims = [(self.priority(k, e, current_layer), k) for k, e in self.entries.items() if k not in self.pinned]
+                victims = [(self.priority(k, e, current_layer), k) for k, e in self.entries.items()
+                           if k not in self.pinned and (not prefetched or self._replaceable(k, e, key[0]))]
                 if not victims:
                     return False
                 _, k = min(victims)
                 self.used -= self.entries.pop(k).nbytes
                 self.evictions += 1
-            self.entries[key] = _Entry(weights, size, self.clock, 0 if prefetched else 1, prefetched)
+            self.entries[key] = _Entry(weights, size, self.clock, 0 if prefetched else 1, prefetched, ready)
             self.used += size
             return True
 
 
 class OffloadManager:
-    """Shared by all MoE layers: source, cache, low-bit copies, prefetch thread and stats."""
+    """Shared by all MoE layers: source, cache, low-bit copies, prefetch and stats.
+
+    ``low`` lets several managers share one set of low-bit copies (building them reads
+    every expert once, which benchmarks should not repeat per setting).
+    """
 
     def __init__(
         self,
@@ -144,30 +180,49 @@ class OffloadManager:
         n_used: int,
         device: torch.device,
         dtype: torch.dtype,
+        low: LowBitExperts | None = None,
     ) -> None:
         self.source, self.cfg = source, cfg
         self.routers, self.n_used = routers, n_used
         self.device, self.dtype = device, dtype
+        self.cuda = device.type == "cuda"
         self.cache = ExpertCache(cfg, source.n_layers)
-        self.low = LowBitExperts(source, cfg.low_bits) if cfg.mixed_precision else None
+        if cfg.mixed_precision:
+            self.low = low if low is not None else LowBitExperts(source, cfg.low_bits, device)
+        else:
+            self.low = None
         self.stats = OffloadStats()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="expert-prefetch") if cfg.prefetch else None
+        self._stream = torch.cuda.Stream(device) if cfg.prefetch and self.cuda else None
+        threaded = cfg.prefetch and not self.cuda
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="expert-prefetch") if threaded else None
         self._inflight: dict[Key, Future] = {}
         self._predicted: dict[int, set[int]] = {}
+        self._expert_bytes = 0
+        """Device bytes of one full-precision expert, known after the first load."""
 
-    def _fetch(self, key: Key) -> tuple[ExpertWeights, int]:
+    def _transfer(self, key: Key) -> tuple[ExpertWeights, int]:
+        """Copy one expert to the device on the current stream (no host synchronisation)."""
         layer, expert, low = key
-        w, n = (self.low if low else self.source).load(layer, expert)
+        if low:
+            assert self.low is not None
+            w, n = self.low.load(layer, expert, self.device)
+        else:
+            w, n = self.source.load(layer, expert)
         w = w.to(self.device, self.dtype)
-        if self.device.type == "cuda":
-            torch.cuda.current_stream().synchronize()
+        if not low:
+            self._expert_bytes = w.nbytes
         return w, n
 
-    def _load_into_cache(self, key: Key, current_layer: int, prefetched: bool) -> ExpertWeights:
-        w, n = self._fetch(key)
-        self.stats.bytes_loaded += n
-        self.cache.insert(key, w, current_layer, prefetched)
-        return w
+    def _use(self, e: _Entry) -> ExpertWeights:
+        """Make the compute stream wait for a prefetched copy before its first use."""
+        if e.ready is not None:
+            self.stats.waited += int(not e.ready.query())
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(e.ready)
+            for t in (e.weights.gate, e.weights.up, e.weights.down):
+                t.record_stream(stream)  # freed after eviction only once compute is done with it
+            e.ready = None
+        return e.weights
 
     def acquire(self, layer: int, expert: int, weight: float) -> ExpertWeights:
         """Weights for one expert of the running layer: cache, in-flight prefetch, or a sync load."""
@@ -178,13 +233,13 @@ class OffloadManager:
                 if e.prefetched:
                     self.stats.prefetch_hits += 1
                     e.prefetched = False
-                return e.weights
+                return self._use(e)
         low = self.low is not None and weight < self.cfg.low_weight
         key = (layer, expert, low)
         with self.cache.lock:
             self.cache.pinned.add(key)
         fut = self._inflight.get(key)
-        if fut is not None:
+        if fut is not None:  # CPU prefetch thread still loading it
             fut.result()
             e = self.cache.get(key)
             if e is not None:
@@ -194,24 +249,47 @@ class OffloadManager:
                 return e.weights
         self.stats.misses += 1
         self.stats.low_precision += int(low)
-        return self._load_into_cache(key, layer, prefetched=False)
+        w, n = self._transfer(key)
+        self.stats.bytes_loaded += n
+        self.cache.insert(key, w, layer, prefetched=False)
+        return w
 
-    def prefetch(self, layer: int, x: torch.Tensor) -> None:
-        """Cross-layer gate: route ``x`` (layer ``layer``'s FFN input) with the next layer's router."""
+    def predict(self, layer: int, x: torch.Tensor) -> torch.Tensor | None:
+        """Cross-layer gate: layer ``layer + 1``'s top-k experts for ``x`` (this layer's FFN input)."""
         nxt = layer + 1
-        if self._pool is None or nxt >= len(self.routers):
-            return
-        probs = torch.softmax(torch.nn.functional.linear(x, self.routers[nxt]).float(), dim=-1)
-        guess = set(torch.topk(probs, self.n_used, dim=-1).indices.unique().tolist())
+        if not self.cfg.prefetch or nxt >= len(self.routers):
+            return None
+        return torch.topk(linear(x, self.routers[nxt]), self.n_used, dim=-1).indices
+
+    def prefetch(self, layer: int, guess: set[int]) -> None:
+        """Start loading the guessed experts of layer ``layer + 1`` that are not resident."""
+        nxt = layer + 1
         self._predicted[nxt] = guess
-        for e in guess:
+        with self.cache.lock:
+            self.cache.protected = {(nxt, e, low) for e in guess for low in (False, True)}
+        for e in sorted(guess):
             key = (nxt, e, False)
-            if self.cache.get(key) is None and key not in self._inflight:
+            if self.cache.get(key) is not None or key in self._inflight:
+                continue
+            if self._expert_bytes and not self.cache.admits_prefetch(key, self._expert_bytes):
+                continue  # no room without evicting other layers' experts: not worth the copy
+            if self._stream is not None:
+                with torch.cuda.stream(self._stream):
+                    w, n = self._transfer(key)
+                    ready = torch.cuda.Event()
+                    ready.record(self._stream)
+                self.stats.bytes_loaded += n
+                self.stats.prefetch_loads += 1
+                self.cache.insert(key, w, layer, prefetched=True, ready=ready)
+            elif self._pool is not None:
                 self._inflight[key] = self._pool.submit(self._prefetch_one, key, layer)
 
     def _prefetch_one(self, key: Key, current_layer: int) -> None:
         try:
-            self._load_into_cache(key, current_layer, prefetched=True)
+            w, n = self._transfer(key)
+            self.stats.bytes_loaded += n
+            self.stats.prefetch_loads += 1
+            self.cache.insert(key, w, current_layer, prefetched=True)
         finally:
             self._inflight.pop(key, None)
 
@@ -226,6 +304,8 @@ class OffloadManager:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        if self._stream is not None:
+            self._stream.synchronize()
 
 
 class OffloadedExperts(nn.Module):
@@ -239,23 +319,29 @@ class OffloadedExperts(nn.Module):
         m = self.manager
         m.cache.clock += int(layer == 0)
         m.stats.calls += 1
-        used = torch.unique(experts).tolist()
+        k = experts.shape[1]
+        guess_dev = m.predict(layer, x)
+        # One device-to-host read per layer: routing ids (+ the next layer's guess) and weights.
+        ids = (experts if guess_dev is None else torch.cat((experts, guess_dev), 1)).cpu()
+        batches = expert_batches(ids[:, :k], weights.cpu(), x.device)
+        used = [b[0] for b in batches]
         with m.cache.lock:  # experts in use by this layer are never evicted (nor by prefetch)
             m.cache.pinned.update((layer, e, low) for e in used for low in (False, True))
         m.record_recall(layer, set(used))
-        m.prefetch(layer, x)
-        out = torch.zeros_like(x)
+        guess = set(ids[:, k:].flatten().tolist())
+        if guess_dev is not None and not m.cuda:
+            m.prefetch(layer, guess)  # a CPU thread: start it before this layer's own loads
         try:
-            for e in used:  # same order and kernels as DenseExperts: bit-identical when all hit
-                rows, slot = torch.nonzero(experts == e, as_tuple=True)
-                w = weights[rows, slot]
-                ew = m.acquire(layer, e, float(w.max()))
-                y = swiglu(x[rows], ew.gate, ew.up, ew.down)
-                out.index_add_(0, rows, y * w[:, None].to(y.dtype))
+            plan = []
+            for e, rows, w, w_max in batches:
+                ew = m.acquire(layer, e, w_max)
+                plan.append((rows, w, (ew.gate, ew.up, ew.down)))
+            if guess_dev is not None and m.cuda:
+                m.prefetch(layer, guess)  # after this layer's sync loads: they go first on the link
+            return mix(x, plan)  # same order and kernels as DenseExperts: bit-identical when all hit
         finally:
             with m.cache.lock:
                 m.cache.pinned.clear()
-        return out
 
 
 def moe_layers(backend) -> list:
@@ -268,23 +354,35 @@ def moe_layers(backend) -> list:
     return ffns
 
 
-def enable_offload(backend, cfg: OffloadConfig, source: str = "gguf") -> OffloadManager:
-    """Move a loaded MoE model's experts out of memory behind a budgeted cache.
+def ram_source(backend) -> ExpertSource:
+    """The loaded model's experts copied to host RAM (pinned when CUDA is present)."""
+    from tandem.runtime.torch_engine.expert_store import RamExpertSource
+
+    return RamExpertSource([(f.store.gate, f.store.up, f.store.down) for f in moe_layers(backend)])
+
+
+def enable_offload(
+    backend, cfg: OffloadConfig, source: str | ExpertSource = "gguf", low: LowBitExperts | None = None
+) -> OffloadManager:
+    """Move a loaded MoE model's experts out of device memory behind a budgeted cache.
 
     ``source="gguf"`` reads experts from the model file through mmap (the resident
-    copies are dropped); ``"ram"`` keeps them in host RAM (pinned when CUDA is present).
+    copies are dropped); ``"ram"`` keeps them in host RAM (pinned when CUDA is present);
+    an :class:`ExpertSource` object is used as is (benchmarks share one across settings).
     """
-    from tandem.runtime.torch_engine.expert_store import GGUFExpertSource, RamExpertSource
+    from tandem.runtime.torch_engine.expert_store import GGUFExpertSource
 
     ffns = moe_layers(backend)
     if source == "gguf":
         src: ExpertSource = GGUFExpertSource(backend.path)
     elif source == "ram":
-        src = RamExpertSource([(f.store.gate, f.store.up, f.store.down) for f in ffns])
-    else:
+        src = ram_source(backend)
+    elif isinstance(source, str):
         raise ValueError(f"source must be 'gguf' or 'ram', got {source!r}")
+    else:
+        src = source
     routers = [f.router.detach() for f in ffns]
-    manager = OffloadManager(src, cfg, routers, ffns[0].n_used, backend.device, backend.dtype)
+    manager = OffloadManager(src, cfg, routers, ffns[0].n_used, backend.device, backend.dtype, low)
     for f in ffns:
         f.store = OffloadedExperts(manager)
     return manager

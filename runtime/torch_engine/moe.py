@@ -47,6 +47,35 @@ class ExpertStore(Protocol):
         ...
 
 
+Batch = tuple[int, torch.Tensor, torch.Tensor, float]
+"""(expert id, its rows of x, their mixing weights, the largest of them)."""
+
+
+def expert_batches(experts: torch.Tensor, weights: torch.Tensor, device: torch.device) -> list[Batch]:
+    """Group routed rows by expert, experts ascending, from *host* copies of the routing.
+
+    The caller reads the routing to the host once per layer (``.cpu()``); grouping there
+    avoids a device synchronisation per expert (``nonzero``, ``unique``), which on a GPU
+    costs more than the expert's matmuls at decode batch sizes. Every store uses this,
+    so offloaded and resident experts compute in the same order with the same kernels.
+    """
+    out = []
+    for e in sorted(set(experts.flatten().tolist())):
+        rows, slot = torch.nonzero(experts == e, as_tuple=True)
+        w = weights[rows, slot]
+        out.append((e, rows.to(device), w.to(device), float(w.max())))
+    return out
+
+
+def mix(x: torch.Tensor, batches: list[tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]]) -> torch.Tensor:
+    """``sum_e w * expert_e(x[rows])`` scattered back to rows; batches are (rows, w, (gate, up, down))."""
+    out = torch.zeros_like(x)
+    for rows, w, (gate, up, down) in batches:
+        y = swiglu(x[rows], gate, up, down)
+        out.index_add_(0, rows, y * w[:, None].to(y.dtype))
+    return out
+
+
 class DenseExperts(nn.Module):
     """All experts resident as stacked tensors (E, out, in): the reference store."""
 
@@ -57,12 +86,8 @@ class DenseExperts(nn.Module):
         self.down = nn.Parameter(down, requires_grad=False)
 
     def run(self, layer: int, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(x)
-        for e in torch.unique(experts).tolist():
-            rows, slot = torch.nonzero(experts == e, as_tuple=True)
-            y = swiglu(x[rows], self.gate[e], self.up[e], self.down[e])
-            out.index_add_(0, rows, y * weights[rows, slot, None].to(y.dtype))
-        return out
+        batches = expert_batches(experts.cpu(), weights.cpu(), x.device)
+        return mix(x, [(rows, w, (self.gate[e], self.up[e], self.down[e])) for e, rows, w, _ in batches])
 
 
 class MoEFeedForward(nn.Module):
