@@ -123,8 +123,8 @@ def fold_moments(
     ``(m1, m2, seen)``.
     """
     h, t, n = rows.shape
-    m1 = torch.zeros(h, n, device=rows.device) if m1 is None else torch.nn.functional.pad(m1, (0, n - m1.shape[-1]))
-    m2 = torch.zeros(n, device=rows.device) if m2 is None else torch.nn.functional.pad(m2, (0, n - m2.shape[-1]))
+    m1 = torch.zeros(h, n, device=rows.device) if m1 is None else torch.nn.functional.pad(m1.float(), (0, n - m1.shape[-1]))
+    m2 = torch.zeros(n, device=rows.device) if m2 is None else torch.nn.functional.pad(m2.float(), (0, n - m2.shape[-1]))
     rows = rows.float()
     sq = rows.square().mean(dim=0)  # (T, n)
     for i in range(t):
@@ -137,6 +137,7 @@ def fold_moments(
 
 def preference_from_moments(m1: torch.Tensor, m2: torch.Tensor, tau1: float = 1.0, tau2: float = 1.0) -> float:
     """:func:`layer_preference` from :func:`fold_moments` statistics (same formula, running moments)."""
+    m1, m2 = m1.float(), m2.float()
     entropy = -(m1.clamp_min(1e-12).log() * m1).sum(dim=-1).mean()
     variance = (m2 - m1.square().mean(dim=0)).sum()
     return float(entropy.clamp_min(0) ** (1.0 / tau1) * variance.clamp_min(1e-12) ** (1.0 / tau2))
@@ -144,4 +145,5 @@ def preference_from_moments(m1: torch.Tensor, m2: torch.Tensor, tau1: float = 1.
 
 def scores_from_moments(m1: torch.Tensor, m2: torch.Tensor, gamma: float = 200.0) -> torch.Tensor:
     """:func:`eviction_scores` from running moments: head-mean of (mean + gamma x variance), shape (n,)."""
+    m1, m2 = m1.float(), m2.float()
     return m1.mean(dim=0) + gamma * (m2 - m1.square().mean(dim=0))

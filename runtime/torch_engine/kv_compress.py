@@ -10,9 +10,9 @@ One class, :class:`CompressedKVCache`, configured by :class:`KVCompressConfig`:
 * ``policy="cake"`` (CAKE): one total budget (``budget`` tokens per layer on average) is
   split over layers by attention entropy x variance over the last ``window`` queries,
   and each layer keeps its sinks, the observation window and its highest-scoring tokens.
-  The statistics are running moments per KV head and entry (``fold_moments``), not the
-  window's attention rows, which would take more memory than the entries they evict;
-  they are counted in :meth:`nbytes`.
+  The statistics are running moments per KV head and entry (``fold_moments``, horizon
+  ``stat_window``), not the window's attention rows, which would take more memory than
+  the entries they evict; they are counted in :meth:`nbytes`.
   Kept tokens are scattered, so CAKE keeps their **original positions** (as the paper).
   With ``cascade`` a long pass (a prefill chunk longer than the observation window)
   re-splits the budget over the layers processed so far after each layer and evicts at
@@ -93,6 +93,12 @@ class KVCompressConfig:
     hold: str | None = None
     """dtype of full-precision entries: None (the engine's) or ``float16``."""
     cake_gamma: float = 200.0
+    stat_window: int = 8
+    """``cake``: horizon in queries of the running attention moments (exact mean over the
+    first ``stat_window`` queries, then an exponential average). With 32 (the observation
+    window) the average forgets old attention too slowly: on stories260K at budget 64 the
+    KL to the full cache was 0.0186 against 0.0081 with 8 (the exact 32-row window that
+    needed 4x the cache's memory: 0.0086)."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -104,8 +110,8 @@ class KVCompressConfig:
             raise ValueError("key_bits needs bits (the value bits) as well")
         if self.key_mode not in ("token", "channel") or self.hold not in HOLD_DTYPES:
             raise ValueError(f"bad key_mode {self.key_mode!r} or hold {self.hold!r}")
-        if self.sinks < 0 or self.window < 1 or self.budget < 1 or self.key_group < 1 or self.residual < 0:
-            raise ValueError("sinks >= 0, residual >= 0, window, budget and key_group >= 1 are required")
+        if min(self.window, self.budget, self.key_group, self.stat_window) < 1 or min(self.sinks, self.residual) < 0:
+            raise ValueError("sinks >= 0, residual >= 0, window, budget, key_group and stat_window >= 1 are required")
 
 
 class CompressedKVCache(CodecMixin, KVCache):
@@ -190,7 +196,8 @@ class CompressedKVCache(CodecMixin, KVCache):
         """Move the last pass's attention rows into the running moments (only once no rollback can need them)."""
         seg = self._body[layer]
         if seg.obs is not None:
-            seg.m1, seg.m2, seg.seen = fold_moments(seg.m1, seg.m2, seg.seen, seg.obs, self.cfg.window)
+            m1, m2, seg.seen = fold_moments(seg.m1, seg.m2, seg.seen, seg.obs, self.cfg.stat_window)
+            seg.m1, seg.m2 = m1.half(), m2.half()  # held in fp16: ranking needs no more
             seg.obs, seg.obs_rows = None, seg.obs_rows[:0]
 
     def _cake_evict(self, layer: int, budget: int) -> None:
@@ -283,7 +290,7 @@ class CompressedKVCache(CodecMixin, KVCache):
         seg = self._body[layer]
         h, t, n = probs.shape
         # Held raw until the next pass folds them (a rollback may cut into this pass).
-        rows = probs.detach().float().view(self.n_kv_heads, h // self.n_kv_heads, t, n).mean(dim=1)
+        rows = probs.detach().float().view(self.n_kv_heads, h // self.n_kv_heads, t, n).mean(dim=1).half()
         old = seg.obs
         if old is not None and old.shape[-1] < n:
             old = torch.nn.functional.pad(old, (0, n - old.shape[-1]))
