@@ -8,7 +8,8 @@ from pathlib import Path
 
 from tandem.models.store import resolve_model
 from tandem.runtime.hardware import PROFILES, format_size, resolve_machine
-from tandem.runtime.placement import Choice, calibrate, options
+from tandem.runtime.placement import Choice, options, target_gpu_fits
+from tandem.runtime.placement_calibrate import calibrate
 from tandem.runtime.planner import Plan, PlanRequest, make_plan
 
 
@@ -90,8 +91,8 @@ def calibrated(plan: Plan) -> Choice:
 
     target = open_backend(plan.target.path, llama_config=plan.target.llama_config())
     try:
-        opts = options(plan.draft.devices, plan.draft.n_threads or default_threads())
-        return calibrate(target, plan.target.path, plan.draft, opts)
+        opts = options(plan.draft.devices, plan.draft.n_threads or default_threads(), target_gpu=target_gpu_fits(plan))
+        return calibrate(target, plan, opts)
     finally:
         target.close()
 

@@ -11,7 +11,7 @@ from tandem.models.store import resolve_model
 from tandem.runtime.backend import Backend
 from tandem.runtime.generate import DoneEvent, generate
 from tandem.runtime.open_backend import backend_kind, open_backend
-from tandem.runtime.placement import Placed, place
+from tandem.runtime.placement import DEVICE_CHOICES, Placed, place
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -48,9 +48,10 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
                    help="fixed draft length instead of the adaptive policy")
 
 
-    g.add_argument("--placement", choices=["auto", "gpu", "cpu"], default="auto",
-                   help="where the drafter runs: auto measures the devices it fits on once (cached) and "
-                        "picks the fastest, with CPU thread splits and pre-drafting (default: auto)")
+    g.add_argument("--placement", choices=DEVICE_CHOICES, default="auto",
+                   help="where drafter and target run: auto measures the options once (cached) and picks the "
+                        "fastest: drafter on the GPU or on CPU threads (in turn or split, pre-drafting), or the "
+                        "target on the GPU; gpu/cpu: the drafter there; target-gpu: the target there (default: auto)")
 
 
 def strategy_from_args(target, args: argparse.Namespace, draft_window: int | None = None,
@@ -109,11 +110,11 @@ def open_planned(args: argparse.Namespace) -> tuple[Backend, int | None, Placed]
     if plan.draft is None:
         return target, None, unplanned
     try:
-        placed = place(target, str(path), plan.draft, mode=args.draft_mode or "auto", device=args.placement)
+        placed = place(target, plan, mode=args.draft_mode or "auto", device=args.placement)
     except BaseException:
         target.close()
         raise
-    return target, plan.draft.window, placed
+    return placed.target, plan.draft.window, placed
 
 
 def run(args: argparse.Namespace) -> int:

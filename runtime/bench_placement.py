@@ -5,7 +5,10 @@ planner allows (drafter on the GPU with/without pre-drafting, on the CPU sequent
 CPU thread splits with pre-drafting) is calibrated (:mod:`tandem.runtime.placement`)
 and then *run* end to end: greedy, fixed draft length ``k`` (the length the options are
 compared at), alternating with plain decoding in one process, medians over rounds and
-prompts. Every option must reproduce plain decoding token for token.
+prompts. Every option must reproduce plain decoding token for token — the plain decoding
+of the backend its target runs in (a target on the GPU runs in the torch engine, whose
+float32 arithmetic on dequantized weights may break a near-tie differently from
+llama.cpp's quantized dot products).
 
     python -m tandem.runtime.bench_placement --target TWIN.gguf --draft SMALL.gguf [--threads 8]
 """
@@ -21,7 +24,8 @@ from pathlib import Path
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
 from tandem.runtime.open_backend import open_backend
-from tandem.runtime.placement import CALIBRATION_K, Option, calibrate, options
+from tandem.runtime.placement import CALIBRATION_K, Option, options, target_gpu_fits
+from tandem.runtime.placement_calibrate import calibrate
 from tandem.runtime.planner import plan_for_run
 from tandem.runtime.speculative import SpecOptions, build_strategy
 from tandem.runtime.split import set_threads
@@ -41,43 +45,53 @@ def bench(target_path: Path, draft_path: Path, *, threads: int, ctx: int, tokens
     if plan.draft is None:
         raise SystemExit("the planner dropped the drafter: nothing to place")
     target = open_backend(target_path, llama_config=plan.target.llama_config())
-    opts = options(plan.draft.devices, threads)
-    choice = calibrate(target, str(target_path), plan.draft, opts, mode="model", use_cache=False)
+    opts = options(plan.draft.devices, threads, target_gpu=target_gpu_fits(plan))
+    choice = calibrate(target, plan, opts, mode="model", use_cache=False)
+    targets = {"cpu": target}
+    if any(o.target_device == "cuda" for o in opts):
+        from tandem.runtime.torch_engine.backend import TorchBackend
+
+        targets["cuda"] = TorchBackend(target_path, plan.target.torch_config("cuda"))
 
     def strategy(o: Option):
         cfg = replace(plan.draft.llama_config(), n_threads=o.draft_threads)
-        return build_strategy(target, plan.draft.path, SpecOptions(mode="model", draft_length=CALIBRATION_K,
+        return build_strategy(targets[o.target_device], plan.draft.path, SpecOptions(mode="model", draft_length=CALIBRATION_K,
                                                                    draft_device=o.draft_device, predraft=o.predraft),
                               llama_config=cfg, torch_config=plan.draft.torch_config("cuda"))
 
     strategies = {o.name: (o, strategy(o)) for o in opts}
-    speeds: dict[str, list[float]] = {"plain": [], **{n: [] for n in strategies}}
+    plain_name = {"cpu": "plain", "cuda": "plain, target on GPU"}
+    speeds: dict[str, list[float]] = {plain_name[d]: [] for d in targets} | {n: [] for n in strategies}
     identical = dict.fromkeys(strategies, True)
     try:
         for r in range(rounds):
             for text in PROMPTS:
                 prompt = target.tokenize(text, add_bos=True)
                 set_threads(target, threads)
-                plain = _run(target, prompt, autoregressive, tokens)
-                speeds["plain"].append(plain.stats.tokens_per_s)
+                plain = {}
+                for device, t in targets.items():  # each backend's own greedy output is the reference
+                    plain[device] = _run(t, prompt, autoregressive, tokens)
+                    speeds[plain_name[device]].append(plain[device].stats.tokens_per_s)
                 names = list(strategies)
                 names = names[r % len(names):] + names[: r % len(names)]
                 for name in names:
                     o, s = strategies[name]
                     set_threads(target, o.target_threads)
-                    done = _run(target, prompt, s, tokens)
+                    done = _run(targets[o.target_device], prompt, s, tokens)
                     speeds[name].append(done.stats.tokens_per_s)
-                    identical[name] &= done.tokens == plain.tokens
+                    identical[name] &= done.tokens == plain[o.target_device].tokens
     finally:
         for _, s in strategies.values():
             s.close()
-        target.close()
+        for t in targets.values():
+            t.close()
     measured = {n: statistics.median(v) for n, v in speeds.items()}
     best = max(strategies, key=measured.get)
     return {"target": target_path.name, "draft": draft_path.name, "threads": threads, "k": CALIBRATION_K,
             "chosen": choice.option.name, "measured_best": best,
             "chosen_vs_best": measured[choice.option.name] / measured[best],
-            "predicted_plain": choice.plain, "measured_plain": measured["plain"],
+            "predicted_plain": 1.0 / choice.costs.decode_s[f"cpu/{threads}"], "measured_plain": measured["plain"],
+            "measured_plain_target_gpu": measured.get(plain_name["cuda"]),
             "options": [{"name": n, "predicted": choice.predicted[n], "measured": measured[n],
                          "vs_plain": measured[n] / measured["plain"], "identical": identical[n]}
                         for n in strategies],
@@ -101,6 +115,10 @@ def main() -> None:
     print(f"{out['target']} + {out['draft']}, {out['threads']} threads, k = {out['k']}")
     print("| option | predicted tok/s | measured tok/s | vs plain | identical |\n|---|---|---|---|---|")
     print(f"| plain | {out['predicted_plain']:.1f} | {out['measured_plain']:.1f} | 1.00x | - |")
+    if out["measured_plain_target_gpu"]:
+        gpu = out["measured_plain_target_gpu"]
+        print(f"| plain, target on GPU | {1 / out['costs']['decode_s']['cuda']:.1f} | {gpu:.1f} | "
+              f"{gpu / out['measured_plain']:.2f}x | - |")
     for o in out["options"]:
         mark = " (chosen)" if o["name"] == out["chosen"] else ""
         print(f"| {o['name']}{mark} | {o['predicted']:.1f} | {o['measured']:.1f} | {o['vs_plain']:.2f}x | "

@@ -1,75 +1,78 @@
-"""Where the drafter runs, and whether it pre-drafts, chosen from measured per-device costs.
+"""Where the drafter (and the target) run, and whether drafting overlaps verification,
+chosen from measured per-device costs.
 
 The memory planner says which devices a drafter *fits* on (``plan.draft.devices``); which
-one is *faster* depends on the machine, so it is measured (Dovetail, algorithms.md §2):
-once per (target, drafter, machine, threads), a short calibration times
+placement is *faster* depends on the machine, so it is measured (Dovetail, algorithms.md
+§2) by :mod:`tandem.runtime.placement_calibrate` once per pair and machine, and cached.
+The options:
 
-* the target: one decode step and one verification of ``k`` drafts (``k + 1`` rows),
-* each candidate drafter: seconds per drafted token, and its greedy acceptance against
-  the target's own continuation,
+* drafter on the GPU (torch engine), target on CPU threads, with or without pre-drafting;
+* the reverse: target on the GPU (torch engine), drafter on CPU threads — offered when
+  llama.cpp here cannot offload and the dequantized target fits the VRAM budget;
+* both on the CPU in turn, or on disjoint thread groups with pre-drafting.
 
-at every thread count an option needs, and caches them in ``cache_dir()/placement.json``.
-Each option is then priced with the round model the speculative loop obeys, and the
-fastest is used:
+Each is priced with the round model the speculative loop obeys, at draft length ``k``:
 
-* sequential: a round costs ``k·t_draft + t_verify`` and yields ``E(α, k)`` tokens;
-* pre-drafting (PEARL, the drafter on its own device or thread group): when the round
-  accepts everything and the drafter guessed the bonus token (probability ``α^(k+1)``),
-  the next round was drafted during verification and the round costs
-  ``max(t_verify, (k+1)·t_draft)``; otherwise it costs what a sequential round does.
+* in turn: a round costs ``k·t_draft + t_verify`` and yields ``E(α, k)`` tokens;
+* pre-drafting (PEARL): when the round accepts everything and the drafter guessed the
+  bonus token (probability ``α^(k+1)``), the next round was drafted during verification
+  and the round costs ``max(t_verify, (k+1)·t_draft)``; otherwise a sequential round.
 
-The output never depends on the choice (the target verifies every token); only speed does.
+The target verifies every token, so the output is the target's greedy output in every
+placement. One caveat: a target moved to the GPU runs in the torch engine, whose float32
+arithmetic on the dequantized weights may break a rare near-tie differently from
+llama.cpp's quantized dot products, so "the target" then means that engine's.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
-import os
-import platform
-import statistics
-import sys
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass, field, replace
 
-from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.models import paths
-from tandem.runtime.backend import Backend, common_prefix_len, prefill
-from tandem.runtime.drafters.base import Drafter
+from tandem.runtime.backend import Backend
 from tandem.runtime.split import set_threads
 
 CALIBRATION_K = 4
 """Draft length the options are compared at (the adaptive policy still picks k later)."""
 CALIBRATION_TOKENS = 24
 """Target tokens generated to time decode steps and to score drafts against."""
+DEVICE_CHOICES = ("auto", "gpu", "cpu", "target-gpu")
+"""``--placement``: measured choice, drafter on the GPU, drafter on the CPU (target on
+CPU threads either way), or target on the GPU with the drafter on the CPU."""
 
 
 @dataclass(frozen=True)
 class Option:
-    """One way to run the pair: the drafter's device, thread counts, and pre-drafting."""
+    """One way to run the pair: devices, thread counts, and pre-drafting."""
 
     name: str
     draft_device: str
     target_threads: int
     draft_threads: int
     predraft: bool
+    target_device: str = "cpu"
+
+
+def target_key(o: Option) -> str:
+    return "cuda" if o.target_device == "cuda" else f"cpu/{o.target_threads}"
+
+
+def draft_key(device: str, threads: int) -> str:
+    return "cuda" if device == "cuda" else f"cpu/{threads}"
 
 
 @dataclass
 class Costs:
-    """Measured seconds; keys are thread counts (and devices for the drafter)."""
+    """Measured seconds, keyed ``cpu/<threads>`` or ``cuda``."""
 
     decode_s: dict[str, float] = field(default_factory=dict)
-    """target threads -> one decode step."""
+    """target -> one decode step."""
     verify_s: dict[str, float] = field(default_factory=dict)
-    """target threads -> one verification of ``CALIBRATION_K`` drafts."""
+    """target -> one verification of ``CALIBRATION_K`` drafts."""
     draft_s: dict[str, float] = field(default_factory=dict)
-    """``device/threads`` -> seconds per drafted token."""
+    """drafter -> seconds per drafted token."""
     acceptance: dict[str, float] = field(default_factory=dict)
-    """``device`` -> greedy acceptance rate of single drafted tokens."""
+    """drafter device -> greedy acceptance rate of drafted tokens."""
 
 
 @dataclass
@@ -78,27 +81,26 @@ class Choice:
     predicted: dict[str, float]
     """option name -> predicted tokens/s."""
     plain: float
-    """predicted tokens/s of the target alone (the same measurement's decode step)."""
+    """predicted tokens/s of the target alone where the chosen option puts it."""
     costs: Costs
     cached: bool = False
 
     def as_dict(self) -> dict:
-        return {"placement": self.option.name, "draft_device": self.option.draft_device,
-                "predraft": self.option.predraft, "target_threads": self.option.target_threads,
-                "draft_threads": self.option.draft_threads, "cached": self.cached,
-                "predicted_tokens_per_s": {k: round(v, 2) for k, v in self.predicted.items()},
-                "predicted_plain_tokens_per_s": round(self.plain, 2),
-                "costs": asdict(self.costs)}
+        return {"placement": self.option.name, **{k: v for k, v in asdict(self.option).items() if k != "name"},
+                "cached": self.cached, "predicted_tokens_per_s": {k: round(v, 2) for k, v in self.predicted.items()},
+                "predicted_plain_tokens_per_s": round(self.plain, 2), "costs": asdict(self.costs)}
 
 
-def options(devices: Sequence[str], threads: int) -> list[Option]:
-    """Options worth comparing for a drafter that fits on ``devices`` with ``threads`` cores:
-    on a GPU with and without pre-drafting; on the CPU sequential (both use every thread in
-    turn) and thread splits where drafting overlaps verification."""
+def options(devices: Sequence[str], threads: int, *, target_gpu: bool = False) -> list[Option]:
+    """Options worth comparing for a drafter that fits on ``devices`` with ``threads`` cores
+    (``target_gpu``: the target may run on the GPU instead)."""
     out: list[Option] = []
     if "cuda" in devices:
         out += [Option("drafter on GPU, pre-drafting", "cuda", threads, threads, True),
                 Option("drafter on GPU", "cuda", threads, threads, False)]
+    if target_gpu and "cpu" in devices:
+        out += [Option("target on GPU, drafter on CPU, pre-drafting", "cpu", threads, threads, True, "cuda"),
+                Option("target on GPU, drafter on CPU", "cpu", threads, threads, False, "cuda")]
     if "cpu" in devices:
         out.append(Option("drafter on CPU, sequential", "cpu", threads, threads, False))
         for d in sorted({1, threads // 4}):
@@ -116,8 +118,8 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 def predict(option: Option, costs: Costs, k: int = CALIBRATION_K) -> float:
     """Predicted tokens/s of ``option`` from the measured costs (module docstring's model)."""
-    verify = costs.verify_s[str(option.target_threads)]
-    step = costs.draft_s[f"{option.draft_device}/{option.draft_threads}"]
+    verify = costs.verify_s[target_key(option)]
+    step = costs.draft_s[draft_key(option.draft_device, option.draft_threads)]
     alpha = costs.acceptance[option.draft_device]
     sequential = k * step + verify
     if option.predraft:
@@ -128,158 +130,39 @@ def predict(option: Option, costs: Costs, k: int = CALIBRATION_K) -> float:
     return expected_tokens(alpha, k) / round_s
 
 
-def _median_time(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def measure_target(target: Backend, prompt: Sequence[int], threads: Sequence[int],
-                   k: int = CALIBRATION_K, n_tokens: int = CALIBRATION_TOKENS, reps: int = 5,
-                   ) -> tuple[list[int], dict[str, float], dict[str, float]]:
-    """The target's greedy continuation, and per thread count its decode-step and
-    verify-``k`` times (medians)."""
-    import numpy as np
-
-    target.truncate(0)
-    logits = prefill(target, prompt)
-    out: list[int] = []
-    for _ in range(n_tokens):
-        out.append(int(np.argmax(logits)))
-        logits = target.evaluate([out[-1]])[-1]
-    base = len(prompt) + n_tokens
-    block = out[-(k + 1):]
-    decode, verify = {}, {}
-    for t in threads:
-        set_threads(target, t)
-
-        def step(tokens=block[:1]) -> None:
-            target.evaluate(tokens)
-            target.truncate(base)
-
-        def check(tokens=block) -> None:
-            target.evaluate(tokens, logits_for=range(len(tokens)))
-            target.truncate(base)
-
-        step()  # warm-up at this thread count
-        decode[str(t)] = _median_time(step, reps)
-        verify[str(t)] = _median_time(check, reps)
-    return out, decode, verify
-
-
-def measure_drafter(drafter: Drafter, backend: Backend | None, prompt: Sequence[int], continuation: Sequence[int],
-                    threads: Sequence[int], k: int = CALIBRATION_K) -> tuple[dict[int, float], float]:
-    """Seconds per drafted token at each thread count, and greedy acceptance: the share
-    of drafted tokens, up to the first mismatch, that the target's continuation agrees with."""
-    sampler = Sampler(SamplingParams(temperature=0.0))
-    for attr in ("stop_threshold", "budget"):
-        if hasattr(drafter, attr):
-            setattr(drafter, attr, None)
-    context = [*prompt, *continuation]
-    starts = list(range(len(prompt), len(context) - k, k))
-    drafter.propose(context[:starts[0]], k, sampler)  # warm-up: prefill
-    drafted = accepted = 0
-    for s in starts:
-        d = drafter.propose(context[:s], k, sampler)
-        drafted += len(d.tokens)
-        accepted += common_prefix_len(d.tokens, context[s:s + k])
-    per_token: dict[int, float] = {}
-    s = starts[-1]
-    drafter.propose(context[:s], k, sampler)
-    for t in threads:
-        if backend is not None:
-            set_threads(backend, t)
-        per_token[t] = _median_time(lambda: drafter.propose(context[:s], k, sampler), 5) / k
-    return per_token, accepted / max(drafted, 1)
-
-
-def calibration_key(target_path: str, draft_path: str, opts: Sequence[Option], mode: str) -> str:
-    """Same files, same machine, same candidates -> the cached costs apply."""
-
-    def ident(p: str) -> str:
-        st = Path(p).stat()
-        return f"{Path(p).resolve()}:{st.st_size}:{int(st.st_mtime)}"
-
-    gpu = ""
-    if any(o.draft_device == "cuda" for o in opts):
-        import torch
-
-        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    raw = "|".join([ident(target_path), ident(draft_path), mode, platform.node(), str(os.cpu_count()), gpu,
-                    *(o.name for o in opts)])
-    return hashlib.sha256(raw.encode()).hexdigest()[:16]
-
-
-def _cache_file() -> Path:
-    return paths.cache_dir() / "placement.json"
-
-
 def choose(opts: Sequence[Option], costs: Costs) -> Choice:
     predicted = {o.name: predict(o, costs) for o in opts}
     best = max(opts, key=lambda o: predicted[o.name])
-    t = str(best.target_threads)
-    return Choice(best, predicted, 1.0 / costs.decode_s[t], costs)
+    return Choice(best, predicted, 1.0 / costs.decode_s[target_key(best)], costs)
 
 
-def _stderr(message: str) -> None:
-    print(f"tandem: {message}", file=sys.stderr)
+def target_gpu_fits(plan) -> bool:
+    """Whether the target may run on the GPU through the torch engine: a CUDA GPU torch
+    can use, a llama.cpp plan with no layers offloaded (a build that can offload does it
+    itself), the dequantized target (and a drafter already planned there) inside the VRAM
+    budget, and room in the host budget for the float32 copy made while loading."""
+    if plan.target.n_gpu_layers or not plan.vram_budget:
+        return False
+    import torch
 
+    if not torch.cuda.is_available():
+        return False
+    from tandem.runtime.memory_model import Setup, shape_from_gguf, torch_gpu_items
 
-def calibrate(target: Backend, target_path: str, planned, opts: Sequence[Option], *, mode: str = "auto",
-              prompt: Sequence[int] | None = None, use_cache: bool = True,
-              notify: Callable[[str], None] = _stderr) -> Choice:
-    """Measure (or read from the cache) the costs every option needs and choose.
-
-    ``planned`` is the planner's drafter plan (:class:`~tandem.runtime.planner.ModelPlan`):
-    the drafter is measured as it will run (its file, possibly a quantized copy, and
-    the llama.cpp or torch config the planner priced)."""
-    draft_path = planned.path
-    from tandem.runtime.speculative import open_model_drafter
-
-    key = calibration_key(target_path, draft_path, opts, mode)
-    cache = _cache_file()
-    try:
-        data = json.loads(cache.read_text()) if cache.exists() else {}
-    except (OSError, json.JSONDecodeError):
-        data = {}
-    if use_cache and key in data:
-        choice = choose(opts, Costs(**data[key]))
-        choice.cached = True
-        return choice
-    if prompt is None:
-        prompt = target.tokenize("Once upon a time, there was a little girl who", add_bos=True)
-    notify("measuring drafter placements (once for this pair and machine)")
-    target_threads = sorted({o.target_threads for o in opts})
-    continuation, decode, verify = measure_target(target, prompt, target_threads)
-    costs = Costs(decode, verify)
-    for device in dict.fromkeys(o.draft_device for o in opts):
-        drafter = open_model_drafter(target, draft_path, mode, llama_config=planned.llama_config(), device=device,
-                                     torch_config=planned.torch_config(device) if device == "cuda" else None)
-        try:
-            backend = getattr(drafter, "backend", None)
-            threads = sorted({o.draft_threads for o in opts if o.draft_device == device})
-            per_token, alpha = measure_drafter(drafter, backend if device == "cpu" else None, prompt,
-                                               continuation, threads if device == "cpu" else threads[:1])
-        finally:
-            drafter.close()
-        for t in threads:
-            costs.draft_s[f"{device}/{t}"] = per_token.get(t, next(iter(per_token.values())))
-        costs.acceptance[device] = alpha
-    target.truncate(0)
-    set_threads(target, max(target_threads))
-    data[key] = asdict(costs)
-    with contextlib.suppress(OSError):  # a read-only cache only costs a re-measurement next time
-        cache.write_text(json.dumps(data, indent=1))
-    return choose(opts, costs)
+    shape = shape_from_gguf(plan.target.path)
+    cfg = plan.target
+    need = sum(i.bytes for i in torch_gpu_items(shape, Setup(cfg.n_ctx, cfg.n_batch, output_rows=plan.draft_max + 1),
+                                                role="target") if i.device == "gpu")
+    host_room = plan.host_budget - plan.host_total
+    return need + plan.memory.gpu <= plan.vram_budget and 4 * shape.n_params <= host_room
 
 
 @dataclass
 class Placed:
-    """What the speculative strategy needs from the planned, chosen placement."""
+    """What generation needs from the planned, chosen placement."""
 
+    target: Backend | None = None
+    """The target to generate with: the one given, or its replacement on the GPU."""
     draft_path: str | None = None
     """The drafter file the planner priced (maybe its quantized copy); ``None``: as given."""
     llama_config: object | None = None
@@ -295,35 +178,53 @@ class Placed:
     """Measured drafter seconds per token / target decode step, for the adaptive policy."""
 
 
-DEVICE_CHOICES = ("auto", "gpu", "cpu")
+def _stderr(message: str) -> None:
+    import sys
+
+    print(f"tandem: {message}", file=sys.stderr)
 
 
-def place(target: Backend, target_path: str, planned, *, mode: str = "auto", device: str = "auto",
-          use_cache: bool = True, notify: Callable[[str], None] = _stderr) -> Placed:
-    """Choose the drafter's placement for ``planned`` (the planner's drafter plan):
-    calibrate when it fits on more than one device or the CPU threads can be split,
-    restricted to ``device`` (``gpu``/``cpu``) when the user asks, and apply the thread
-    counts to the target (in place) and the drafter's config."""
-    from dataclasses import replace
-
+def place(target: Backend, plan, *, mode: str = "auto", device: str = "auto", use_cache: bool = True,
+          notify: Callable[[str], None] = _stderr) -> Placed:
+    """Choose the placement for ``plan`` (the planner's :class:`~tandem.runtime.planner.Plan`
+    with a drafter; ``target`` is its target, open in llama.cpp): calibrate when there is
+    more than one option, restricted by ``device`` (see :data:`DEVICE_CHOICES`), then
+    apply it — thread counts set on the target, the drafter's configs, and the target
+    reopened in the torch engine on the GPU when that is the choice (the llama.cpp one
+    is closed)."""
     from tandem.models.errors import TandemError
     from tandem.runtime.llama_backend import default_threads
 
-    threads = planned.n_threads or default_threads()
-    wanted = {"auto": planned.devices, "gpu": ("cuda",), "cpu": ("cpu",)}[device]
-    devices = tuple(d for d in planned.devices if d in wanted)
+    draft = plan.draft
+    threads = draft.n_threads or default_threads()
+    target_gpu = device in ("auto", "target-gpu") and target_gpu_fits(plan)
+    if device == "target-gpu" and not target_gpu:
+        raise TandemError("The target cannot run on the GPU here: it needs a CUDA GPU usable by torch and room "
+                          "for its float32 weights in the VRAM budget.")
+    wanted = {"auto": draft.devices, "gpu": ("cuda",), "cpu": ("cpu",), "target-gpu": ("cpu",)}[device]
+    devices = tuple(d for d in draft.devices if d in wanted)
     if not devices:
         raise TandemError(f"The drafter cannot run on the {device.upper()} here: the plan allows "
-                          f"{', '.join(planned.devices)}.")
-    opts = options(devices, threads)
-    choice = (calibrate(target, target_path, planned, opts, mode=mode, use_cache=use_cache, notify=notify)
-              if len(opts) > 1 else None)
+                          f"{', '.join(draft.devices)}.")
+    opts = options(devices, threads, target_gpu=target_gpu)
+    if device == "target-gpu":
+        opts = [o for o in opts if o.target_device == "cuda"]
+    choice = None
+    if len(opts) > 1:
+        from tandem.runtime.placement_calibrate import calibrate
+
+        choice = calibrate(target, plan, opts, mode=mode, use_cache=use_cache, notify=notify)
     best = choice.option if choice is not None else opts[0]
     set_threads(target, best.target_threads)
+    if best.target_device == "cuda":
+        from tandem.runtime.torch_engine.backend import TorchBackend
+
+        target.close()
+        target = TorchBackend(plan.target.path, plan.target.torch_config("cuda"))
     cost = None
     if choice is not None:
         c = choice.costs
-        cost = c.draft_s[f"{best.draft_device}/{best.draft_threads}"] / c.decode_s[str(best.target_threads)]
-    return Placed(planned.path, replace(planned.llama_config(), n_threads=best.draft_threads),
-                  planned.torch_config("cuda") if best.draft_device == "cuda" else None,
+        cost = c.draft_s[draft_key(best.draft_device, best.draft_threads)] / c.decode_s[target_key(best)]
+    return Placed(target, draft.path, replace(draft.llama_config(), n_threads=best.draft_threads),
+                  draft.torch_config("cuda") if best.draft_device == "cuda" else None,
                   best.draft_device, best.predraft, choice, cost)

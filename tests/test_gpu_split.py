@@ -54,3 +54,34 @@ def test_target_on_gpu_drafter_on_cpu(stories260k: Path) -> None:
     finally:
         target.close()
         drafter.close()
+
+
+@pytest.mark.parametrize("device", ["auto", "gpu", "target-gpu"])
+def test_placement_through_the_planner_is_lossless(stories_twin: Path, stories260k: Path, device: str) -> None:
+    """What `tandem run` does: plan, measure the options (incl. the target on the GPU),
+    place, generate: the output is the placed target's own greedy output."""
+    from tandem.runtime.placement import place
+    from tandem.runtime.planner import plan_for_run
+    from tandem.runtime.speculative import SpecOptions, build_strategy
+
+    plan = plan_for_run(stories_twin, stories260k, ctx=512, threads=2, drop_slow_draft=False)
+    assert "cuda" in plan.draft.devices
+    target = LlamaCppBackend(stories_twin, plan.target.llama_config())
+    placed = place(target, plan, mode="model", device=device, notify=lambda _: None)
+    target = placed.target
+    try:
+        if device == "target-gpu":
+            assert isinstance(target, TorchBackend) and target.memory().device.startswith("cuda")
+        if device == "auto":
+            assert placed.choice is not None and len(placed.choice.predicted) >= 4
+        strategy = build_strategy(target, placed.draft_path, SpecOptions(
+            mode="model", draft_length=4, draft_device=placed.draft_device, predraft=placed.predraft),
+            llama_config=placed.llama_config, torch_config=placed.torch_config)
+        try:
+            for text in PROMPTS:
+                prompt = target.tokenize(text, add_bos=True)
+                assert tokens_of(target, prompt, strategy) == tokens_of(target, prompt, autoregressive)
+        finally:
+            strategy.close()
+    finally:
+        target.close()

@@ -15,21 +15,24 @@ from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
 from tandem.runtime.placement import (
     Costs,
     Option,
-    calibrate,
     choose,
     expected_tokens,
     options,
     place,
     predict,
+    target_gpu_fits,
 )
-from tandem.runtime.planner import ModelPlan
+from tandem.runtime.placement_calibrate import calibrate
+from tandem.runtime.planner import plan_for_run
 
 
-def _costs(gpu_step: float, cpu_step: float, verify: float = 0.040, alpha: float = 0.8) -> Costs:
-    """Costs for every option of ``options(("cuda", "cpu"), 8)``: fewer threads, slower."""
-    return Costs(decode_s={"8": 0.010, "7": 0.011, "6": 0.012}, verify_s={"8": verify, "7": verify * 1.1,
-                                                                         "6": verify * 1.2},
-                 draft_s={"cuda/8": gpu_step, "cpu/8": cpu_step, "cpu/2": cpu_step * 2, "cpu/1": cpu_step * 3},
+def _costs(gpu_step: float, cpu_step: float, verify: float = 0.040, alpha: float = 0.8,
+           gpu_verify: float = 0.030) -> Costs:
+    """Costs for every option of ``options(("cuda", "cpu"), 8, target_gpu=True)``: fewer
+    threads, slower."""
+    return Costs(decode_s={"cpu/8": 0.010, "cpu/7": 0.011, "cpu/6": 0.012, "cuda": 0.008},
+                 verify_s={"cpu/8": verify, "cpu/7": verify * 1.1, "cpu/6": verify * 1.2, "cuda": gpu_verify},
+                 draft_s={"cuda": gpu_step, "cpu/8": cpu_step, "cpu/2": cpu_step * 2, "cpu/1": cpu_step * 3},
                  acceptance={"cuda": alpha, "cpu": alpha})
 
 
@@ -37,6 +40,8 @@ def test_options_cover_devices_and_thread_splits() -> None:
     names = [o.name for o in options(("cuda", "cpu"), 8)]
     assert names == ["drafter on GPU, pre-drafting", "drafter on GPU", "drafter on CPU, sequential",
                      "CPU split 7+1, pre-drafting", "CPU split 6+2, pre-drafting"]
+    reverse = [o for o in options(("cuda", "cpu"), 8, target_gpu=True) if o.target_device == "cuda"]
+    assert [o.draft_device for o in reverse] == ["cpu", "cpu"] and {o.predraft for o in reverse} == {True, False}
     assert [o.name for o in options(("cpu",), 1)] == ["drafter on CPU, sequential"]
     assert all(o.target_threads + o.draft_threads <= 8 for o in options(("cpu",), 8) if o.predraft)
 
@@ -56,12 +61,17 @@ def test_round_model() -> None:
 
 
 def test_choice_follows_the_measured_costs() -> None:
-    opts = options(("cuda", "cpu"), 8)
-    assert choose(opts, _costs(gpu_step=0.001, cpu_step=0.004)).option.name == "drafter on GPU, pre-drafting"
+    opts = options(("cuda", "cpu"), 8, target_gpu=True)
+    fast_gpu_draft = _costs(gpu_step=0.001, cpu_step=0.004, gpu_verify=0.060)
+    assert choose(opts, fast_gpu_draft).option.name == "drafter on GPU, pre-drafting"
     # A GPU whose launches cost more than the CPU drafter (a weak iGPU, a busy card) loses.
-    slow_gpu = choose(opts, _costs(gpu_step=0.050, cpu_step=0.002))
-    assert slow_gpu.option.draft_device == "cpu"
+    slow_gpu = choose(opts, _costs(gpu_step=0.050, cpu_step=0.002, gpu_verify=0.060))
+    assert slow_gpu.option.draft_device == "cpu" and slow_gpu.option.target_device == "cpu"
     assert slow_gpu.predicted[slow_gpu.option.name] == max(slow_gpu.predicted.values())
+    # The reverse (Dovetail's other direction): a GPU that verifies fast takes the target.
+    reverse = choose(opts, _costs(gpu_step=0.050, cpu_step=0.002, gpu_verify=0.012))
+    assert reverse.option.target_device == "cuda" and reverse.option.draft_device == "cpu"
+    assert reverse.plain == pytest.approx(1 / 0.008)
 
 
 @pytest.fixture()
@@ -72,13 +82,13 @@ def target(stories_twin: Path):
 
 def test_calibration_on_a_real_pair_is_measured_once_and_cached(target, stories_twin: Path, stories260k: Path,
                                                                 isolated_home: Path, monkeypatch) -> None:
-    import tandem.runtime.placement as placement
+    import tandem.runtime.placement_calibrate as calibration
 
+    plan = plan_for_run(stories_twin, stories260k, ctx=512, threads=2, drop_slow_draft=False)
     opts = options(("cpu",), 2)
-    planned = ModelPlan(str(stories260k), 512, n_threads=2)
-    first = calibrate(target, str(stories_twin), planned, opts, mode="model", notify=lambda _: None)
+    first = calibrate(target, plan, opts, mode="model", notify=lambda _: None)
     c = first.costs
-    assert set(c.decode_s) == set(c.verify_s) == {"1", "2"}
+    assert set(c.decode_s) == set(c.verify_s) == {"cpu/1", "cpu/2"}
     assert set(c.draft_s) == {"cpu/1", "cpu/2"}
     assert all(v > 0 for v in [*c.decode_s.values(), *c.verify_s.values(), *c.draft_s.values()])
     # The twin computes the drafter's own function (q8_0 rounding aside): drafts agree.
@@ -90,24 +100,39 @@ def test_calibration_on_a_real_pair_is_measured_once_and_cached(target, stories_
     def no_measuring(*args, **kwargs):
         raise AssertionError("a cached calibration must not measure again")
 
-    monkeypatch.setattr(placement, "measure_target", no_measuring)
-    again = calibrate(target, str(stories_twin), planned, opts, mode="model")
+    monkeypatch.setattr(calibration, "measure_target", no_measuring)
+    again = calibrate(target, plan, opts, mode="model")
     assert again.cached and again.costs == first.costs and again.option == first.option
 
 
 def test_place_applies_the_choice_and_refuses_a_device_the_plan_lacks(target, stories_twin: Path,
                                                                       stories260k: Path) -> None:
-    one_thread = ModelPlan(str(stories260k), 512, n_threads=1)
-    placed = place(target, str(stories_twin), one_thread, mode="model")
+    one_thread = plan_for_run(stories_twin, stories260k, ctx=512, threads=1, drop_slow_draft=False)
+    placed = place(target, one_thread, mode="model")
     assert placed.choice is None and placed.draft_device == "cpu" and placed.predraft is False
-    assert placed.llama_config.n_threads == 1 and placed.draft_path == str(stories260k)
+    assert placed.llama_config.n_threads == 1 and placed.draft_path == one_thread.draft.path
+    assert placed.target is target
     with pytest.raises(TandemError, match="cannot run on the GPU"):
-        place(target, str(stories_twin), one_thread, device="gpu")
-    two = ModelPlan(str(stories260k), 512, n_threads=2)
-    chosen = place(target, str(stories_twin), two, mode="model", notify=lambda _: None)
-    assert chosen.choice is not None
+        place(target, one_thread, device="gpu")
+    two = plan_for_run(stories_twin, stories260k, ctx=512, threads=2, drop_slow_draft=False)
+    chosen = place(target, two, mode="model", notify=lambda _: None)
+    assert chosen.choice is not None and chosen.target is target
     assert chosen.llama_config.n_threads == chosen.choice.option.draft_threads
     assert chosen.predraft == chosen.choice.option.predraft
+
+
+def test_target_on_gpu_needs_a_cuda_gpu_and_room(stories_twin: Path, stories260k: Path, monkeypatch) -> None:
+    import torch
+
+    plan = plan_for_run(stories_twin, stories260k, ctx=512, threads=2, drop_slow_draft=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not target_gpu_fits(plan)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    from dataclasses import replace
+
+    assert target_gpu_fits(replace(plan, vram_budget=8 * 1024**3))
+    assert not target_gpu_fits(replace(plan, vram_budget=1024**2))  # the float32 target does not fit
+    assert not target_gpu_fits(replace(plan, vram_budget=0))
 
 
 def test_run_follows_the_measured_placement_losslessly(stories_twin: Path, stories260k: Path) -> None:

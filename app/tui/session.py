@@ -290,8 +290,8 @@ def load_engine(choice: ModelChoice) -> Any:
         planned = plan.draft if plan is not None else None
         placed = Placed()
         if planned is not None and drafter_path is not None and choice.mode in ("auto", "model", "xvocab"):
-            placed = place(target, str(choice.target), planned, mode=choice.mode, device=choice.placement,
-                           notify=choice.notes.append)
+            placed = place(target, plan, mode=choice.mode, device=choice.placement, notify=choice.notes.append)
+            target = placed.target  # reopened on the GPU when the target is placed there
             drafter_path = Path(placed.draft_path)  # the file the planner priced (maybe a quantized copy)
             if placed.choice is not None:
                 choice.notes.append(f"placement: {placed.choice.option.name} (measured)")
