@@ -86,7 +86,9 @@ def measure_target(target: Backend, context: Sequence[int], threads: dict[str, i
             target.evaluate(tokens, logits_for=range(len(tokens)))
             target.truncate(base)
 
-        step()  # warm-up at this thread count
+        for _ in range(3):  # warm-up at this thread count (and a GPU's first launches of each shape)
+            step()
+            check()
         decode[key] = _median_time(step, reps)
         verify[key] = _median_time(check, reps)
     return decode, verify
