@@ -1,18 +1,19 @@
-"""Measure what a llama.cpp model really holds in RAM, in a fresh process.
+"""Measure what a model really holds in RAM (llama.cpp, torch on CPU, onnxruntime), in a fresh process.
 
 The memory model (:mod:`tandem.runtime.memory_model`) is checked against these numbers.
 A fresh subprocess keeps measurements isolated: nothing else loaded or freed in the
 test process can move the figures.
 
-What is counted: anonymous resident memory (``RssAnon``) grown from just before the
-first model loads to just after the workload ran, plus the resident pages of the model
+What is counted: the peak of anonymous resident memory (``RssAnon``, sampled while the
+workload runs) grown from just before the first model loads, plus the resident pages of the model
 files themselves (llama.cpp maps them with ``MAP_POPULATE``, so the weights are fully
 resident). That is weights, the KV cache, compute and output buffers as far as the
 workload touches them, and the runtime's own structures (vocabulary, graph metadata,
 thread pool). Shared-library code pages are not counted: how many of them a process
 touches depends on the page cache (fault-around maps more pages of hot files), not on
 the model, and other processes share them. The Python interpreter and imported
-libraries are the baseline. Linux only (``/proc/self/status`` and ``smaps``).
+libraries (``import torch``, ``import onnxruntime`` for those kinds) are the baseline.
+Linux only (``/proc/self/status`` and ``smaps``).
 
 Run as ``python -m tandem.runtime.memprobe SPEC.json``; prints one JSON line.
 """
@@ -28,7 +29,7 @@ from pathlib import Path
 
 @dataclass
 class ProbeModel:
-    """One model to load and drive: path, its ``LlamaConfig`` fields and a workload."""
+    """One model to load and drive: path, its backend's config fields and a workload."""
 
     path: str
     n_ctx: int
@@ -42,6 +43,9 @@ class ProbeModel:
     output_rows: int = 1
     """Rows of logits asked for in one verification-like call after the prompt."""
     decode_steps: int = 8
+    kind: str = "llama.cpp"
+    """Backend: ``llama.cpp``, ``torch`` (the torch engine on the CPU) or ``onnxruntime``
+    (CPU execution provider; ``path`` is an exported folder or graph)."""
 
 
 @dataclass
@@ -103,18 +107,79 @@ def unresident_code(names: tuple[str, ...] = RUNTIME_LIBRARIES) -> int:
     return total
 
 
-def _drive(spec: ProbeSpec) -> dict:
+def _import_backends(kinds: set[str]) -> None:
+    """Import what each backend kind needs before the baseline is read: ``import torch``
+    or ``import onnxruntime`` (hundreds of MB) is the process's, not the model's."""
+    import tandem.runtime.llama_backend  # noqa: F401
+    if "torch" in kinds:
+        import tandem.runtime.torch_engine.backend  # noqa: F401
+    if "onnxruntime" in kinds:
+        import onnxruntime  # noqa: F401
+
+        import tandem.runtime.onnx_backend  # noqa: F401
+
+
+def _open(m: ProbeModel):
+    if m.kind == "torch":
+        from tandem.runtime.torch_engine.backend import TorchBackend, TorchConfig
+
+        return TorchBackend(m.path, TorchConfig(device="cpu", n_ctx=m.n_ctx, n_batch=m.n_batch, n_threads=m.n_threads))
+    if m.kind == "onnxruntime":
+        from tandem.runtime.onnx_backend import OnnxBackend, OnnxConfig
+
+        return OnnxBackend(m.path, OnnxConfig(device="cpu", n_ctx=m.n_ctx, n_batch=m.n_batch, n_threads=m.n_threads))
     from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
 
-    before = _status()["RssAnon"]
-    backends = []
+    cfg = LlamaConfig(n_ctx=m.n_ctx, n_batch=m.n_batch, n_threads=m.n_threads, type_k=m.type_k,
+                      type_v=m.type_v, flash_attn=m.flash_attn)
+    return LlamaCppBackend(m.path, cfg)
+
+
+def _model_files(spec: ProbeSpec) -> list[str]:
+    """The files whose mapped pages count as the models' (an ONNX folder's graphs and
+    external data included)."""
+    files: list[str] = []
     for m in spec.models:
-        cfg = LlamaConfig(
-            n_ctx=m.n_ctx, n_batch=m.n_batch, n_threads=m.n_threads, type_k=m.type_k,
-            type_v=m.type_v, flash_attn=m.flash_attn,
-        )
-        backends.append(LlamaCppBackend(m.path, cfg))
-    loaded = _status()["RssAnon"] + _file_rss([m.path for m in spec.models])
+        p = Path(m.path)
+        files += [str(f) for f in p.iterdir() if f.is_file()] if p.is_dir() else [m.path]
+    return files
+
+
+class _PeakSampler:
+    """Samples ``RssAnon`` every ``interval`` seconds in a thread and keeps the largest.
+
+    llama.cpp's buffers live as long as the context, so its RSS after the workload is its
+    peak; the torch engine and onnxruntime free their attention and activation
+    temporaries after each forward pass, so their peak is only seen while it runs
+    (torch ops release the GIL, so the sampler runs alongside them)."""
+
+    def __init__(self, interval: float = 0.0005) -> None:
+        import threading
+
+        self.interval = interval
+        self.peak = _status()["RssAnon"]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, _status()["RssAnon"])
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _status()["RssAnon"])
+        return self.peak
+
+
+def _drive(spec: ProbeSpec) -> dict:
+    _import_backends({m.kind for m in spec.models})
+    files = _model_files(spec)
+    before = _status()["RssAnon"]
+    sampler = _PeakSampler()
+    backends = [_open(m) for m in spec.models]
+    loaded = _status()["RssAnon"] + _file_rss(files)
     for m, b in zip(spec.models, backends, strict=True):
         prompt_len = max(1, min(m.prompt_tokens, b.n_ctx - m.output_rows - m.decode_steps))
         ids = [(i * 7) % max(2, b.n_vocab - 3) + 3 for i in range(prompt_len)]
@@ -124,12 +189,15 @@ def _drive(spec: ProbeSpec) -> dict:
             b.evaluate([5] * rows, logits_for=list(range(rows)))
         for _ in range(m.decode_steps):
             b.evaluate([5])
-    after = _status()["RssAnon"] + _file_rss([m.path for m in spec.models])
+    file_rss = _file_rss(files)
+    after = _status()["RssAnon"] + file_rss
+    peak = sampler.stop() + file_rss
     for b in backends:
         b.close()
     return {
         "load_bytes": loaded - before,
-        "peak_bytes": after - before,
+        "end_bytes": after - before,
+        "peak_bytes": peak - before,
         "n_ctx": [b.n_ctx for b in backends],
     }
 

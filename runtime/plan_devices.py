@@ -38,6 +38,19 @@ def torch_cuda_ok(machine: Machine) -> bool:
     return bool(torch.cuda.is_available())
 
 
+def cuda_context_held() -> bool:
+    """Whether this process already holds a CUDA context (``torch.cuda.is_initialized()``).
+
+    Planning on a detected GPU asks CUDA for free VRAM, which creates the context, and
+    the host baseline is read from this process's RSS: the context's host share is then
+    already in the baseline and must not be priced again. False when torch was never
+    imported (it cannot have created a context)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
 def gpu_offload_ok(machine: Machine) -> bool:
     """Whether llama.cpp can offload layers here (a CUDA/Metal build) or in the profile."""
     if not machine.gpus or machine.vram_budget <= 0:
@@ -88,7 +101,8 @@ def place_draft(machine: Machine, baseline: int, gpu_ok: bool, torch_cuda: bool,
         return (target, draft, est) if fits(est, machine, baseline) else None
     options = {"cpu": estimate(t_shape, t_setup, d_shape, draft.setup(), k=k)}
     if torch_cuda:
-        options["cuda"] = estimate(t_shape, t_setup, d_shape, draft.setup(), k=k, draft_device="cuda")
+        options["cuda"] = estimate(t_shape, t_setup, d_shape, draft.setup(), k=k, draft_device="cuda",
+                                   cuda_context_held=machine.source == "detected" and cuda_context_held())
     devices = tuple(d for d in ("cuda", "cpu") if d in options and fits(options[d], machine, baseline))
     if not devices:
         return None

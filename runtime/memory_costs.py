@@ -1,0 +1,101 @@
+"""Measured constants of each backend kind for the memory model (split out of
+:mod:`tandem.runtime.memory_model`, which re-exports these names). Each constant says
+where it was measured; the arithmetic that uses them is in the memory model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RuntimeCosts:
+    """Measured constants of one backend kind (bytes; coefficients per unit named)."""
+
+    process: int
+    """Once per process: runtime initialisation (thread pool, backend registry)."""
+    per_model: int
+    per_vocab: float
+    """Vocabulary tables, per token of the vocabulary."""
+    kt_flash: float
+    """Compute bytes per (context cell × batch token) with flash attention: llama.cpp's
+    f16 KQ mask, filled for every ubatch (2 bytes)."""
+    kt_plain: float
+    kth_plain: float
+    """Score-matrix bytes per (context × batch × head) without flash attention."""
+    t_embd: float
+    """Activation bytes per (batch token × hidden width)."""
+    out_row: float
+    """Bytes per logits row element (llama.cpp output buffer + graph result + our copy)."""
+    device_context: int = 0
+    """Once per process on a CUDA device: context, cuBLAS workspace."""
+    k_flash: float = 0.0
+    """Bytes per context cell with flash attention beyond the KV cache itself (fitted)."""
+    t_embd_flash: float = 0.0
+    """Activation bytes per (batch token × hidden width) with flash attention (fitted)."""
+    t_chunked: float = 0.0
+    """Bytes per batch token once a context holds more than one batch (fitted): the
+    second and later ubatches of a prefill touch a further ~4 kB per token of graph
+    memory that a single-ubatch context never does."""
+
+
+LLAMA_CPP = RuntimeCosts(process=0, per_model=2_200_000, per_vocab=192.5, kt_flash=2.0,
+                         kt_plain=7.14, kth_plain=5.54, t_embd=27.8, out_row=11.55,
+                         device_context=350 * 1024**2, k_flash=145.0, t_embd_flash=47.5, t_chunked=4132.0)
+"""llama.cpp (CPU build; fitted, see :mod:`tandem.runtime.memory_model`).
+
+Flash attention (the planner's default) was refitted on 31 memprobe points (stories260K,
+its 8M Q8_0 twin and tinystories-656k F32; contexts 256-4096, batches 8-512; max error
+7.9 %): llama.cpp logs its flash compute buffer as exactly ``2·cells·batch`` (the f16
+mask) plus ~3 kB per batch token, and the old fit's 6.91 bytes per cell × token (fitted
+on contexts up to 2048, with vocab-32000 models) over-predicted long contexts by 14-47 %
+(stories260K at 2304 cells × 256: +14 %, the SpecMemo drafter). The rest of the flash
+compute is a per-cell term (``k_flash``), activations (``t_embd_flash``) and
+``t_chunked``. The non-flash constants are the earlier fit. ``process`` is 0: what llama.cpp
+adds once per process is shared-library code, which :mod:`tandem.runtime.memprobe` no
+longer counts (its resident size depends on the page cache, not the model).
+``device_context`` is the usual CUDA context + cuBLAS handle size (~300-400 MiB), an
+estimate not measured here."""
+
+TORCH_CUDA_HOST = 300 * 1024**2
+"""Host RSS that torch's CUDA runtime adds once a drafter runs on the GPU (context,
+driver mappings, cuBLAS). Measured 272 MiB on an H100 with torch 2.11+cu130 (133 MiB at
+context creation, 139 MiB at the first matmul); other drivers differ, so it is a named
+constant for a measurement to replace. Only the first CUDA user of a process pays it;
+planning on a detected GPU has already created the context (free VRAM is asked of
+CUDA), and then the baseline holds :data:`TORCH_CUDA_HOST_CONTEXT` of it already."""
+TORCH_CUDA_HOST_CONTEXT = 133 * 1024**2
+"""The share of :data:`TORCH_CUDA_HOST` paid when the CUDA context is created (measured
+133 MiB on that H100); the rest comes with the first kernels and cuBLAS."""
+TORCH_CUDA_DEVICE = 720 * 1024**2
+"""VRAM the CUDA context and cuBLAS workspace take outside torch's allocator: 0.7 GiB
+measured on that H100 (free memory before and after); smaller GPUs typically need
+300-500 MiB, so this errs large."""
+TORCH_ALLOC_ROUND = 512
+"""The CUDA caching allocator rounds every block up to this many bytes."""
+TORCH_SCORE_MATRICES = 2.5
+"""Float32 (heads × chunk × keys) matrices alive at once in attention: the torch engine
+passes SDPA an explicit mask, which sends it to the unfused math path (scores, masked
+scores, softmax; measured 2.5-2.9 on an H100 for chunks of 64-512 tokens)."""
+TORCH_WORK_FIXED = 64 * 1024
+"""Small blocks of a forward pass (rope tables, positions, index tensors), each rounded."""
+
+TORCH = RuntimeCosts(process=0, per_model=8_000_000, per_vocab=64.0, kt_flash=4.0, kt_plain=4.0,
+                     kth_plain=8.0, t_embd=48.0, out_row=8.0, device_context=TORCH_CUDA_DEVICE)
+"""torch engine (estimate): ``import torch`` itself (~250-350 MB) is in the process
+baseline, not here; scores are materialised (q·k then softmax: 2 × 4 bytes per
+element); activations ~12 float32 per hidden unit per token."""
+
+ONNX = RuntimeCosts(process=0, per_model=3_300_000, per_vocab=0.0, kt_flash=0.0, kt_plain=0.0,
+                    kth_plain=20.2, t_embd=0.0, out_row=8.0, device_context=500 * 1024**2)
+"""onnxruntime, CPU execution provider (fitted to memprobe peaks of ``tandem export-onnx``
+graphs of stories260K and tinystories-656k, contexts 256-2048, batches 64-512; -4 % to
++4 %). ``import onnxruntime`` is in the process baseline, so ``process`` is 0. The
+exported graph computes attention explicitly: 20.2 bytes per (key × batch token × head)
+is ~5 float32 score-sized buffers that the CPU arena keeps at their peak (it does not
+give freed blocks back); the session and arena setup is ``per_model`` (3.3 MB, a
+measured constant). Six copies of the context's KV live during a step (past inputs,
+present outputs, the graph's concatenations, our numpy list): counted in the memory
+model's ``_kv``. There is no flash path; the flash fields are unused. ``device_context``
+is an unmeasured estimate."""
+
+COSTS = {"llama.cpp": LLAMA_CPP, "torch": TORCH, "onnxruntime": ONNX}
