@@ -16,7 +16,9 @@ from tandem.runtime.torch_engine.expert_store import ExpertWeights, GGUFExpertSo
 TEXT = "Once upon a time, there was a little girl named Lily. She loved to play with her ball in the park."
 
 
-def _run(b: TorchBackend, ids: list[int], n: int = 16) -> tuple[list[int], np.ndarray]:
+def greedy_rows(b: TorchBackend, ids: list[int], n: int = 16) -> tuple[list[int], np.ndarray]:
+    """``n`` greedy tokens after ``ids`` from an empty cache, and the logits row behind each."""
+    b.truncate(0)
     logits = b.evaluate(ids)[-1]
     out, rows = [], []
     for _ in range(n):
@@ -34,10 +36,10 @@ def moe(stories_moe: Path) -> TorchBackend:
 @pytest.mark.parametrize("source", ["gguf", "ram"])
 def test_everything_cached_equals_unoffloaded(stories_moe: Path, moe: TorchBackend, source: str) -> None:
     ids = moe.tokenize(TEXT, add_bos=True)
-    ref_tokens, ref_logits = _run(moe, ids)
+    ref_tokens, ref_logits = greedy_rows(moe, ids)
     b = TorchBackend(stories_moe, TorchConfig(device="cpu", n_threads=1))
     mgr = enable_offload(b, OffloadConfig(budget_bytes=1 << 30, prefetch=True), source=source)
-    tokens, logits = _run(b, ids)
+    tokens, logits = greedy_rows(b, ids)
     mgr.close()
     assert tokens == ref_tokens
     assert np.array_equal(logits, ref_logits)  # bit-identical: same kernels, same order
@@ -47,11 +49,11 @@ def test_everything_cached_equals_unoffloaded(stories_moe: Path, moe: TorchBacke
 def test_small_budget_still_exact_and_counts(stories_moe: Path, moe: TorchBackend) -> None:
     """Evicting and reloading full-precision experts changes nothing but the I/O."""
     ids = moe.tokenize(TEXT, add_bos=True)
-    ref_tokens, ref_logits = _run(moe, ids, 8)
+    ref_tokens, ref_logits = greedy_rows(moe, ids, 8)
     b = TorchBackend(stories_moe, TorchConfig(device="cpu", n_threads=1))
     one = GGUFExpertSource(stories_moe).load(0, 0)[0].nbytes
     mgr = enable_offload(b, OffloadConfig(budget_bytes=10 * one, prefetch=True))
-    tokens, logits = _run(b, ids, 8)
+    tokens, logits = greedy_rows(b, ids, 8)
     mgr.close()
     assert tokens == ref_tokens and np.array_equal(logits, ref_logits)
     s = mgr.stats
@@ -62,13 +64,13 @@ def test_small_budget_still_exact_and_counts(stories_moe: Path, moe: TorchBacken
 
 def test_misprediction_falls_back_to_synchronous_load(stories_moe: Path, moe: TorchBackend) -> None:
     ids = moe.tokenize(TEXT, add_bos=True)
-    ref_tokens, ref_logits = _run(moe, ids, 6)
+    ref_tokens, ref_logits = greedy_rows(moe, ids, 6)
     b = TorchBackend(stories_moe, TorchConfig(device="cpu", n_threads=1))
     one = GGUFExpertSource(stories_moe).load(0, 0)[0].nbytes
     mgr = enable_offload(b, OffloadConfig(budget_bytes=6 * one, prefetch=True))
     # A deliberately wrong cross-layer gate: prefetch the experts the real router ranks last.
     mgr.routers = [-r for r in mgr.routers]
-    tokens, logits = _run(b, ids, 6)
+    tokens, logits = greedy_rows(b, ids, 6)
     mgr.close()
     assert tokens == ref_tokens and np.array_equal(logits, ref_logits)
     assert mgr.stats.prefetch_recall < 0.5 and mgr.stats.misses > 0
@@ -123,11 +125,11 @@ def test_hobbit_prefers_evicting_far_layers_and_lru_recency() -> None:
 
 def test_mixed_precision_uses_low_bit_copies(stories_moe: Path, moe: TorchBackend) -> None:
     ids = moe.tokenize(TEXT, add_bos=True)
-    _, ref_logits = _run(moe, ids, 8)
+    _, ref_logits = greedy_rows(moe, ids, 8)
     b = TorchBackend(stories_moe, TorchConfig(device="cpu", n_threads=1))
     one = GGUFExpertSource(stories_moe).load(0, 0)[0].nbytes
     mgr = enable_offload(b, OffloadConfig(budget_bytes=10 * one, mixed_precision=True, low_weight=0.55, low_bits=8))
-    _, logits = _run(b, ids, 8)
+    _, logits = greedy_rows(b, ids, 8)
     mgr.close()
     assert mgr.stats.low_precision > 0
     assert not np.array_equal(logits, ref_logits)
@@ -148,9 +150,9 @@ def test_widened_moe_computes_the_small_moe_and_routes_in_every_layer(stories_mo
     wide = TorchBackend(widen_moe(stories_moe, tmp_path / "wide.gguf", 128, 32, 8), TorchConfig(device="cpu", n_threads=1))
     assert (wide.model_config.dim, wide.model_config.expert_ffn_dim, wide.model_config.n_layers) == (128, 32, 8)
     ids = moe.tokenize(TEXT, add_bos=True)
-    ref_tokens, ref_logits = _run(moe, ids, 12)
+    ref_tokens, ref_logits = greedy_rows(moe, ids, 12)
     mgr = enable_offload(wide, OffloadConfig(budget_bytes=1 << 30, prefetch=False))
-    tokens, logits = _run(wide, ids, 12)
+    tokens, logits = greedy_rows(wide, ids, 12)
     assert tokens == ref_tokens
     np.testing.assert_allclose(logits, ref_logits, atol=1e-4)
     per_layer = [{k[1] for k in mgr.cache.entries if k[0] == layer} for layer in range(8)]

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_expert_offload import TEXT, greedy_rows
 
 from tandem.runtime.torch_engine.backend import TorchBackend, TorchConfig
 from tandem.runtime.torch_engine.expert_cache import ExpertCache, OffloadConfig, enable_offload
@@ -23,25 +24,13 @@ from tandem.runtime.torch_engine.expert_store import ExpertWeights, GGUFExpertSo
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="torch sees no CUDA device: the GPU expert cache needs one"
 )
-TEXT = "Once upon a time, there was a little girl named Lily. She loved to play with her ball in the park."
-
-
-def _run(b: TorchBackend, ids: list[int], n: int = 12) -> tuple[list[int], np.ndarray]:
-    b.truncate(0)
-    logits = b.evaluate(ids)[-1]
-    out, rows = [], []
-    for _ in range(n):
-        rows.append(logits)
-        out.append(int(logits.argmax()))
-        logits = b.evaluate(out[-1:])[-1]
-    return out, np.stack(rows)
 
 
 @pytest.fixture()
 def reference(stories_moe: Path) -> tuple[list[int], list[int], np.ndarray]:
     b = TorchBackend(stories_moe, TorchConfig(device="cuda"))
     ids = b.tokenize(TEXT, add_bos=True)
-    return (ids, *_run(b, ids))
+    return (ids, *greedy_rows(b, ids, 12))
 
 
 def _one(path: Path) -> int:
@@ -69,7 +58,7 @@ def test_full_precision_offload_on_cuda_equals_in_memory(
     mgr = enable_offload(b, OffloadConfig(budget_bytes=n_experts * one, prefetch=n_experts > 0), source=source)
     with monkeypatch.context() as m:
         _no_host_sync(m)
-        tokens, logits = _run(b, ids)
+        tokens, logits = greedy_rows(b, ids, 12)
     mgr.close()
     assert tokens == ref_tokens
     assert np.array_equal(logits, ref_logits)  # same kernels, same order, same device
@@ -98,7 +87,7 @@ def test_expert_in_use_is_never_evicted_on_cuda(stories_moe: Path, reference: tu
         return ok
 
     cache.insert = checked_insert  # type: ignore[method-assign]
-    tokens, logits = _run(b, ids)
+    tokens, logits = greedy_rows(b, ids, 12)
     mgr.close()
     assert checked[0] > 0 and cache.evictions > 0
     assert tokens == ref_tokens and np.array_equal(logits, ref_logits)
@@ -124,7 +113,7 @@ def test_misprediction_falls_back_to_synchronous_load_on_cuda(
     mgr.routers = [-r for r in mgr.routers]  # prefetch what the real router ranks last
     with monkeypatch.context() as m:
         _no_host_sync(m)
-        tokens, logits = _run(b, ids)
+        tokens, logits = greedy_rows(b, ids, 12)
     mgr.close()
     assert tokens == ref_tokens and np.array_equal(logits, ref_logits)
     s = mgr.stats
@@ -136,7 +125,7 @@ def test_low_bit_copies_are_dequantized_on_the_gpu(stories_moe: Path, reference:
     b = TorchBackend(stories_moe, TorchConfig(device="cuda"))
     cfg = OffloadConfig(budget_bytes=10 * _one(stories_moe), mixed_precision=True, low_weight=0.55, low_bits=8)
     mgr = enable_offload(b, cfg, source="ram")
-    _, logits = _run(b, ids)
+    _, logits = greedy_rows(b, ids, 12)
     mgr.close()
     low = [e for k, e in mgr.cache.entries.items() if k[2]]
     assert mgr.stats.low_precision > 0 and low and all(e.weights.up.device.type == "cuda" for e in low)
