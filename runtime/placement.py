@@ -147,14 +147,23 @@ def target_gpu_fits(plan) -> bool:
 
     if not torch.cuda.is_available():
         return False
-    from tandem.runtime.memory_model import Setup, shape_from_gguf, torch_gpu_items
+    from tandem.runtime.memory_model import (
+        TORCH_CUDA_DEVICE,
+        TORCH_CUDA_HOST,
+        Setup,
+        shape_from_gguf,
+        torch_gpu_items,
+    )
 
     shape = shape_from_gguf(plan.target.path)
     cfg = plan.target
-    need = sum(i.bytes for i in torch_gpu_items(shape, Setup(cfg.n_ctx, cfg.n_batch, output_rows=plan.draft_max + 1),
-                                                role="target") if i.device == "gpu")
-    host_room = plan.host_budget - plan.host_total
-    return need + plan.memory.gpu <= plan.vram_budget and 4 * shape.n_params <= host_room
+    items = torch_gpu_items(shape, Setup(cfg.n_ctx, cfg.n_batch, output_rows=plan.draft_max + 1), role="target")
+    vram = sum(i.bytes for i in items if i.device == "gpu")
+    host = sum(i.bytes for i in items if i.device == "host") + 4 * shape.n_params  # float32 copy while loading
+    if not plan.memory.gpu:  # the first CUDA user in this process pays the context
+        vram += TORCH_CUDA_DEVICE
+        host += TORCH_CUDA_HOST
+    return plan.memory.gpu + vram <= plan.vram_budget and host <= plan.host_budget - plan.host_total
 
 
 @dataclass
