@@ -29,11 +29,16 @@ STORIES = Path(__file__).resolve().parents[2] / "shared/fixtures/models/stories2
 PROMPT = "Once upon a time, there was a little girl named Lily. She loved to play outside"
 
 
-def _tps(target, prompt, strategy, n: int) -> tuple[float, list[int]]:
+def _tps(target, prompt, strategy, n: int, stats: dict | None = None) -> tuple[float, list[int]]:
+    """Tokens/s of one greedy generation and its tokens; ``stats`` (if given) gets the
+    run's target calls and draft acceptance (deterministic, unlike the timing)."""
     start = time.perf_counter()
     for ev in generate(target, prompt, Sampler(SamplingParams(temperature=0.0)), strategy=strategy,
                        max_tokens=n, stop_at_eog=False):
         if isinstance(ev, DoneEvent):
+            if stats is not None:
+                stats.update(target_calls=ev.stats.target_calls, drafted=ev.stats.drafted_tokens,
+                             accepted=ev.stats.accepted_tokens)
             return len(ev.tokens) / (time.perf_counter() - start), ev.tokens
     raise RuntimeError("no DoneEvent")
 
@@ -101,11 +106,11 @@ def specmemo(args: argparse.Namespace) -> dict:
             drafter = WindowedDrafter(drafter, p.draft.window)
         variants[name] = drafter
     runs: dict[str, list[float]] = {n: [] for n in variants}
-    outputs = {}
+    outputs, calls = {}, {n: {} for n in variants}
     for _ in range(args.reps):
         for name, drafter in variants.items():
             strategy = split_speculative(drafter, k, predraft=False) if drafter else autoregressive
-            tps, toks = _tps(target, prompt, strategy, args.tokens)
+            tps, toks = _tps(target, prompt, strategy, args.tokens, calls[name])
             runs[name].append(tps)
             outputs[name] = toks
     med = {n: statistics.median(v) for n, v in runs.items()}
@@ -120,6 +125,7 @@ def specmemo(args: argparse.Namespace) -> dict:
                                                "quant": d.quant, "draft_max": cut.draft_max},
         "tokens_per_s": med, "throughput_kept": med["budget-cut"] / med["unconstrained"],
         "identical_output": outputs["unconstrained"] == outputs["budget-cut"], "runs": runs,
+        "target_calls_and_acceptance": calls,
     }
 
 

@@ -36,11 +36,21 @@ class RuntimeCosts:
     """Bytes per batch token once a context holds more than one batch (fitted): the
     second and later ubatches of a prefill touch a further ~4 kB per token of graph
     memory that a single-ubatch context never does."""
+    per_model_next: float | None = None
+    """``per_model`` for a model loaded into a process that already runs one of this
+    kind (a drafter next to its target): the backend registry, CPU backend and thread
+    pool set up with the first model are shared. ``None``: same as ``per_model``."""
+
+    def model_runtime(self, n_vocab: int, first_in_process: bool = True) -> int:
+        """Per-model runtime and vocabulary bytes (see ``per_model_next``)."""
+        base = self.per_model if first_in_process or self.per_model_next is None else self.per_model_next
+        return int(base + self.per_vocab * n_vocab)
 
 
 LLAMA_CPP = RuntimeCosts(process=0, per_model=2_200_000, per_vocab=192.5, kt_flash=2.0,
                          kt_plain=7.14, kth_plain=5.54, t_embd=27.8, out_row=11.55,
-                         device_context=350 * 1024**2, k_flash=145.0, t_embd_flash=47.5, t_chunked=4132.0)
+                         device_context=350 * 1024**2, k_flash=145.0, t_embd_flash=47.5, t_chunked=4132.0,
+                         per_model_next=1_860_000)
 """llama.cpp (CPU build; fitted, see :mod:`tandem.runtime.memory_model`).
 
 Flash attention (the planner's default) was refitted on 31 memprobe points (stories260K,
@@ -54,7 +64,18 @@ compute is a per-cell term (``k_flash``), activations (``t_embd_flash``) and
 adds once per process is shared-library code, which :mod:`tandem.runtime.memprobe` no
 longer counts (its resident size depends on the page cache, not the model).
 ``device_context`` is the usual CUDA context + cuBLAS handle size (~300-400 MiB), an
-estimate not measured here."""
+estimate not measured here.
+
+``per_model_next`` (1.86 MB, against ``per_model``'s 2.2 MB) is a drafter's runtime next
+to a loaded target: fitted (least squares on relative error) to what a drafter context
+adds to a fresh process already holding its target (memprobe; targets: the 60M and 200M
+Q8_0 twins of stories260K; drafters stories260K F32, its Q8_0 copy, tinystories-656k F32;
+windows 128/256/1024 at batches 8/64, 1024 and 2040 at batch 256: 24 points, max error
+4.5 %). The same drafter measured alone costs 0.14-0.43 MB more (median 0.2 MB): what
+the first model pays for backend and thread-pool setup, which a second one shares. Measured
+per-point, the runtime term of a second model ranges 1.70-2.15 MB; the spread is in the
+compute terms (small windows at batch 64 over-predicted by ~0.15 MB, the 2304-cell
+context under-predicted by ~0.2 MB), not in the runtime."""
 
 TORCH_CUDA_HOST = 300 * 1024**2
 """Host RSS that torch's CUDA runtime adds once a drafter runs on the GPU (context,

@@ -14,7 +14,8 @@ room for), itemised as:
 * **compute**: the graph buffer as far as the worst ubatch (``n_batch`` tokens at a full
   context) touches it. Without flash attention the K·Q score matrix
   (context × batch × heads × 4 bytes) dominates; with it, the mask and activations.
-* **runtime**: per-process and per-model constants plus the vocabulary tables.
+* **runtime**: per-process and per-model constants plus the vocabulary tables; a model
+  loaded next to another of its kind (the drafter) pays less (it shares the backend).
 * **speculation**: logits rows for verification (k+1 rows of n_vocab float32 in
   llama.cpp's output buffer and in our numpy copy), the drafter's q rows, and — for a
   growable cache (torch) — the candidate KV slots. A llama.cpp cache is preallocated, so
@@ -153,8 +154,11 @@ def _kv(shape: ModelShape, setup: Setup, kind: str) -> int:
     return per_token * padded_ctx(setup.n_ctx)
 
 
-def model_items(shape: ModelShape, setup: Setup, kind: str = "llama.cpp", role: str = "target") -> list[Item]:
-    """Weights, KV, compute and per-model runtime bytes of one model, by device."""
+def model_items(shape: ModelShape, setup: Setup, kind: str = "llama.cpp", role: str = "target",
+                first_in_process: bool = True) -> list[Item]:
+    """Weights, KV, compute and per-model runtime bytes of one model, by device.
+    ``first_in_process=False``: another model of this kind is already loaded (a drafter
+    next to its target), which set up the backend both share (``RuntimeCosts.per_model_next``)."""
     costs = COSTS[kind]
     g, head_on_gpu = _gpu_layers(shape, setup.n_gpu_layers)
     first_gpu = shape.n_layer - g
@@ -163,12 +167,14 @@ def model_items(shape: ModelShape, setup: Setup, kind: str = "llama.cpp", role: 
     kv = _kv(shape, setup, kind)
     kv_gpu = kv * g // max(shape.n_layer, 1)
     k = padded_ctx(setup.n_ctx, kind)
-    t = min(setup.n_batch, k)
+    # A ubatch never holds more tokens than the context (n_ctx, not its padded cells), and
+    # only a context longer than one batch is ever filled in more than one ubatch.
+    t = min(setup.n_batch, setup.n_ctx)
     if kind == "onnxruntime":  # no flash path: explicit score matrices (see memory_costs.ONNX)
         compute = int(k * t * costs.kth_plain * shape.n_head)
     elif setup.flash_attn:
         compute = int(k * t * costs.kt_flash + k * costs.k_flash + t * shape.n_embd * costs.t_embd_flash
-                      + (t * costs.t_chunked if k > t else 0))
+                      + (t * costs.t_chunked if setup.n_ctx > t else 0))
     else:
         compute = int(k * t * (costs.kt_plain + costs.kth_plain * shape.n_head) + t * shape.n_embd * costs.t_embd)
     logits = int(setup.output_rows * shape.n_vocab * costs.out_row)
@@ -177,7 +183,8 @@ def model_items(shape: ModelShape, setup: Setup, kind: str = "llama.cpp", role: 
         Item(f"{role} KV cache ({setup.type_k}/{setup.type_v}, {setup.n_ctx} tokens)", role, "host", kv - kv_gpu),
         Item(f"{role} compute buffer (batch {t})", role, "host", compute if g < shape.n_layer else compute // 4),
         Item(f"{role} logits rows ({setup.output_rows})", role, "host", logits),
-        Item(f"{role} runtime and vocabulary", role, "host", int(costs.per_model + costs.per_vocab * shape.n_vocab)),
+        Item(f"{role} runtime and vocabulary" + ("" if first_in_process else " (second model in the process)"),
+             role, "host", costs.model_runtime(shape.n_vocab, first_in_process)),
     ]
     if g:
         # A GPU buffer is allocated whole (cudaMalloc), not as touched: count the reserve,
@@ -259,7 +266,8 @@ def estimate(
     if torch_gpu:
         items += torch_gpu_items(draft, draft_setup, "draft")
     elif draft is not None and draft_setup is not None:
-        items += model_items(draft, draft_setup, draft_kind or kind, "draft")
+        d_kind = draft_kind or kind
+        items += model_items(draft, draft_setup, d_kind, "draft", first_in_process=d_kind != kind)
     items += speculation_items(target, k, kind)
     if include_process:
         items.append(Item(f"{kind} runtime (once per process)", "runtime", "host", COSTS[kind].process))

@@ -54,7 +54,12 @@ ACCEPTANCE_PRIOR = 0.7
 """Per-token acceptance assumed for a same-family model drafter before measuring."""
 CPU_VERIFY_COST = (1.0, 1.7, 1.9, 2.1, 2.4, 2.55, 2.7, 2.85, 3.0)
 """c(k): a CPU verify of k drafts relative to one decode step (issue 3's measurement)."""
-DRAFT_WINDOWS = (1024, 512, 256, 128)
+DRAFT_CELLS = (1024, 512, 256)
+"""Context cells of a windowed drafter, from roomiest to leanest. llama.cpp pads a KV
+cache to 256 cells (and the torch engine's cache doubles from 256), so memory moves in
+those steps: each window is what its cells leave after the k + 1 draft and verify slots
+(251 tokens at k = 4 in 256 cells: a 128 window there priced and measured the same
+memory, but slid during SpecMemo's 192-token run and cost 5 % more target calls)."""
 DRAFT_LENGTHS = (8, 4, 2)
 LEAN_DRAFT_BATCH = 8
 """Prefill batch of the leanest drafter: a windowed drafter only ever re-reads its window,
@@ -207,8 +212,9 @@ def _draft_rungs(d_shape: ModelShape, ctx: int, draft_max: int, quant: str | Non
     d_ctx_full = min(ctx, d_shape.n_ctx_train)
     d_kv = "q8_0" if d_shape.kv_type_ok("q8_0") else "f16"
     rungs = [((None, 256, "f16"), draft_max, "full drafter")]
-    rungs += [((w, 64, "f16"), draft_max, f"draft window {w}") for w in DRAFT_WINDOWS if w < d_ctx_full]
-    rungs += [((min(DRAFT_WINDOWS[-1], d_ctx_full), LEAN_DRAFT_BATCH, d_kv), k, "lean drafter")
+    windows = [c - draft_max - 1 for c in DRAFT_CELLS]
+    rungs += [((w, 64, "f16"), draft_max, f"draft window {w}") for w in windows if 0 < w < d_ctx_full]
+    rungs += [((max(8, min(DRAFT_CELLS[-1] - k - 1, d_ctx_full)), LEAN_DRAFT_BATCH, d_kv), k, "lean drafter")
               for k in DRAFT_LENGTHS if k <= draft_max]
     for (window, batch, kv), k, note in rungs:
         for q in (None, quant) if quant else (None,):

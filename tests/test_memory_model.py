@@ -116,6 +116,45 @@ def test_predicted_peak_matches_measured_twin_pair(stories_twin: Path, stories26
     _check(spec, predicted.host - predicted.total(role="speculation"))
 
 
+@pytest.fixture(scope="module")
+def target_alone_peak(stories_twin: Path) -> tuple[ProbeModel, int]:
+    """The 8M twin as a verifying target (k = 4) and its peak alone in a fresh process."""
+    target = ProbeModel(str(stories_twin), 516, 256, prompt_tokens=64, output_rows=5)
+    return target, measure(ProbeSpec([target]))["peak_bytes"]
+
+
+@pytest.mark.parametrize(("drafter", "window", "batch"), [
+    ("f32", 128, 8), ("f32", 128, 64), ("f32", 256, 8), ("f32", 256, 64), ("f32", 1024, 8), ("f32", 1024, 64),
+    ("f32", 1024, 256), ("f32", 2040, 256),
+    ("q8_0", 128, 8), ("q8_0", 256, 64), ("q8_0", 1024, 8), ("q8_0", 1024, 256), ("q8_0", 2040, 256),
+    ("656k", 128, 8), ("656k", 256, 64), ("656k", 1024, 256),
+])
+def test_drafter_extra_next_to_a_target_matches_measured(request: pytest.FixtureRequest, stories260k: Path,
+                                                         target_alone_peak: tuple[ProbeModel, int],
+                                                         drafter: str, window: int, batch: int) -> None:
+    """What a drafter context adds to a process that already runs its target, against
+    the drafter's items in the pair's estimate (priced as the second llama.cpp model in
+    the process, ``per_model_next``): stories260K F32, its Q8_0 copy and tinystories-656k
+    F32, windows 128-2040 (2040 × 256 is SpecMemo's unconstrained drafter, 128 × 8 its
+    lean one). The drafter refills its window (window + k + 1 cells), as in
+    ``bench_memory``. Batches at or above the window are left out: such a drafter
+    refills in one ubatch, while the model prices a context longer than a batch as
+    filled in two (up to 1 MB over at 256 × 256)."""
+    from tandem.models.quantize import cached_copy
+
+    path = {"f32": stories260k, "q8_0": cached_copy(stories260k, "q8_0"),
+            "656k": request.getfixturevalue("tinystories656k_gguf")}[drafter]
+    target, alone = target_alone_peak
+    k, n_ctx = 4, window + 5
+    both = measure(ProbeSpec([target, ProbeModel(str(path), n_ctx, batch, prompt_tokens=n_ctx - k - 2)]))["peak_bytes"]
+    est = estimate(shape_from_gguf(target.path), Setup(target.n_ctx, 256, output_rows=5), shape_from_gguf(path),
+                   Setup(n_ctx, batch), k=k)
+    predicted, measured = est.total(role="draft"), both - alone
+    error = predicted / measured - 1
+    print(f"drafter {drafter} window {window} batch {batch}: predicted {predicted} vs measured {measured} ({error:+.1%})")
+    assert abs(error) <= TOLERANCE, f"predicted {predicted} vs measured {measured} ({error:+.1%})"
+
+
 def test_quantized_copy_is_priced_before_it_exists(stories260k: Path, tmp_path: Path) -> None:
     """The planner prices a drafter's Q8_0 copy from the header alone; llama.cpp's quantizer
     then makes exactly that many bytes of weights (including its f16 fallback for rows
