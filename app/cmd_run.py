@@ -90,11 +90,15 @@ def open_planned(args: argparse.Namespace) -> tuple[Backend, int | None, Placed]
     GGUF targets go through the memory planner, which sizes target and drafter to the
     budget (BudgetError if nothing fits), and the drafter's device and threads are chosen
     by :func:`tandem.runtime.placement.place` (measured once, cached); ONNX exports and
-    Hugging Face folders open as they are (the planner prices llama.cpp models only).
+    Hugging Face folders are budget-checked (:func:`tandem.runtime.plan_other.plan_unplanned`,
+    BudgetError before loading) and then open as they are.
     """
     unplanned = Placed()
     path = resolve_model(args.model)
     if backend_kind(path) != "gguf":
+        from tandem.runtime.plan_other import plan_unplanned
+
+        plan_unplanned(path, backend_kind(path), args.budget, args.ctx)
         return open_backend(path, n_ctx=args.ctx, n_threads=args.threads), None, unplanned
     from tandem.runtime.planner import plan_for_run
 

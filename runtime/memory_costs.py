@@ -100,11 +100,23 @@ scores, softmax; measured 2.5-2.9 on an H100 for chunks of 64-512 tokens)."""
 TORCH_WORK_FIXED = 64 * 1024
 """Small blocks of a forward pass (rope tables, positions, index tensors), each rounded."""
 
-TORCH = RuntimeCosts(process=0, per_model=8_000_000, per_vocab=64.0, kt_flash=4.0, kt_plain=4.0,
-                     kth_plain=8.0, t_embd=48.0, out_row=8.0, device_context=TORCH_CUDA_DEVICE)
-"""torch engine (estimate): ``import torch`` itself (~250-350 MB) is in the process
-baseline, not here; scores are materialised (q·k then softmax: 2 × 4 bytes per
-element); activations ~12 float32 per hidden unit per token."""
+TORCH = RuntimeCosts(process=0, per_model=1_690_000, per_vocab=2390.0, kt_flash=0.0, kt_plain=5.0,
+                     kth_plain=8.0, t_embd=78.0, out_row=8.0, device_context=TORCH_CUDA_DEVICE)
+"""torch engine on the CPU (fitted to memprobe peaks with glibc's mmap threshold pinned,
+see ``torch_engine.backend.return_large_temporaries``: stories260K and tinystories-656k
+F32, contexts 256-2048, batches 64-512, 16 points; -10 % to +11 %, most within 7 %).
+``import torch`` (~250-350 MB) is in the process baseline, not here. The engine hands
+SDPA 3-D tensors and a boolean mask, which takes the unfused math path: per chunk of
+``t`` tokens over ``S`` keys it holds two float32 score matrices per head (scores, then
+softmax: ``kth_plain`` 8 bytes per key × token × head) and the mask as bool and as
+float32 (``kt_plain`` 5 bytes per key × token); these are arithmetic, not fitted.
+Fitted: ``per_model`` and ``per_vocab`` from the load step (tokenizer tables are Python
+objects, ~2.4 kB a token), ``t_embd`` (activations, ~20 float32 per hidden unit per
+chunk token) and :data:`TORCH_HEAP_RETAINED`. The flash fields are unused."""
+TORCH_HEAP_RETAINED = 5.07
+"""Heap bytes the torch engine keeps resident per byte of its final KV cache (fitted):
+blocks under the mmap threshold (the doubling cache's old generations, masks, per-layer
+K/V expansions) are freed into glibc's heap, which does not shrink below live blocks."""
 
 ONNX = RuntimeCosts(process=0, per_model=3_300_000, per_vocab=0.0, kt_flash=0.0, kt_plain=0.0,
                     kth_plain=20.2, t_embd=0.0, out_row=8.0, device_context=500 * 1024**2)

@@ -29,10 +29,8 @@ on contexts up to 4096 cells (see ``LLAMA_CPP``). onnxruntime (CPU): on exported
 stories260K and tinystories-656k graphs (see ``ONNX``). A model in the torch engine on a
 CUDA GPU is priced in VRAM by :func:`torch_gpu_items`, fitted to
 ``torch.cuda.max_memory_allocated`` on an H100 (-1 % to +6 %). The torch engine on the
-CPU is *not* fitted: its peak is set by glibc's handling of freed attention temporaries
-and varies by up to 40 % between identical runs (memprobe, stories260K at 2048 × 256:
-69-95 MB), so its ``TORCH`` compute constants remain first estimates; its weights and
-KV terms are exact arithmetic.
+CPU became repeatable (about ±5 % between runs) once it pinned glibc's mmap threshold;
+it was then fitted on stories260K and tinystories-656k (see ``TORCH``).
 """
 
 from __future__ import annotations
@@ -50,6 +48,7 @@ from tandem.runtime.memory_costs import (
     TORCH_CUDA_DEVICE,
     TORCH_CUDA_HOST,
     TORCH_CUDA_HOST_CONTEXT,
+    TORCH_HEAP_RETAINED,
     TORCH_SCORE_MATRICES,
     TORCH_WORK_FIXED,
     RuntimeCosts,
@@ -65,7 +64,7 @@ from tandem.runtime.memory_shapes import (
 
 __all__ = [
     "COSTS", "KINDS", "KV_PAD", "KV_TYPE_SIZES", "LLAMA_CPP", "ONNX", "QUANT_COPY_TYPES", "TORCH",
-    "TORCH_ALLOC_ROUND", "TORCH_CUDA_DEVICE", "TORCH_CUDA_HOST", "TORCH_CUDA_HOST_CONTEXT",
+    "TORCH_ALLOC_ROUND", "TORCH_CUDA_DEVICE", "TORCH_CUDA_HOST", "TORCH_CUDA_HOST_CONTEXT", "TORCH_HEAP_RETAINED",
     "TORCH_SCORE_MATRICES", "TORCH_WORK_FIXED", "Estimate", "Item", "ModelShape", "RuntimeCosts", "Setup",
     "estimate", "model_items", "padded_ctx", "shape_from_gguf", "shape_from_hf", "speculation_items",
     "torch_capacity", "torch_gpu_items",
@@ -172,6 +171,8 @@ def model_items(shape: ModelShape, setup: Setup, kind: str = "llama.cpp", role: 
     t = min(setup.n_batch, setup.n_ctx)
     if kind == "onnxruntime":  # no flash path: explicit score matrices (see memory_costs.ONNX)
         compute = int(k * t * costs.kth_plain * shape.n_head)
+    elif kind == "torch":  # SDPA's math path on 3-D inputs: scores, softmax, masks (memory_costs.TORCH)
+        compute = int(k * t * (costs.kt_plain + costs.kth_plain * shape.n_head) + t * shape.n_embd * costs.t_embd)
     elif setup.flash_attn:
         compute = int(k * t * costs.kt_flash + k * costs.k_flash + t * shape.n_embd * costs.t_embd_flash
                       + (t * costs.t_chunked if setup.n_ctx > t else 0))
@@ -186,6 +187,9 @@ def model_items(shape: ModelShape, setup: Setup, kind: str = "llama.cpp", role: 
         Item(f"{role} runtime and vocabulary" + ("" if first_in_process else " (second model in the process)"),
              role, "host", costs.model_runtime(shape.n_vocab, first_in_process)),
     ]
+    if kind == "torch":
+        items.append(Item(f"{role} heap kept by glibc (x{TORCH_HEAP_RETAINED} the KV)", role, "host",
+                          int(TORCH_HEAP_RETAINED * (kv - kv_gpu))))
     if g:
         # A GPU buffer is allocated whole (cudaMalloc), not as touched: count the reserve,
         # which also holds the logits of a full batch when the head is offloaded.
@@ -196,6 +200,11 @@ def model_items(shape: ModelShape, setup: Setup, kind: str = "llama.cpp", role: 
             Item(f"{role} compute buffer", role, "gpu", gpu_compute),
         ]
     return [i for i in items if i.bytes]
+
+
+TORCH_GPU_PER_VOCAB = 64
+"""Host bytes per vocabulary token of a torch drafter on the GPU (the earlier estimate, kept:
+the CPU fit's ``TORCH.per_vocab`` was not measured for this case)."""
 
 
 def _round(n: int) -> int:
@@ -228,7 +237,7 @@ def torch_gpu_items(shape: ModelShape, setup: Setup, role: str = "draft") -> lis
         Item(f"{role} weights (float32: the torch engine dequantizes)", role, "gpu", weights),
         Item(f"{role} KV cache (float32, {cap} cells)", role, "gpu", kv),
         Item(f"{role} attention, activations and logits (chunks of {t})", role, "gpu", work),
-        Item(f"{role} torch runtime and vocabulary", role, "host", int(TORCH.per_model + TORCH.per_vocab * shape.n_vocab)),
+        Item(f"{role} torch runtime and vocabulary", role, "host", int(TORCH.per_model + TORCH_GPU_PER_VOCAB * shape.n_vocab)),
     ]
 
 

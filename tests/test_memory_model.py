@@ -280,3 +280,25 @@ def test_torch_gpu_drafter_vram_matches_prediction(tinystories656k_gguf: Path, n
           f"({error:+.1%})")
     assert abs(predicted - measured) <= max(TOLERANCE * measured, GPU_SLACK), (
         f"predicted {predicted} vs measured {measured} ({error:+.1%})")
+
+
+TORCH_SLACK = 2_000_000
+"""Absolute slack for the torch (CPU) check at its smallest points (~10 MB in all), where
+glibc's heap retention moves a run by ~1 MB."""
+
+
+@pytest.mark.parametrize(("model", "ctx", "batch"), [("260K", 256, 256), ("260K", 1024, 256), ("260K", 2048, 256),
+                                                     ("656k", 512, 512)])
+def test_predicted_peak_matches_measured_torch(request: pytest.FixtureRequest, model: str, ctx: int,
+                                               batch: int) -> None:
+    """The torch engine on the CPU against a fresh process's peak: float32 weights, the
+    doubling KV cache and the heap glibc keeps after it, SDPA's math-path score matrices
+    and masks for the worst chunk, activations and the tokenizer tables."""
+    path = request.getfixturevalue("stories260k" if model == "260K" else "tinystories656k_gguf")
+    shape = shape_from_gguf(path)
+    predicted = estimate(shape, Setup(ctx, batch, type_k="f32", type_v="f32", output_rows=5), kind="torch").host
+    spec = ProbeSpec([ProbeModel(str(path), ctx, batch, kind="torch", prompt_tokens=ctx - 16, output_rows=5)])
+    measured = measure(spec)["peak_bytes"]
+    error = predicted / measured - 1
+    print(f"torch {model} ({ctx}, {batch}): predicted {predicted} vs measured {measured} ({error:+.1%})")
+    assert abs(predicted - measured) <= max(TOLERANCE * measured, TORCH_SLACK), f"{error:+.1%}"

@@ -81,3 +81,19 @@ def test_chat_and_server_engines_open_onnx_targets(stories260k: Path, stories_on
         assert reply(slot.engine) == expected
     finally:
         slot.close()
+
+
+@pytest.mark.parametrize("kind", ["onnx", "hf"])
+def test_budget_is_checked_for_onnx_and_hf_targets(kind: str, stories_onnx: Path, tinystories656k_dir: Path) -> None:
+    """A budget too small for the target refuses before loading with one error line and
+    the BudgetError exit code; a roomy one still runs (issue #7: never over the budget)."""
+    model = str(stories_onnx if kind == "onnx" else tinystories656k_dir)
+    base = [sys.executable, "-m", "tandem.app.cli", "run", "-m", model, "-p", "Once", "-n", "4", "--threads", "1",
+            "--ctx", "512"]
+    r = subprocess.run([*base, "--budget", "20MiB"], capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode != 0
+    assert len(lines) == 1 and lines[0].startswith("tandem: error:"), r.stderr
+    assert "What would fit" in lines[0]
+    ok = subprocess.run([*base, "--budget", "8GiB"], capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert ok.returncode == 0, ok.stderr

@@ -266,7 +266,12 @@ def load_engine(choice: ModelChoice) -> Any:
 
     wants_drafter = choice.drafter is not None and choice.mode != "off"
     if backend_kind(choice.target) != "gguf" or (wants_drafter and backend_kind(choice.drafter) != "gguf"):
-        # ONNX exports and Hugging Face folders: the planner prices llama.cpp models only.
+        # ONNX exports and Hugging Face folders: the planner prices llama.cpp models only,
+        # so such a target gets a budget check before it loads (BudgetError if it cannot fit).
+        if backend_kind(choice.target) != "gguf":
+            from tandem.runtime.plan_other import plan_unplanned
+
+            plan_unplanned(choice.target, backend_kind(choice.target), choice.budget, choice.n_ctx)
         target = open_backend(choice.target, n_ctx=choice.n_ctx, n_threads=choice.n_threads)
         plan, drafter_path = None, choice.drafter if wants_drafter else None
     else:
