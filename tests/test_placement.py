@@ -108,14 +108,14 @@ def test_calibration_on_a_real_pair_is_measured_once_and_cached(target, stories_
 def test_place_applies_the_choice_and_refuses_a_device_the_plan_lacks(target, stories_twin: Path,
                                                                       stories260k: Path) -> None:
     one_thread = plan_for_run(stories_twin, stories260k, ctx=512, threads=1, drop_slow_draft=False)
-    placed = place(target, one_thread, mode="model")
+    placed = place(target, one_thread, mode="model", device="cpu")  # device="cpu": the same on a GPU machine
     assert placed.choice is None and placed.draft_device == "cpu" and placed.predraft is False
     assert placed.llama_config.n_threads == 1 and placed.draft_path == one_thread.draft.path
     assert placed.target is target
     with pytest.raises(TandemError, match="cannot run on the GPU"):
         place(target, one_thread, device="gpu")
     two = plan_for_run(stories_twin, stories260k, ctx=512, threads=2, drop_slow_draft=False)
-    chosen = place(target, two, mode="model", notify=lambda _: None)
+    chosen = place(target, two, mode="model", device="cpu", notify=lambda _: None)
     assert chosen.choice is not None and chosen.target is target
     assert chosen.llama_config.n_threads == chosen.choice.option.draft_threads
     assert chosen.predraft == chosen.choice.option.predraft
