@@ -112,8 +112,11 @@ def test_place_applies_the_choice_and_refuses_a_device_the_plan_lacks(target, st
     assert placed.choice is None and placed.draft_device == "cpu" and placed.predraft is False
     assert placed.llama_config.n_threads == 1 and placed.draft_path == one_thread.draft.path
     assert placed.target is target
+    from dataclasses import replace
+
+    cpu_only = replace(one_thread, draft=replace(one_thread.draft, devices=("cpu",)))  # as on a machine with no GPU
     with pytest.raises(TandemError, match="cannot run on the GPU"):
-        place(target, one_thread, device="gpu")
+        place(target, cpu_only, device="gpu")
     two = plan_for_run(stories_twin, stories260k, ctx=512, threads=2, drop_slow_draft=False)
     chosen = place(target, two, mode="model", device="cpu", notify=lambda _: None)
     assert chosen.choice is not None and chosen.target is target

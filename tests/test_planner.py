@@ -225,7 +225,7 @@ def test_specmemo_budget_keeps_a_quantized_windowed_drafter(stories_twin: Path, 
     assert cut.host_total - alone.host_total <= 0.35 * extra
     assert not Path(cut.draft.path).exists()  # make_plan only prices the copy
     # plan_for_run (this process's own baseline) makes the copy the plan names.
-    alone_run = plan_for_run(stories_twin, None, "1GiB", 2040, threads=1)
+    alone_run = plan_for_run(stories_twin, None, "64GiB", 2040, threads=1)  # room for any process baseline
     squeezed = plan_for_run(stories_twin, stories260k, int((alone_run.host_total + 0.35 * extra) / (1 - SAFETY)),
                             2040, threads=1, acceptance=ALPHA)
     assert squeezed.draft is not None and squeezed.draft.quant == "q8_0"
