@@ -37,6 +37,20 @@ class LlamaConfig:
     flash_attn: bool = False
 
 
+@llama_cpp.llama_log_callback
+def _llama_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    """Silence llama.cpp's log: a failure surfaces as our one-line error (from the
+    exception), and its warnings (e.g. a context a few draft slots past the trained
+    length) are noise to a user. llama-cpp-python's own callback maps this build's log
+    levels to an older enum and printed warnings while hiding errors.
+    ``TANDEM_LLAMA_LOG=1`` shows everything, for debugging."""
+    if os.environ.get("TANDEM_LLAMA_LOG"):
+        os.write(2, text)
+
+
+llama_cpp.llama_log_set(_llama_log, ctypes.c_void_p(0))
+
+
 def default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
