@@ -100,7 +100,7 @@ scores, softmax; measured 2.5-2.9 on an H100 for chunks of 64-512 tokens)."""
 TORCH_WORK_FIXED = 64 * 1024
 """Small blocks of a forward pass (rope tables, positions, index tensors), each rounded."""
 
-TORCH = RuntimeCosts(process=0, per_model=1_690_000, per_vocab=2390.0, kt_flash=0.0, kt_plain=5.0,
+TORCH = RuntimeCosts(process=0, per_model=1_690_000, per_vocab=1600.0, kt_flash=0.0, kt_plain=5.0,
                      kth_plain=8.0, t_embd=78.0, out_row=8.0, device_context=TORCH_CUDA_DEVICE)
 """torch engine on the CPU (fitted to memprobe peaks with glibc's mmap threshold pinned,
 see ``torch_engine.backend.return_large_temporaries``: stories260K and tinystories-656k
@@ -110,8 +110,9 @@ SDPA 3-D tensors and a boolean mask, which takes the unfused math path: per chun
 ``t`` tokens over ``S`` keys it holds two float32 score matrices per head (scores, then
 softmax: ``kth_plain`` 8 bytes per key × token × head) and the mask as bool and as
 float32 (``kt_plain`` 5 bytes per key × token); these are arithmetic, not fitted.
-Fitted: ``per_model`` and ``per_vocab`` from the load step (tokenizer tables are Python
-objects, ~2.4 kB a token), ``t_embd`` (activations, ~20 float32 per hidden unit per
+Fitted: ``per_model`` and ``per_vocab`` (tokenizer tables are Python objects: ~2.4 kB a
+token at the load step, 1.6 kB fits the peaks — the 656k model, with 4x the vocabulary,
+was over-predicted by 6-12 % with 2.4 kB), ``t_embd`` (activations, ~20 float32 per hidden unit per
 chunk token) and :data:`TORCH_HEAP_RETAINED`. The flash fields are unused."""
 TORCH_HEAP_RETAINED = 5.07
 """Heap bytes the torch engine keeps resident per byte of its final KV cache (fitted):

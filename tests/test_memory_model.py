@@ -283,11 +283,12 @@ def test_torch_gpu_drafter_vram_matches_prediction(tinystories656k_gguf: Path, n
 
 
 TORCH_SLACK = 2_000_000
-"""Absolute slack for the torch (CPU) check at its smallest points (~10 MB in all), where
-glibc's heap retention moves a run by ~1 MB."""
+"""Absolute slack for the torch (CPU) check at its smallest point (~16 MB in all), where
+glibc's heap retention moves a run by ~1 MB. Below that (stories260K at 256 x 256, ~11 MB)
+identical runs measure 11 or 15 MB — which blocks the heap keeps — so no bound is tested."""
 
 
-@pytest.mark.parametrize(("model", "ctx", "batch"), [("260K", 256, 256), ("260K", 1024, 256), ("260K", 2048, 256),
+@pytest.mark.parametrize(("model", "ctx", "batch"), [("260K", 1024, 256), ("260K", 2048, 256), ("656k", 256, 256),
                                                      ("656k", 512, 512)])
 def test_predicted_peak_matches_measured_torch(request: pytest.FixtureRequest, model: str, ctx: int,
                                                batch: int) -> None:
@@ -298,7 +299,9 @@ def test_predicted_peak_matches_measured_torch(request: pytest.FixtureRequest, m
     shape = shape_from_gguf(path)
     predicted = estimate(shape, Setup(ctx, batch, type_k="f32", type_v="f32", output_rows=5), kind="torch").host
     spec = ProbeSpec([ProbeModel(str(path), ctx, batch, kind="torch", prompt_tokens=ctx - 16, output_rows=5)])
-    measured = measure(spec)["peak_bytes"]
+    # Identical fresh runs differ by up to ~10 % (which heap blocks glibc keeps): the median of three.
+    runs = sorted(measure(spec)["peak_bytes"] for _ in range(3))
+    measured = runs[1]
     error = predicted / measured - 1
-    print(f"torch {model} ({ctx}, {batch}): predicted {predicted} vs measured {measured} ({error:+.1%})")
+    print(f"torch {model} ({ctx}, {batch}): predicted {predicted} vs measured {runs} ({error:+.1%})")
     assert abs(predicted - measured) <= max(TOLERANCE * measured, TORCH_SLACK), f"{error:+.1%}"
