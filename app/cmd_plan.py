@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tandem.models.store import resolve_model
 from tandem.runtime.hardware import PROFILES, format_size, resolve_machine
-from tandem.runtime.placement import Choice, options, target_gpu_fits
+from tandem.runtime.placement import Choice, plan_options
 from tandem.runtime.placement_calibrate import calibrate
 from tandem.runtime.planner import Plan, PlanRequest, make_plan
 
@@ -86,13 +86,11 @@ def run(args: argparse.Namespace) -> int:
 
 def calibrated(plan: Plan) -> Choice:
     """Open the planned target and measure the drafter's placement options."""
-    from tandem.runtime.llama_backend import default_threads
     from tandem.runtime.open_backend import open_backend
 
     target = open_backend(plan.target.path, llama_config=plan.target.llama_config())
     try:
-        opts = options(plan.draft.devices, plan.draft.n_threads or default_threads(), target_gpu=target_gpu_fits(plan))
-        return calibrate(target, plan, opts)
+        return calibrate(target, plan, plan_options(plan))
     finally:
         target.close()
 
@@ -104,8 +102,9 @@ def render_choice(choice: Choice) -> str:
         mark = "  <- chosen" if name == choice.option.name else ""
         lines.append(f"  {name:34} ~{tps:.1f} tok/s{mark}")
     c = choice.costs
-    lines.append("  costs: " + ", ".join([*(f"decode {v * 1e3:.2f} ms @{t}t" for t, v in c.decode_s.items()),
-                                          *(f"verify {v * 1e3:.2f} ms @{t}t" for t, v in c.verify_s.items()),
-                                          *(f"draft {v * 1e3:.2f} ms/token {d}" for d, v in c.draft_s.items()),
-                                          *(f"acceptance {v:.2f} {d}" for d, v in c.acceptance.items())]))
+    lines.append("  costs (cpu/N: N threads): "
+                 + ", ".join([*(f"decode {v * 1e3:.2f} ms {t}" for t, v in c.decode_s.items()),
+                              *(f"verify {v * 1e3:.2f} ms {t}" for t, v in c.verify_s.items()),
+                              *(f"draft {v * 1e3:.2f} ms/token {d}" for d, v in c.draft_s.items()),
+                              *(f"acceptance {v:.2f} {d}" for d, v in c.acceptance.items())]))
     return "\n".join(lines)

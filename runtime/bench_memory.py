@@ -22,8 +22,9 @@ from tandem.runtime.drafters.model import ModelDrafter
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
 from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
 from tandem.runtime.memprobe import ProbeModel, ProbeSpec, measure
+from tandem.runtime.placement import Option
 from tandem.runtime.planner import SAFETY, PlanRequest, make_plan
-from tandem.runtime.split import Placement, WindowedDrafter, set_threads, split_speculative
+from tandem.runtime.split import WindowedDrafter, set_threads, split_speculative
 
 STORIES = Path(__file__).resolve().parents[2] / "shared/fixtures/models/stories260K/stories260K.gguf"
 PROMPT = "Once upon a time, there was a little girl named Lily. She loved to play outside"
@@ -134,10 +135,10 @@ def split(args: argparse.Namespace) -> dict:
     target = LlamaCppBackend(target_path, LlamaConfig(n_ctx=1024, n_threads=1))
     draft = LlamaCppBackend(STORIES, LlamaConfig(n_ctx=1024, n_threads=1))
     prompt = target.tokenize(PROMPT, add_bos=True)
-    placements = [Placement("plain 1 thread", 1, 0, False), Placement("sequential 1+1", 1, 1, False),
-                  Placement("split 1+1 (pre-draft)", 1, 1, True)]
+    placements = [Option("plain 1 thread", "cpu", 1, 0, False), Option("sequential 1+1", "cpu", 1, 1, False),
+                  Option("split 1+1 (pre-draft)", "cpu", 1, 1, True)]
     if args.two_threads:  # llama.cpp's spinning barrier collapses on an oversubscribed box
-        placements += [Placement("plain 2 threads", 2, 0, False), Placement("sequential 2+2", 2, 2, False)]
+        placements += [Option("plain 2 threads", "cpu", 2, 0, False), Option("sequential 2+2", "cpu", 2, 2, False)]
     runs: dict[str, list[float]] = {p.name: [] for p in placements}
     outputs = {}
     for _ in range(args.reps):

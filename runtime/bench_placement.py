@@ -24,7 +24,7 @@ from pathlib import Path
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
 from tandem.runtime.open_backend import open_backend
-from tandem.runtime.placement import CALIBRATION_K, Option, options, target_gpu_fits
+from tandem.runtime.placement import CALIBRATION_K, Option, plan_options
 from tandem.runtime.placement_calibrate import calibrate
 from tandem.runtime.planner import plan_for_run
 from tandem.runtime.speculative import SpecOptions, build_strategy
@@ -45,7 +45,7 @@ def bench(target_path: Path, draft_path: Path, *, threads: int, ctx: int, tokens
     if plan.draft is None:
         raise SystemExit("the planner dropped the drafter: nothing to place")
     target = open_backend(target_path, llama_config=plan.target.llama_config())
-    opts = options(plan.draft.devices, threads, target_gpu=target_gpu_fits(plan))
+    opts = plan_options(plan)
     choice = calibrate(target, plan, opts, mode="model", use_cache=False)
     targets = {"cpu": target}
     if any(o.target_device == "cuda" for o in opts):

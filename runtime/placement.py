@@ -193,19 +193,14 @@ def _stderr(message: str) -> None:
     print(f"tandem: {message}", file=sys.stderr)
 
 
-def place(target: Backend, plan, *, mode: str = "auto", device: str = "auto", use_cache: bool = True,
-          notify: Callable[[str], None] = _stderr) -> Placed:
-    """Choose the placement for ``plan`` (the planner's :class:`~tandem.runtime.planner.Plan`
-    with a drafter; ``target`` is its target, open in llama.cpp): calibrate when there is
-    more than one option, restricted by ``device`` (see :data:`DEVICE_CHOICES`), then
-    apply it — thread counts set on the target, the drafter's configs, and the target
-    reopened in the torch engine on the GPU when that is the choice (the llama.cpp one
-    is closed)."""
+def plan_options(plan, device: str = "auto") -> list[Option]:
+    """The options for ``plan`` (a :class:`~tandem.runtime.planner.Plan` with a drafter) on
+    this machine, restricted by ``device`` (see :data:`DEVICE_CHOICES`); a
+    :class:`~tandem.models.errors.TandemError` when the restriction leaves none."""
     from tandem.models.errors import TandemError
     from tandem.runtime.llama_backend import default_threads
 
     draft = plan.draft
-    threads = draft.n_threads or default_threads()
     target_gpu = device in ("auto", "target-gpu") and target_gpu_fits(plan)
     if device == "target-gpu" and not target_gpu:
         raise TandemError("The target cannot run on the GPU here: it needs a CUDA GPU usable by torch and room "
@@ -215,9 +210,20 @@ def place(target: Backend, plan, *, mode: str = "auto", device: str = "auto", us
     if not devices:
         raise TandemError(f"The drafter cannot run on the {device.upper()} here: the plan allows "
                           f"{', '.join(draft.devices)}.")
-    opts = options(devices, threads, target_gpu=target_gpu)
-    if device == "target-gpu":
-        opts = [o for o in opts if o.target_device == "cuda"]
+    opts = options(devices, draft.n_threads or default_threads(), target_gpu=target_gpu)
+    return [o for o in opts if o.target_device == "cuda"] if device == "target-gpu" else opts
+
+
+def place(target: Backend, plan, *, mode: str = "auto", device: str = "auto", use_cache: bool = True,
+          notify: Callable[[str], None] = _stderr) -> Placed:
+    """Choose the placement for ``plan`` (the planner's :class:`~tandem.runtime.planner.Plan`
+    with a drafter; ``target`` is its target, open in llama.cpp): calibrate when there is
+    more than one option, restricted by ``device`` (see :data:`DEVICE_CHOICES`), then
+    apply it — thread counts set on the target, the drafter's configs, and the target
+    reopened in the torch engine on the GPU when that is the choice (the llama.cpp one
+    is closed)."""
+    draft = plan.draft
+    opts = plan_options(plan, device)
     choice = None
     if len(opts) > 1:
         from tandem.runtime.placement_calibrate import calibrate

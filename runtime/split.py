@@ -22,7 +22,6 @@ is rebuilt once per half window instead of the drafter stopping when its context
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from tandem.kernels.sampling import Sampler
 from tandem.runtime.adaptive import FixedLength
@@ -68,18 +67,6 @@ class WindowedDrafter:
     stop_threshold = property(lambda self: getattr(self.inner, "stop_threshold", None),
                               lambda self, v: setattr(self.inner, "stop_threshold", v))
     calls = property(lambda self: getattr(self.inner, "calls", 0))
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where drafter and target run and whether they overlap."""
-
-    name: str
-    target_threads: int
-    draft_threads: int
-    predraft: bool
-    draft_gpu: bool = False
-    target_gpu: bool = False
 
 
 def set_threads(backend: Backend, n: int) -> None:

@@ -13,8 +13,8 @@ from tandem.runtime.drafters.lookup import PromptLookupDrafter
 from tandem.runtime.drafters.model import ModelDrafter
 from tandem.runtime.generate import DecodeStats, DoneEvent, autoregressive, generate
 from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
+from tandem.runtime.placement import Option
 from tandem.runtime.split import (
-    Placement,
     WindowedDrafter,
     set_threads,
     split_speculative,
@@ -46,14 +46,14 @@ def _run(target, prompt, strategy, sampler=None, n=N) -> tuple[list[int], Decode
     raise AssertionError("no DoneEvent")
 
 
-PLACEMENTS = [Placement("sequential", 1, 1, False), Placement("split 1+1", 1, 1, True)]
+PLACEMENTS = [Option("sequential", "cpu", 1, 1, False), Option("split 1+1", "cpu", 1, 1, True)]
 """On this shared 2-core CI box a 2-thread llama.cpp spins against other processes and
 runs ~30x slower, so the tests use one thread per model (the benchmark covers more)."""
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS, ids=lambda p: p.name)
 @pytest.mark.parametrize("drafter_kind", ["model", "window", "lookup"])
-def test_greedy_identity_in_every_placement(pair, placement: Placement, drafter_kind: str) -> None:
+def test_greedy_identity_in_every_placement(pair, placement: Option, drafter_kind: str) -> None:
     target, draft = pair
     prompt = target.tokenize("Once upon a time, there was a little dog", add_bos=True)
     set_threads(target, 1)

@@ -37,7 +37,7 @@ class AppConfig:
     budget: str | None = None
     """Host memory budget for the memory planner (``tandem chat --budget``)."""
     placement: str = "auto"
-    """Drafter device: ``auto`` (measured once, cached), ``gpu`` or ``cpu``."""
+    """Where drafter and target run: ``auto`` (measured once, cached), ``gpu``, ``cpu`` or ``target-gpu``."""
 
     def choice(self, model: Path) -> ModelChoice:
         return ModelChoice(model, self.drafter, self.n_ctx, self.threads, self.draft_mode,

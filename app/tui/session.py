@@ -227,7 +227,8 @@ class ModelChoice:
     notes: list[str] = field(default_factory=list)
     """What the memory planner changed (e.g. a drafter it dropped), for the UI to show."""
     placement: str = "auto"
-    """Drafter device: ``auto`` (measured once per pair and machine, cached), ``gpu`` or ``cpu``."""
+    """Where drafter and target run: ``auto`` (measured once per pair and machine, cached),
+    ``gpu``/``cpu`` (the drafter there) or ``target-gpu`` (see runtime.placement)."""
 
     @property
     def target_name(self) -> str:
