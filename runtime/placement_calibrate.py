@@ -164,9 +164,13 @@ def calibrate(target: Backend, plan, opts: Sequence[Option], *, mode: str = "aut
     except (OSError, json.JSONDecodeError):
         data = {}
     if use_cache and key in data:
-        choice = choose(opts, Costs(**data[key]))
-        choice.cached = True
-        return choice
+        try:
+            choice = choose(opts, Costs(**data[key]))
+        except (KeyError, TypeError):
+            pass  # written by an older layout of the costs: measure again
+        else:
+            choice.cached = True
+            return choice
     if prompt is None:
         prompt = target.tokenize("Once upon a time, there was a little girl who", add_bos=True)
     notify("measuring drafter placements (once for this pair and machine)")

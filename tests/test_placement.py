@@ -104,6 +104,16 @@ def test_calibration_on_a_real_pair_is_measured_once_and_cached(target, stories_
     again = calibrate(target, plan, opts, mode="model")
     assert again.cached and again.costs == first.costs and again.option == first.option
 
+    # Costs cached in an older layout (keys without the device) are measured again, not a crash.
+    monkeypatch.undo()
+    cache = isolated_home / "cache" / "placement.json"
+    data = json.loads(cache.read_text())
+    for costs in data.values():
+        costs["verify_s"] = {k.split("/")[-1]: v for k, v in costs["verify_s"].items()}
+    cache.write_text(json.dumps(data))
+    remeasured = calibrate(target, plan, opts, mode="model", notify=lambda _: None)
+    assert not remeasured.cached and set(remeasured.costs.verify_s) == {"cpu/1", "cpu/2"}
+
 
 def test_place_applies_the_choice_and_refuses_a_device_the_plan_lacks(target, stories_twin: Path,
                                                                       stories260k: Path) -> None:
