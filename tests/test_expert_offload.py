@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from greedy_runs import greedy_rows
 
 from tandem.models.errors import UnsupportedModel
 from tandem.runtime.torch_engine.backend import TorchBackend, TorchConfig
@@ -14,18 +15,6 @@ from tandem.runtime.torch_engine.expert_cache import ExpertCache, OffloadConfig,
 from tandem.runtime.torch_engine.expert_store import ExpertWeights, GGUFExpertSource
 
 TEXT = "Once upon a time, there was a little girl named Lily. She loved to play with her ball in the park."
-
-
-def greedy_rows(b: TorchBackend, ids: list[int], n: int = 16) -> tuple[list[int], np.ndarray]:
-    """``n`` greedy tokens after ``ids`` from an empty cache, and the logits row behind each."""
-    b.truncate(0)
-    logits = b.evaluate(ids)[-1]
-    out, rows = [], []
-    for _ in range(n):
-        rows.append(logits)
-        out.append(int(logits.argmax()))
-        logits = b.evaluate(out[-1:])[-1]
-    return out, np.stack(rows)
 
 
 @pytest.fixture()
@@ -36,10 +25,10 @@ def moe(stories_moe: Path) -> TorchBackend:
 @pytest.mark.parametrize("source", ["gguf", "ram"])
 def test_everything_cached_equals_unoffloaded(stories_moe: Path, moe: TorchBackend, source: str) -> None:
     ids = moe.tokenize(TEXT, add_bos=True)
-    ref_tokens, ref_logits = greedy_rows(moe, ids)
+    ref_tokens, ref_logits = greedy_rows(moe, ids, 16)
     b = TorchBackend(stories_moe, TorchConfig(device="cpu", n_threads=1))
     mgr = enable_offload(b, OffloadConfig(budget_bytes=1 << 30, prefetch=True), source=source)
-    tokens, logits = greedy_rows(b, ids)
+    tokens, logits = greedy_rows(b, ids, 16)
     mgr.close()
     assert tokens == ref_tokens
     assert np.array_equal(logits, ref_logits)  # bit-identical: same kernels, same order

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_expert_offload import TEXT, greedy_rows
+from greedy_runs import greedy_rows
+from test_expert_offload import TEXT
 
 from tandem.runtime.torch_engine.backend import TorchBackend, TorchConfig
 from tandem.runtime.torch_engine.expert_cache import ExpertCache, OffloadConfig, enable_offload

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from greedy_runs import greedy_rows
 
 from tandem.runtime.torch_engine.backend import TorchBackend, TorchConfig
 from tandem.runtime.torch_engine.cache import KVCache
@@ -27,14 +28,7 @@ def _backend(path: Path, cfg: KVCompressConfig | None) -> TorchBackend:
 
 
 def _greedy(b: TorchBackend, n: int) -> tuple[list[int], np.ndarray]:
-    ids = b.tokenize(PROMPT, add_bos=True)
-    logits = b.evaluate(ids)[-1]
-    out, rows = [], []
-    for _ in range(n):
-        rows.append(logits)
-        out.append(int(logits.argmax()))
-        logits = b.evaluate([out[-1]])[-1]
-    return out, np.stack(rows)
+    return greedy_rows(b, b.tokenize(PROMPT, add_bos=True), n)
 
 
 def test_window_larger_than_text_is_bit_identical(stories260k: Path) -> None:

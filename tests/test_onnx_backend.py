@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from greedy_runs import greedy_rows
 
 from tandem.app.cli import main
 from tandem.kernels.sampling import Sampler, SamplingParams
@@ -25,17 +26,6 @@ from tandem.runtime.torch_engine.backend import TorchBackend, TorchConfig
 
 ONNX_TOL = 1e-4
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Ben went to the park. They", "Tom was sad because"]
-
-
-def greedy_ids(backend, prompt: list[int], n: int) -> tuple[list[int], np.ndarray]:
-    backend.truncate(0)
-    logits = backend.evaluate(prompt)[-1]
-    out, rows = [], [logits]
-    for _ in range(n):
-        out.append(int(np.argmax(logits)))
-        logits = backend.evaluate([out[-1]])[-1]
-        rows.append(logits)
-    return out, np.stack(rows)
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +55,8 @@ def test_onnx_greedy_equals_torch_engine(which, request) -> None:
         for text in PROMPTS:
             ids = ref.tokenize(text, add_bos=True)
             assert onnx.tokenize(text, add_bos=True) == ids
-            ours, our_rows = greedy_ids(onnx, ids, 16)
-            theirs, their_rows = greedy_ids(ref, ids, 16)
+            ours, our_rows = greedy_rows(onnx, ids, 16)
+            theirs, their_rows = greedy_rows(ref, ids, 16)
             assert ours == theirs, text
             np.testing.assert_allclose(our_rows, their_rows, atol=ONNX_TOL)
         assert all(onnx.token_bytes(t) == ref.token_bytes(t) for t in range(ref.n_vocab))
@@ -102,8 +92,8 @@ def test_int8_variant_is_smaller_and_close(stories_onnx_dir: Path, stories260k: 
     agree = total = 0
     for text in PROMPTS:
         ids = fp32.tokenize(text, add_bos=True)
-        a, _ = greedy_ids(fp32, ids, 20)
-        b, _ = greedy_ids(int8, ids, 20)
+        a, _ = greedy_rows(fp32, ids, 20)
+        b, _ = greedy_rows(int8, ids, 20)
         first_diff = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
         agree += first_diff
         total += len(a)

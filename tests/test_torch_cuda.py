@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from greedy_runs import greedy_rows
 
 from tandem.runtime.torch_engine.backend import TorchBackend, TorchConfig
 from tandem.runtime.torch_engine.cache import KVCache
@@ -23,25 +24,14 @@ TOL = 1e-3
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Ben went to the park. They", "Tom was sad because"]
 
 
-def greedy(backend: TorchBackend, ids: list[int], n: int) -> tuple[list[int], np.ndarray]:
-    backend.truncate(0)
-    logits = backend.evaluate(ids)[-1]
-    out, rows = [], [logits]
-    for _ in range(n):
-        out.append(int(np.argmax(logits)))
-        logits = backend.evaluate([out[-1]])[-1]
-        rows.append(logits)
-    return out, np.stack(rows)
-
-
 def test_hf_model_cuda_equals_cpu(tinystories656k_dir: Path) -> None:
     cpu = TorchBackend(tinystories656k_dir, TorchConfig(device="cpu"))
     gpu = TorchBackend(tinystories656k_dir)  # default device: CUDA when available
     assert gpu.device.type == "cuda" and gpu.memory().device.startswith("cuda")
     for text in PROMPTS:
         ids = cpu.tokenize(text, add_bos=True)
-        a, rows_a = greedy(cpu, ids, 24)
-        b, rows_b = greedy(gpu, ids, 24)
+        a, rows_a = greedy_rows(cpu, ids, 24)
+        b, rows_b = greedy_rows(gpu, ids, 24)
         assert a == b
         np.testing.assert_allclose(rows_a, rows_b, atol=TOL)
 
@@ -84,8 +74,8 @@ def test_bfloat16_on_cuda_runs(tinystories656k_dir: Path) -> None:
     agree = total = 0
     for text in PROMPTS:
         ids = ref.tokenize(text, add_bos=True)
-        a, _ = greedy(ref, ids, 24)
-        b, _ = greedy(half, ids, 24)
+        a, _ = greedy_rows(ref, ids, 24)
+        b, _ = greedy_rows(half, ids, 24)
         agree += next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
         total += len(a)
     print(f"bf16 greedy prefix agreement with fp32 on CUDA: {agree}/{total}")

@@ -13,6 +13,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from greedy_runs import greedy_rows
 
 from tandem.models.errors import ModelFormatError, ModelNotFound
 from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
@@ -33,25 +34,13 @@ PROMPTS = [
 ]
 
 
-def greedy(backend, prompt: list[int], n: int) -> tuple[list[int], list[np.ndarray]]:
-    backend.truncate(0)
-    logits = backend.evaluate(prompt)[-1]
-    out, rows = [], [logits]
-    for _ in range(n):
-        tok = int(np.argmax(logits))
-        out.append(tok)
-        logits = backend.evaluate([tok])[-1]
-        rows.append(logits)
-    return out, rows
-
-
 def assert_matches_llama(torch_be: TorchBackend, llama_be: LlamaCppBackend, n_tokens: int = 24) -> None:
     worst = 0.0
     for text in PROMPTS:
         ids = llama_be.tokenize(text, add_bos=True)
         assert torch_be.tokenize(text, add_bos=True) == ids
-        ours, our_rows = greedy(torch_be, ids, n_tokens)
-        ref, ref_rows = greedy(llama_be, ids, n_tokens)
+        ours, our_rows = greedy_rows(torch_be, ids, n_tokens)
+        ref, ref_rows = greedy_rows(llama_be, ids, n_tokens)
         assert ours == ref, text
         worst = max(worst, max(float(np.abs(a - b).max()) for a, b in zip(our_rows, ref_rows, strict=True)))
     assert worst < LOGIT_TOL
@@ -306,8 +295,8 @@ def test_moe_layout_matches_llama_cpp(arch: str, stories260k: Path, tmp_path: Pa
         assert torch_be.model_config.n_experts == 4
         for text in PROMPTS[:4]:
             ids = llama_be.tokenize(text, add_bos=True)
-            ours, our_rows = greedy(torch_be, ids, 12)
-            ref, ref_rows = greedy(llama_be, ids, 12)
+            ours, our_rows = greedy_rows(torch_be, ids, 12)
+            ref, ref_rows = greedy_rows(llama_be, ids, 12)
             assert ours == ref
             for a, b in zip(our_rows, ref_rows, strict=True):
                 # measured ~4e-6; renormalising (or not) the top-k weights moves logits
