@@ -11,7 +11,7 @@ rolls back. Strategies never assume anything else about the cache.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -126,3 +126,36 @@ def prefill(backend: Backend, prompt: Sequence[int], *, keep_last: bool = True) 
         reuse = min(reuse, len(prompt) - 1)
     backend.truncate(reuse)
     return backend.evaluate(prompt[reuse:])[-1]
+
+
+def check_room(cached: int, n: int, n_ctx: int) -> None:
+    """Raise :class:`~tandem.models.errors.PromptError` when ``n`` new positions do not fit
+    after ``cached`` ones in a context of ``n_ctx``."""
+    if cached + n > n_ctx:
+        from tandem.models.errors import PromptError
+
+        raise PromptError(f"Context full: {cached} + {n} tokens exceed the context of {n_ctx}.")
+
+
+def chunked_logits(n: int, step: int, n_vocab: int, logits_for: Sequence[int] | None,
+                   run: Callable[[int, int, list[int]], Sequence[np.ndarray]]) -> np.ndarray:
+    """The chunking every backend's ``evaluate`` shares: ``n`` new positions go through
+    ``run(start, stop, rows)`` in chunks of ``step``, where ``run`` evaluates positions
+    ``start:stop`` and returns the logits of ``rows`` (chunk-relative, in that order).
+    Returns the rows ``logits_for`` asks for (default: the last position), in its order,
+    copied out before the next chunk runs (a backend may reuse its logits buffer)."""
+    if logits_for is None and n <= step:  # a decode step: one chunk, its last row
+        out = np.empty((1, n_vocab), dtype=np.float32)
+        out[0] = run(0, n, [n - 1])[0]
+        return out
+    wanted = [n - 1] if logits_for is None else list(logits_for)
+    if any(not 0 <= i < n for i in wanted):
+        raise ValueError(f"logits_for indices must lie in [0, {n})")
+    out = np.empty((len(wanted), n_vocab), dtype=np.float32)
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        picks = [(r, i - start) for r, i in enumerate(wanted) if start <= i < stop]
+        rows = run(start, stop, [i for _, i in picks])
+        for (r, _), row in zip(picks, rows, strict=True):
+            out[r] = row
+    return out

@@ -16,9 +16,9 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from tandem.models.errors import ModelFormatError, PromptError, TandemError, UnsupportedModel
+from tandem.models.errors import ModelFormatError, TandemError, UnsupportedModel
 from tandem.models.gguf_file import GGUFInfo, check_runnable, inspect_gguf
-from tandem.runtime.backend import MemoryReport
+from tandem.runtime.backend import MemoryReport, check_room, chunked_logits
 from tandem.runtime.llama_vocab import LlamaVocab, TokenizerDelegate
 
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
@@ -165,14 +165,10 @@ class LlamaCppBackend(TokenizerDelegate):
     def _decode(self, n: int, fill, logits_for: Sequence[int] | None, batch, ids: list[int]) -> np.ndarray:
         """Append ``n`` positions (inputs written by ``fill``) in chunks of the context's
         batch size, recording ``ids`` in ``tokens``; return the logits rows asked for."""
-        if len(self._tokens) + n > self._n_ctx:
-            raise PromptError(f"Context full: {len(self._tokens)} + {n} tokens exceed the context of {self._n_ctx}.")
-        wanted = [n - 1] if logits_for is None else list(logits_for)
-        rows = {idx: r for r, idx in enumerate(wanted)}
-        out = np.empty((len(wanted), self._n_vocab), dtype=np.float32)
-        step = self._n_batch
-        for start in range(0, n, step):
-            count = min(step, n - start)
+        check_room(len(self._tokens), n, self._n_ctx)
+
+        def run(start: int, stop: int, rows: list[int]) -> list[np.ndarray]:
+            count = stop - start
             n_past = len(self._tokens)
             batch.n_tokens = count
             fill(batch, start, count)
@@ -180,18 +176,18 @@ class LlamaCppBackend(TokenizerDelegate):
                 batch.pos[i] = n_past + i
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = 0
-                batch.logits[i] = (start + i) in rows
+                batch.logits[i] = False
+            for i in rows:
+                batch.logits[i] = True
             rc = llama_cpp.llama_decode(self._ctx, batch)
             if rc != 0:
                 self.truncate(n_past)
                 raise TandemError(f"llama.cpp failed to evaluate a batch (llama_decode returned {rc}).")
-            self._tokens.extend(ids[start : start + count])
-            for i in range(count):
-                r = rows.get(start + i)
-                if r is not None:
-                    ptr = llama_cpp.llama_get_logits_ith(self._ctx, i)
-                    out[r] = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
-        return out
+            self._tokens.extend(ids[start:stop])
+            return [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, i), shape=(self._n_vocab,))
+                    for i in rows]
+
+        return chunked_logits(n, self._n_batch, self._n_vocab, logits_for, run)
 
     # -- superposed input (embeddings instead of token ids) ---------------------------
     @property

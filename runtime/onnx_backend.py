@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tandem.models.errors import ModelFormatError, ModelNotFound, PromptError, TandemError
+from tandem.models.errors import ModelFormatError, ModelNotFound, TandemError
 from tandem.models.hf_tokenizer import read_json_optional
-from tandem.runtime.backend import MemoryReport
+from tandem.runtime.backend import MemoryReport, check_room, chunked_logits
 from tandem.runtime.llama_vocab import LlamaVocab, TokenizerDelegate
 from tandem.runtime.onnx_export import FP32_FILE, INT8_FILE, META_FILE
 from tandem.runtime.torch_engine.tokenizer import HFTokenizer
@@ -152,20 +152,9 @@ class OnnxBackend(TokenizerDelegate):
         tokens = list(tokens)
         if not tokens:
             raise ValueError("evaluate needs at least one token")
-        if len(self._tokens) + len(tokens) > self._n_ctx:
-            raise PromptError(f"Context full: {len(self._tokens)} + {len(tokens)} tokens exceed the context of {self._n_ctx}.")
-        wanted = [len(tokens) - 1] if logits_for is None else list(logits_for)
-        if any(not 0 <= i < len(tokens) for i in wanted):
-            raise ValueError(f"logits_for indices must lie in [0, {len(tokens)})")
-        out = np.empty((len(wanted), self._n_vocab), dtype=np.float32)
-        step = self.config.n_batch
-        for start in range(0, len(tokens), step):
-            chunk = tokens[start : start + step]
-            picks = [(r, i - start) for r, i in enumerate(wanted) if start <= i < start + len(chunk)]
-            logits = self._run(chunk, [i for _, i in picks])
-            for (r, _), row in zip(picks, logits, strict=True):
-                out[r] = row
-        return out
+        check_room(len(self._tokens), len(tokens), self._n_ctx)
+        return chunked_logits(len(tokens), self.config.n_batch, self._n_vocab, logits_for,
+                              lambda start, stop, rows: self._run(tokens[start:stop], rows))
 
     def truncate(self, n: int) -> None:
         n = max(0, n)

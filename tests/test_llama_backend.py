@@ -28,8 +28,11 @@ def test_logits_for_selected_rows_match_stepwise(stories_backend: LlamaCppBacken
     np.testing.assert_allclose(batched, step, atol=1e-4)
     assert np.array_equal(batched.argmax(-1), step.argmax(-1))
     b.truncate(0)
-    some = b.evaluate(ids, logits_for=[1, 3])
-    np.testing.assert_allclose(some, batched[[1, 3]], atol=1e-4)
+    some = b.evaluate(ids, logits_for=[3, 1, 3])  # any order, repeats allowed
+    np.testing.assert_allclose(some, batched[[3, 1, 3]], atol=1e-4)
+    b.truncate(0)
+    with pytest.raises(ValueError, match="logits_for"):  # not rows of uninitialised memory
+        b.evaluate(ids, logits_for=[len(ids)])
 
 
 def test_truncate_rolls_back_exactly(stories_backend: LlamaCppBackend) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from tandem.models.errors import ModelNotFound, PromptError, TandemError
-from tandem.runtime.backend import MemoryReport
+from tandem.runtime.backend import MemoryReport, check_room, chunked_logits
 from tandem.runtime.llama_vocab import TokenizerDelegate
 from tandem.runtime.torch_engine.cache import KVCache
 from tandem.runtime.torch_engine.config import ModelConfig
@@ -187,7 +187,7 @@ class TorchBackend(TokenizerDelegate):
         tokens, parents = list(tokens), list(parents)
         if len(tokens) != len(parents) or not tokens:
             raise ValueError("evaluate_tree needs one parent per token and at least one token")
-        self._check_room(len(tokens))
+        check_room(len(self._tokens), len(tokens), self._n_ctx)
         n_past = len(self._tokens)
         wanted = list(range(len(tokens))) if logits_for is None else list(logits_for)
         positions = torch.tensor([n_past + d for d in tree_depths(parents)], device=self.device)
@@ -249,28 +249,18 @@ class TorchBackend(TokenizerDelegate):
         self.close()
 
     # -- internals ------------------------------------------------------------------
-    def _check_room(self, n: int) -> None:
-        if len(self._tokens) + n > self._n_ctx:
-            raise PromptError(f"Context full: {len(self._tokens)} + {n} tokens exceed the context of {self._n_ctx}.")
-
     def _chunked(self, x: torch.Tensor, tokens: list[int], logits_for: Sequence[int] | None) -> np.ndarray:
         n = x.shape[0]
-        self._check_room(n)
-        wanted = [n - 1] if logits_for is None else list(logits_for)
-        if any(not 0 <= i < n for i in wanted):
-            raise ValueError(f"logits_for indices must lie in [0, {n})")
-        out = np.empty((len(wanted), self.n_vocab), dtype=np.float32)
-        step = self.config.n_batch
-        for start in range(0, n, step):
-            stop = min(n, start + step)
-            picks = [(r, i - start) for r, i in enumerate(wanted) if start <= i < stop]
+        check_room(len(self._tokens), n, self._n_ctx)
+
+        def run(start: int, stop: int, rows: list[int]) -> np.ndarray:
             n_past = len(self._tokens)
             positions = torch.arange(n_past, n_past + stop - start, device=self.device)
-            logits = self._forward(x[start:stop], positions, None, [i for _, i in picks])
+            logits = self._forward(x[start:stop], positions, None, rows)
             self._tokens.extend(tokens[start:stop])
-            for (r, _), row in zip(picks, logits, strict=True):
-                out[r] = row
-        return out
+            return logits
+
+        return chunked_logits(n, self.config.n_batch, self.n_vocab, logits_for, run)
 
     def _forward(
         self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, rows: list[int]
