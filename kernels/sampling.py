@@ -68,6 +68,24 @@ def greedy_distribution(logits: np.ndarray) -> np.ndarray:
     return out
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def keyed_uniform(seed: int, position: int) -> float:
+    """A uniform in [0, 1) that depends only on (seed, position) (SplitMix64 finaliser).
+
+    Seeded sampling draws the token at sequence position ``i`` with ``keyed_uniform(seed,
+    i)``, so the text depends on the seed and the model alone, not on how many draws
+    came before: speculative decoding (whose draft lengths vary from run to run as its
+    caches learn) then repeats the seeded text of plain decoding exactly.
+    """
+    z = (seed * 0x9E3779B97F4A7C15 + (position + 1) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    z ^= z >> 31
+    return (z >> 11) / float(1 << 53)
+
+
 @dataclass
 class SamplingParams:
     temperature: float = 0.8
@@ -131,3 +149,21 @@ class Sampler:
         if self.params.greedy:
             return int(np.argmax(self.penalized(logits, history)))
         return self.draw(self.distribution(logits, history))
+
+    @property
+    def keyed(self) -> bool:
+        """Seeded sampling: each position's draw is fixed by (seed, position)."""
+        return self.params.seed is not None and not self.params.greedy
+
+    def sample_at(self, logits: np.ndarray, position: int, history: Sequence[int] = ()) -> int:
+        """The token at sequence ``position`` (prompt included): with a seed, drawn with
+        :func:`keyed_uniform` so every decoding strategy picks the same token there."""
+        if not self.keyed:
+            return self(logits, history)
+        probs = self.distribution(logits, history)
+        cdf = np.cumsum(probs)
+        r = keyed_uniform(int(self.params.seed), position) * cdf[-1]  # type: ignore[arg-type]
+        idx = int(min(np.searchsorted(cdf, r, side="right"), len(probs) - 1))
+        while probs[idx] <= 0 and idx > 0:  # round-off at the top end: never a zero-probability token
+            idx -= 1
+        return idx

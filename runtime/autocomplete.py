@@ -68,7 +68,7 @@ def build_fim_prompt(target: Backend, prefix: str, suffix: str = "", *, n_prefix
     """
     fim = supports_fim(target) if fim is None else fim
     pre = target.tokenize(prefix, add_bos=False)[-n_prefix_tokens:] if prefix and n_prefix_tokens > 0 else []
-    bos = [target.special.bos] if target.special.bos is not None else []
+    bos = target.tokenize("", add_bos=True)  # the BOS only where the tokenizer adds one (not Qwen's)
     if fim:
         s = target.special
         suf = target.tokenize(suffix, add_bos=False)[:n_suffix_tokens] if suffix else []

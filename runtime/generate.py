@@ -56,7 +56,7 @@ def autoregressive(
     history = list(prompt)
     n_ctx = target.n_ctx
     while True:
-        token = sampler(logits, history)
+        token = sampler.sample_at(logits, len(history), history)  # seeded: keyed by position
         history.append(token)
         yield Commit([token])
         if len(history) > n_ctx:  # the cache holds history[:-1]; one more must fit
@@ -140,6 +140,7 @@ def generate(
     finish = "length"
     start = time.perf_counter()
     first_at: float | None = None
+    eog_decided = False  # an end-of-generation token is not output, but a target call decided it
     commits = strategy(target, prompt, sampler, stats) if max_tokens else iter(())
     try:
         for commit in commits:
@@ -156,6 +157,7 @@ def generate(
                 yield TokenEvent(text, tokens, min(commit.drafted, len(tokens)))
             if hit_eog is not None or hit_stop:
                 finish = "stop"
+                eog_decided = hit_eog is not None
                 break
             if len(out_tokens) >= max_tokens:
                 break
@@ -183,7 +185,7 @@ def generate(
         total_s=end - start,
         tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
         target_calls=stats.target_calls,
-        tokens_per_call=n / stats.target_calls if stats.target_calls else 0.0,
+        tokens_per_call=(n + int(eog_decided)) / stats.target_calls if stats.target_calls else 0.0,
         drafted_tokens=stats.drafted_tokens,
         accepted_tokens=stats.accepted_tokens,
         acceptance_rate=(stats.accepted_tokens / stats.drafted_tokens) if stats.drafted_tokens else None,

@@ -85,10 +85,12 @@ def verify_round(
 ) -> Verdict:
     """Target logits rows (``len(draft)+1``) + the draft -> accepted count and next token."""
     tokens = draft.tokens
-    if sampler.greedy:
+    if sampler.greedy or sampler.keyed:
+        # Seeded sampling draws each position's token as plain decoding would (keyed by
+        # position) and accepts while the draft agrees: the text repeats whatever drafting does.
         choices: list[int] = []
         for i in range(len(tokens) + 1):  # lazily, up to the first mismatch
-            choices.append(sampler(logits[i], _history(context, tokens, i, sampler)))
+            choices.append(sampler.sample_at(logits[i], len(context) + i, _history(context, tokens, i, sampler)))
             if i < len(tokens) and choices[i] != tokens[i]:
                 break
         return verify_greedy(tokens, choices)
