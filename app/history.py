@@ -17,6 +17,7 @@ older file step by step, and a file from a newer Tandem is refused with a clear 
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import threading
 import time
@@ -70,7 +71,31 @@ def _schema_v1(db: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_schema_v1]
+def _schema_v2(db: sqlite3.Connection) -> None:
+    """Full-text search over messages (FTS5, kept in sync by triggers) and the model,
+    drafter and draft mode a chat last used, as paths, so reopening it can restore them.
+
+    The index is an external-content FTS5 table: it stores only the index, the text stays
+    in ``messages``. Every write to ``messages`` (streamed fragments included) updates it
+    in the same transaction, so search never disagrees with what is stored.
+    """
+    for statement in (
+        "CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='messages', content_rowid='id',"
+        " tokenize='unicode61 remove_diacritics 2')",
+        "CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN"
+        " INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content); END",
+        "CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN"
+        " INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content); END",
+        "CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN"
+        " INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);"
+        " INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content); END",
+        "INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')",
+        "ALTER TABLE chats ADD COLUMN engine TEXT",
+    ):
+        db.execute(statement)
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_schema_v1, _schema_v2]
 """``MIGRATIONS[i]`` upgrades a database at version ``i`` to ``i + 1``; append, never edit."""
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -86,6 +111,9 @@ class ChatRecord:
     drafter: str | None = None
     created_at: float = 0.0
     updated_at: float = 0.0
+    engine: dict[str, Any] | None = None
+    """The model files the chat last used: ``{"target": path, "drafter": path | None,
+    "draft_mode": str | None}`` (names alone cannot find a file given by path)."""
 
 
 @dataclass
@@ -99,6 +127,34 @@ class MessageRecord:
     created_at: float = 0.0
 
 
+HIT_START, HIT_END = "\x02", "\x03"
+"""Marks around the matched words in :attr:`SearchHit.snippet` (never in chat text)."""
+
+
+@dataclass
+class SearchHit:
+    chat_id: int
+    message_id: int
+    chat_title: str
+    role: str
+    snippet: str
+    """The text around the match, matched words between :data:`HIT_START` and :data:`HIT_END`."""
+    created_at: float
+
+
+def fts_query(text: str) -> str:
+    """An FTS5 query for what a user typed: every word must occur, the last one as a
+    prefix. Words are quoted, so FTS5 syntax (``AND``, ``"``, ``*``, ``:``) in the text
+    is searched for literally rather than failing as a malformed query."""
+    words = re.findall(r"\w+", text)
+    if not words:
+        return ""
+    quoted = [f'"{w}"' for w in words]
+    if not text[-1:].isspace():
+        quoted[-1] += "*"
+    return " ".join(quoted)
+
+
 def default_path() -> Path:
     return data_dir() / "chats.sqlite3"
 
@@ -108,6 +164,7 @@ def _chat(row: sqlite3.Row) -> ChatRecord:
         id=row["id"], title=row["title"], system_prompt=row["system_prompt"],
         params=json.loads(row["params"] or "{}"), model=row["model"], drafter=row["drafter"],
         created_at=row["created_at"], updated_at=row["updated_at"],
+        engine=json.loads(row["engine"]) if row["engine"] else None,
     )
 
 
@@ -211,13 +268,15 @@ class History:
         return [_chat(r) for r in rows]
 
     def update_chat(self, chat_id: int, **changes: Any) -> ChatRecord:
-        """Change any of title, system_prompt, params, model, drafter."""
-        allowed = {"title", "system_prompt", "params", "model", "drafter"}
+        """Change any of title, system_prompt, params, model, drafter, engine."""
+        allowed = {"title", "system_prompt", "params", "model", "drafter", "engine"}
         unknown = set(changes) - allowed
         if unknown:
             raise ValueError(f"cannot update chat fields {sorted(unknown)}")
         if "params" in changes:
             changes["params"] = json.dumps(changes["params"] or {})
+        if "engine" in changes:
+            changes["engine"] = json.dumps(changes["engine"]) if changes["engine"] else None
         if changes:
             cols = ", ".join(f"{k} = ?" for k in changes)
             with self._tx() as db:
@@ -308,6 +367,25 @@ class History:
             )
             self._touch(db, chat_id)
             return cur.rowcount
+
+    # -- search -------------------------------------------------------------------
+    def search(self, query: str, limit: int = 50) -> list[SearchHit]:
+        """Messages of every chat that hold all the words of ``query`` (the last one as a
+        prefix, so results follow typing), best match first."""
+        match = fts_query(query)
+        if not match:
+            return []
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT m.id, m.chat_id, m.role, m.created_at, c.title,"
+                f" snippet(messages_fts, 0, '{HIT_START}', '{HIT_END}', '…', 12) AS snippet"
+                " FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid"
+                " JOIN chats c ON c.id = m.chat_id"
+                " WHERE messages_fts MATCH ? ORDER BY bm25(messages_fts), m.id DESC LIMIT ?",
+                (match, limit),
+            ).fetchall()
+        return [SearchHit(r["chat_id"], r["id"], r["title"], r["role"], r["snippet"], r["created_at"])
+                for r in rows]
 
     # -- export -------------------------------------------------------------------
     def export_markdown(self, chat_id: int) -> str:
