@@ -55,6 +55,8 @@ class TextCutter:
         self.raw = ""
         """Everything the model wrote, for naming the stop string that was hit."""
         self.stopping_word = ""
+        self.shown = 0
+        """Characters of :attr:`text` already returned by :meth:`feed`."""
 
     def _indent_cut(self, whole: str, judged: int) -> int | None:
         """Where the first later line indented less than ``n_indent`` starts, looking at
@@ -94,12 +96,27 @@ class TextCutter:
         if stop is None and t_max > 0 and elapsed_ms > t_max and "\n" in new:
             whole, stop = before + new[: new.index("\n") + 1], "limit"
         self.text = whole
-        return whole[len(before):], stop
+        return self._show(len(whole) if stop else self._settled(whole)), stop
+
+    def _settled(self, whole: str) -> int:
+        """How much of ``whole`` can be shown: with ``n_indent``, not the indentation of a
+        later line whose first character has not come yet (that line may be cut)."""
+        nl = whole.rfind("\n")
+        if self.limits.n_indent <= 0 or nl < 0 or whole[nl + 1 :].strip(" \t"):
+            return len(whole)
+        return nl + 1
+
+    def _show(self, upto: int) -> str:
+        out = self.text[self.shown : max(upto, self.shown)]
+        self.shown = max(upto, self.shown)
+        return out
 
     def flush(self) -> str:
-        """What the stop matcher held back, once the generation ended by itself."""
+        """The rest, once the generation ended by itself (what the stop matcher or the
+        indentation check held back)."""
         held = self.stopper.flush()
-        return self._accept(held, False, 0.0)[0] if held else ""
+        out = self._accept(held, False, 0.0)[0] if held else ""
+        return out + self._show(len(self.text))
 
 
 @dataclass

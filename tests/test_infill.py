@@ -14,13 +14,18 @@ from tandem.runtime.speculative import SpecOptions, build_strategy
 
 
 def _feed_all(limits: InfillLimits, pieces: list[str], elapsed: list[float] | None = None) -> tuple[str, str | None]:
+    """Feed ``pieces``; what was shown along the way must add up to the final text."""
     cut = TextCutter(limits)
+    shown, stop = [], None
     for i, p in enumerate(pieces):
-        _, stop = cut.feed(p, elapsed[i] if elapsed else 0.0)
+        text, stop = cut.feed(p, elapsed[i] if elapsed else 0.0)
+        shown.append(text)
         if stop:
-            return cut.text, stop
-    cut.flush()
-    return cut.text, None
+            break
+    if stop is None:
+        shown.append(cut.flush())
+    assert "".join(shown) == cut.text  # a stream never shows what the reply then cuts
+    return cut.text, stop
 
 
 def test_n_indent_ends_at_a_less_indented_line() -> None:

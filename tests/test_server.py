@@ -111,7 +111,7 @@ def test_chat_streaming_concatenates_to_full_reply(server) -> None:
 def test_n_drafts_are_superposed_and_distinct(server) -> None:
     url, _ = server
     r = httpx.post(f"{url}/v1/completions",
-                   json={"prompt": PROMPT, "max_tokens": 12, "n": 3}, timeout=30)
+                   json={"prompt": PROMPT, "max_tokens": 12, "n": 3, "temperature": 0}, timeout=30)
     assert r.status_code == 200, r.text
     body = r.json()
     texts = [c["text"] for c in body["choices"]]
@@ -119,7 +119,7 @@ def test_n_drafts_are_superposed_and_distinct(server) -> None:
     sp = body["tandem"]["superposed"]
     assert sp["forward_passes"] == sp["steps"]  # prefill + one per later step, for all 3 drafts
     with httpx.stream("POST", f"{url}/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "n": 2, "stream": True},
+            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "n": 2, "stream": True, "temperature": 0},
             timeout=30) as r:
         events = _sse(r.iter_lines())
     assert events[-1] == "[DONE]"

@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from tandem.app.server import infill as infill_api
 from tandem.app.server import jobs
 from tandem.app.server.models import ModelSlot
 from tandem.app.server.openai import (
@@ -37,8 +38,8 @@ from tandem.app.server.openai import (
 )
 from tandem.app.server.worker import Job, QueueFull
 from tandem.models.errors import PromptError, TandemError
-from tandem.runtime.autocomplete import supports_fim
 from tandem.runtime.generate import DoneEvent, TokenEvent
+from tandem.runtime.infill import InfillChunk, InfillDone
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ class Server:
         slot = self.slot(req.model)
         suffix = body.get("suffix")
         if isinstance(suffix, str) and suffix:
-            ids = jobs.infill_prompt(slot, prompt, suffix, [])
+            ids = jobs.infill_prompt(slot, prompt, suffix)
         else:
             ids = slot.target.tokenize(prompt, add_bos=True)
         self.check_fits(slot, ids)
@@ -136,47 +137,46 @@ class Server:
         return await self.generation(request, slot, req, shaper, jobs.completion_job(slot, ids, req))
 
     async def infill(self, request: Request):
-        body = await self.body(request)
-        req = parse_common(body, max_tokens_default=128, max_tokens_key="n_predict")
-        if "temperature" not in body:
-            req.params.temperature = 0.0  # completions in an editor: deterministic by default
-        prefix, suffix = body.get("input_prefix", ""), body.get("input_suffix", "")
-        extra_raw = body.get("input_extra") or []
-        if not isinstance(prefix, str) or not isinstance(suffix, str) or not isinstance(extra_raw, list):
-            raise ApiError(400, "'input_prefix' and 'input_suffix' must be strings, 'input_extra' a list.",
-                           "invalid_value")
-        extra = [(str(c.get("filename", "")), str(c.get("text", ""))) for c in extra_raw if isinstance(c, dict)]
-        prompt = body.get("prompt", "")
-        slot = self.slot(req.model)
-        ids = jobs.infill_prompt(slot, prefix + (prompt if isinstance(prompt, str) else ""), suffix, extra)
-        if not ids:
-            ids = slot.target.tokenize("", add_bos=True)
+        """llama-server's /infill (see :mod:`.infill`)."""
+        req = infill_api.parse_infill(await self.body(request))
+        slot = self.slot(req.gen.model)
+        built = await asyncio.to_thread(infill_api.build_prompt, slot, req)
+        ids = built.tokens
         self.check_fits(slot, ids)
-        fim = supports_fim(slot.target)
-        if req.n > 1:
-            job, items, first, watcher = await self.start(request, slot, jobs.drafts_job(slot, req, ids=ids))
+        fmt = infill_api.fim_format(slot.target)
+        if req.gen.n > 1:
+            job, items, first, watcher = await self.start(request, slot, jobs.drafts_job(slot, req.gen, ids=ids))
             watcher.cancel()
             d: jobs.Drafts = _drafts_or_cancelled(first)
             return JSONResponse({"content": d.texts[0][0] if d.texts else "", "stop": True, "model": slot.name,
                                  "drafts": [t for t, _ in d.texts], "tokens_evaluated": len(ids),
-                                 "tokens_predicted": d.completion_tokens, "fim": fim})
-        job, items, first, watcher = await self.start(request, slot, jobs.completion_job(slot, ids, req))
-        if req.stream:
+                                 "tokens_predicted": d.completion_tokens, "fim": fmt is not None})
+        job, items, first, watcher = await self.start(request, slot, infill_api.infill_job(slot, ids, req))
+        if req.gen.stream:
             watcher.cancel()
 
             async def events():
                 try:
                     async for ev in _chain(first, items):
-                        if isinstance(ev, TokenEvent) and ev.text:
+                        if isinstance(ev, InfillChunk):
                             yield {"data": json.dumps({"content": ev.text, "stop": False})}
-                        elif isinstance(ev, DoneEvent):
-                            yield {"data": json.dumps(_infill_done("", ev, len(ids), slot.name, fim))}
+                        elif isinstance(ev, InfillDone):
+                            final = infill_api.done_body(ev, req, slot.name, built, fmt) | {"content": ""}
+                            yield {"data": json.dumps(final)}
                 finally:
                     job.cancel.set()
 
             return EventSourceResponse(events(), ping=15)
-        done = await _final(first, items, watcher)
-        return JSONResponse(_infill_done(done.text, done, len(ids), slot.name, fim))
+        try:
+            done = None
+            async for ev in _chain(first, items):
+                if isinstance(ev, InfillDone):
+                    done = ev
+        finally:
+            watcher.cancel()
+        if done is None:
+            raise ApiError(499, "Request cancelled.", "cancelled")
+        return JSONResponse(infill_api.done_body(done, req, slot.name, built, fmt))
 
     async def generation(self, request: Request, slot: ModelSlot, req, shaper: Shaper, fn):
         job, items, first, watcher = await self.start(request, slot, fn)
@@ -210,8 +210,8 @@ class Server:
         watcher.cancel()
         d = _drafts_or_cancelled(first)
         use = usage(d.prompt_tokens, d.completion_tokens)
-        extra = {"tandem": {"superposed": {"forward_passes": d.result.forward_passes, "steps": d.result.steps,
-                                           "elapsed_s": d.result.elapsed_s}}}
+        extra = {"tandem": {"sampled": True} if d.result is None else {"superposed": {
+            "forward_passes": d.result.forward_passes, "steps": d.result.steps, "elapsed_s": d.result.elapsed_s}}}
         if not req.stream:
             return JSONResponse(shaper.full(d.texts, use, extra))
 
@@ -225,13 +225,6 @@ class Server:
             yield {"data": "[DONE]"}
 
         return EventSourceResponse(events())
-
-
-def _infill_done(content: str, ev: DoneEvent, n_prompt: int, model: str, fim: bool) -> dict:
-    st = ev.stats
-    return {"content": content, "stop": True, "model": model, "tokens_predicted": st.generated_tokens,
-            "tokens_evaluated": n_prompt, "stop_type": "limit" if st.finish_reason == "length" else "eos",
-            "fim": fim, "timings": {"predicted_ms": st.total_s * 1000, "predicted_per_second": st.tokens_per_s}}
 
 
 def _drafts_or_cancelled(first: Any) -> jobs.Drafts:

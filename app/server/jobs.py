@@ -9,23 +9,25 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tandem.app.server.models import ModelSlot
 from tandem.app.server.openai import GenRequest
-from tandem.runtime.generate import Event
+from tandem.kernels.sampling import Sampler
+from tandem.runtime.generate import DoneEvent, Event, generate
 from tandem.runtime.superposed import SuperposedResult
 
 
 @dataclass
 class Drafts:
-    """n drafts from one superposed decode, cut at stop strings."""
+    """n choices: superposed drafts (greedy requests) or n sampled sequences, cut at stop strings."""
 
     texts: list[tuple[str, str]]
-    """(text, finish reason) per draft, best first."""
+    """(text, finish reason) per choice (superposed: best first)."""
     prompt_tokens: int
     completion_tokens: int
-    result: SuperposedResult
+    result: SuperposedResult | None = None
+    """The superposed decode, when the choices came from one."""
 
 
 def chat_job(slot: ModelSlot, messages: list[dict[str, str]], req: GenRequest):
@@ -49,10 +51,12 @@ def _cut(text: str, stops: list[str]) -> tuple[str, bool]:
 
 def drafts_job(slot: ModelSlot, req: GenRequest, *, ids: list[int] | None = None,
                messages: list[dict[str, str]] | None = None):
-    """n > 1: the n choices are the n superposed drafts (one forward pass per step)."""
+    """n > 1. At temperature 0 the n choices are the n superposed drafts (one forward pass
+    per step for all of them); at a temperature above 0 they are n sequences sampled with
+    the request's settings, the i-th seeded with ``seed + i`` when a seed is given, so
+    temperature and seed mean what they mean for n = 1."""
 
     def run(cancel: threading.Event) -> Iterator[Drafts]:
-        auto = slot.autocompleter
         with slot.engine.lock:
             stops = list(req.stop)
             prompt = ids
@@ -60,7 +64,10 @@ def drafts_job(slot: ModelSlot, req: GenRequest, *, ids: list[int] | None = None
                 prompt, template_stops = slot.engine.fit(messages, req.max_tokens)
                 stops += template_stops
             assert prompt is not None
-            result = auto.decoder.decode(prompt, req.n, req.max_tokens, cancel=cancel)
+            if not req.params.greedy:
+                yield _sampled_drafts(slot, prompt, req, stops, cancel)
+                return
+            result = slot.autocompleter.decoder.decode(prompt, req.n, req.max_tokens, cancel=cancel)
         texts = []
         for d in result.drafts:
             text, stopped = _cut(d.text, stops)
@@ -70,10 +77,29 @@ def drafts_job(slot: ModelSlot, req: GenRequest, *, ids: list[int] | None = None
     return run
 
 
-def infill_prompt(slot: ModelSlot, prefix: str, suffix: str, extra: list[tuple[str, str]]) -> list[int]:
-    """llama.cpp-style infill: extra context chunks (files) go before the prefix."""
-    from tandem.runtime.autocomplete import build_fim_prompt
+def _sampled_drafts(slot: ModelSlot, prompt: list[int], req: GenRequest, stops: list[str],
+                    cancel: threading.Event) -> Drafts:
+    """n independent samples, one after another (each reuses the prompt's KV)."""
+    texts, n_tokens = [], 0
+    for i in range(req.n):
+        seed = None if req.params.seed is None else req.params.seed + i
+        done = None
+        for ev in generate(slot.target, prompt, Sampler(replace(req.params, seed=seed)), strategy=slot.engine.strategy,
+                           max_tokens=req.max_tokens, stop=stops, cancel=cancel):
+            if isinstance(ev, DoneEvent):
+                done = ev
+        assert done is not None
+        texts.append((done.text, "length" if done.stats.finish_reason == "length" else "stop"))
+        n_tokens += len(done.tokens)
+        if cancel.is_set():
+            break
+    return Drafts(texts, len(prompt), n_tokens)
 
-    context = "".join(f"--- {name}\n{text}\n" if name else text for name, text in extra)
-    return build_fim_prompt(slot.target, context + prefix, suffix, n_prefix_tokens=max(256, slot.target.n_ctx // 2),
-                            n_suffix_tokens=min(256, slot.target.n_ctx // 8))
+
+def infill_prompt(slot: ModelSlot, prefix: str, suffix: str) -> list[int]:
+    """A FIM prompt for /v1/completions with a ``suffix`` (in the model's own FIM format)."""
+    from tandem.runtime import fim
+
+    target = slot.target
+    budget = fim.FimBudget(n_ctx=target.n_ctx, n_batch=min(512, target.n_ctx // 2))
+    return fim.infill_prompt(target, fim.InfillText(prefix, suffix), budget).tokens

@@ -1,0 +1,149 @@
+"""`/infill` as llama.vim and llama.vscode call it: recorded request shapes
+(tests/infill_requests/*.json) against a real server holding the real Qwen2.5-Coder-0.5B,
+driven by a real HTTP client. Generations are short (a line or so)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+REQUESTS = Path(__file__).parent / "infill_requests"
+RIGHT_FILL = 'rectangle_area(shape["width"], shape["height"])'
+
+
+def _request(name: str, **override) -> dict:
+    body = json.loads((REQUESTS / f"{name}.json").read_text())
+    body.update(override)
+    return body
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def qwen_server(real_models):
+    """The server as `tandem serve` builds it (speculative decoding on, the default)."""
+    from tandem.app.server.app import ServerConfig, create_app
+    from tandem.app.server.models import make_slot
+    from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
+
+    target = LlamaCppBackend(real_models.qwen_05b, LlamaConfig(n_ctx=2048, n_threads=2))
+    slot = make_slot(target, name="qwen")
+    app = create_app([slot], ServerConfig())
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not srv.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}", slot
+    srv.should_exit = True
+    thread.join(timeout=10)
+    slot.close()
+
+
+def _post(url: str, body: dict) -> dict:
+    r = httpx.post(f"{url}/infill", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_llama_vim_session(qwen_server) -> None:
+    """Warm-up (nothing back, cache filled), then the FIM request: the right fill, with
+    the extra files reused from the cache and only llama.vim's response fields."""
+    url, slot = qwen_server
+    with slot.engine.lock:
+        slot.target.truncate(0)
+    assert _post(url, _request("llama_vim_warmup")) == {}  # response_fields [""]
+    warmed = len(slot.target.tokens)
+    assert warmed > 80  # the two extra files (93 tokens with their headers) are in the KV cache now
+    body = _post(url, _request("llama_vim_fim_first", n_predict=24))
+    assert set(body) == set(_request("llama_vim_fim")["response_fields"])
+    assert body["content"].startswith(RIGHT_FILL), body["content"]
+    assert body["tokens_cached"] == warmed - 2  # all but the warm-up's empty <|fim_suffix|><|fim_middle|>
+    assert body["timings/prompt_n"] < 200 and body["timings/predicted_n"] > 0
+    assert body["truncated"] is False
+
+
+def test_llama_vscode_session(qwen_server) -> None:
+    url, _ = qwen_server
+    warm = _post(url, _request("llama_vscode_warmup"))
+    assert warm["content"] == "" and warm["timings"]["predicted_n"] == 0 and warm["stop_type"] == "limit"
+    body = _post(url, _request("llama_vscode_fim", n_predict=24))
+    assert body["content"].startswith(RIGHT_FILL), body["content"]
+    assert body["tokens_cached"] == body["tokens_evaluated"] - 1  # the warm-up had exactly this prompt
+    assert body["timings"]["prompt_n"] == 1
+    assert body["stop_type"] in ("eos", "limit") and body["tandem"]["fim_format"] == "qwen"
+    for key in ("prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_ms", "predicted_per_token_ms",
+                "predicted_per_second"):
+        assert body["timings"][key] >= 0
+    # every later line of the suggestion is indented at least as much as the cursor line
+    assert all(len(line) - len(line.lstrip()) >= 12 for line in body["content"].split("\n")[1:] if line.strip())
+
+
+def test_n_indent_and_stop_words(qwen_server) -> None:
+    url, _ = qwen_server
+    body = _post(url, _request("llama_vscode_fim_no_extra", n_predict=24, stop=["shape"]))
+    assert body["stop_type"] == "word" and body["stopping_word"] == "shape"
+    assert body["content"] == "rectangle_area("
+    # n_indent past the cursor's indentation: the first later line ends the suggestion
+    body = _post(url, _request("llama_vscode_fim_no_extra", n_predict=24, n_indent=40,
+                               prompt="            total += rectangle_area(shape[\"width\"], shape[\"height\"])\n"))
+    assert body["stop_type"] in ("limit", "eos")
+    assert "\n" not in body["content"].rstrip("\n")
+
+
+def test_streamed_infill_matches_the_reply(qwen_server) -> None:
+    url, _ = qwen_server
+    body = _request("llama_vscode_fim_no_extra", n_predict=12)
+    full = _post(url, body)
+    with httpx.stream("POST", f"{url}/infill", json=body | {"stream": True}, timeout=120) as r:
+        events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
+    assert "".join(e["content"] for e in events) == full["content"]
+    assert events[-1]["stop"] is True and events[-1]["stop_type"] == full["stop_type"]
+
+
+def test_seeded_sampling_repeats_under_default_drafting(qwen_server) -> None:
+    """Three identical seeded requests (speculation on, its suffix tree learning from
+    each) give one text; another seed may differ."""
+    url, _ = qwen_server
+    body = _request("llama_vscode_fim_no_extra", n_predict=16, temperature=0.9, top_p=1.0, seed=1234,
+                    cache_prompt=True)
+    texts = {_post(url, body)["content"] for _ in range(3)}
+    assert len(texts) == 1 and next(iter(texts))
+
+
+def test_n_choices_honour_temperature_and_seed(qwen_server) -> None:
+    url, _ = qwen_server
+    base = {"prompt": "def fibonacci(n):\n", "max_tokens": 10, "n": 3}
+    greedy = httpx.post(f"{url}/v1/completions", json=base | {"temperature": 0}, timeout=120).json()
+    assert "superposed" in greedy["tandem"]
+    hot = base | {"temperature": 1.2, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 99}
+    first = httpx.post(f"{url}/v1/completions", json=hot, timeout=120).json()
+    again = httpx.post(f"{url}/v1/completions", json=hot, timeout=120).json()
+    texts = [c["text"] for c in first["choices"]]
+    assert first["tandem"] == {"sampled": True}
+    assert texts == [c["text"] for c in again["choices"]]  # seeded: reproducible
+    assert len(set(texts)) > 1  # three samples, not one text three times
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("input_extra", "not a list"), ("input_extra", [{"text": 3}]), ("n_indent", -1), ("n_indent", "4"),
+    ("t_max_predict_ms", "fast"), ("cache_prompt", "yes"), ("response_fields", "content"), ("input_prefix", 7),
+])
+def test_bad_fields_are_clear_400s(qwen_server, field: str, value) -> None:
+    url, _ = qwen_server
+    r = httpx.post(f"{url}/infill", json=_request("llama_vscode_fim_no_extra") | {field: value}, timeout=30)
+    assert r.status_code == 400 and field in r.json()["error"]["message"]
