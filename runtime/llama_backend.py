@@ -221,6 +221,16 @@ class LlamaCppBackend(TokenizerDelegate):
         self._token_embd = matrix
         return matrix
 
+    def token_embedding_rows(self, ids: Sequence[int]) -> np.ndarray:
+        """Rows ``E[ids]`` only, read from the file on first use (superposition mixes at
+        most k rows a step: no need to hold the whole table, see :mod:`.embedding_rows`)."""
+        rows = getattr(self, "_embd_rows", None)
+        if rows is None:
+            from tandem.runtime.embedding_rows import EmbeddingRows
+
+            rows = self._embd_rows = EmbeddingRows(self.info, self.n_embd, self._n_vocab)
+        return rows.rows(ids)
+
     def evaluate_embeddings(self, embeds: np.ndarray, logits_for: Sequence[int] | None = None) -> np.ndarray:
         """Like :meth:`evaluate`, but each position's input is an embedding row, not a token.
 

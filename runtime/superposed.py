@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -29,6 +30,13 @@ from tandem.models.ngram import NgramModel
 from tandem.runtime.backend import Backend, prefill
 from tandem.runtime.generate import check_prompt
 from tandem.runtime.text import Detokenizer
+
+
+@runtime_checkable
+class RowSource(Protocol):
+    """A backend that gives single rows of its input-embedding matrix."""
+
+    def token_embedding_rows(self, ids: Sequence[int]) -> np.ndarray: ...
 
 
 @dataclass
@@ -67,9 +75,18 @@ class SuperposedDecoder:
         self.target = target
         self.ngram = ngram
         self.config = config or SuperposeConfig()
-        self.embeddings: np.ndarray = target.token_embeddings()  # type: ignore[attr-defined]
+        self._matrix: np.ndarray | None = None
         self.forward_passes = 0
         """Every model call this decoder made (tests count them)."""
+
+    def embedding_rows(self, tokens: np.ndarray) -> np.ndarray:
+        """``E[tokens]``: from a backend that reads rows on demand (GGUF through llama.cpp:
+        no table to load, so no cold start), else from its whole matrix, fetched on first use."""
+        if isinstance(self.target, RowSource):
+            return self.target.token_embedding_rows(tokens)
+        if self._matrix is None:
+            self._matrix = self.target.token_embeddings()  # type: ignore[attr-defined]
+        return self._matrix[np.asarray(tokens, dtype=np.int64)]
 
     def _forward(self, embedding: np.ndarray) -> np.ndarray:
         self.forward_passes += 1
@@ -148,7 +165,8 @@ class SuperposedDecoder:
                     break
                 mix_tokens, mix_w = mixing_weights(np.array([s for _, s in alive]), [d[-1] for d, _ in alive])
                 mix_sizes.append(len(mix_tokens))
-                logits = self._forward(superposed_embedding(mix_tokens, mix_w, self.embeddings))
+                rows = self.embedding_rows(mix_tokens)
+                logits = self._forward(superposed_embedding(np.arange(len(mix_tokens)), mix_w, rows))
         finally:
             target.truncate(len(prompt))
         ranked = sorted(
