@@ -18,10 +18,10 @@ from pathlib import Path
 from tandem.models.errors import ModelFormatError, ModelNotFound, TandemError
 from tandem.models.gguf_file import inspect_gguf
 
-FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "q4_k_m": 15}
+FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2, "q4_1": 3, "q4_k_m": 15}
 """GGUF output types by name -> ``llama_ftype`` (see llama_cpp.LLAMA_FTYPE_*)."""
 
-QUANTIZED = ("q8_0", "q4_k_m")
+QUANTIZED = ("q8_0", "q4_0", "q4_1", "q4_k_m")
 
 
 def check_type(name: str) -> str:

@@ -99,6 +99,13 @@ class Backend(Protocol):
         """Roll the KV cache back so it holds only its first ``n`` tokens."""
         ...
 
+    @property
+    def exact_batch(self) -> int | None:
+        """Longest batch whose logits are bit-identical to one-token steps over the same
+        tokens (``None``: any length). Speculative verification never sends more at once,
+        so greedy speculative output equals plain greedy output token for token."""
+        ...
+
     def memory(self) -> MemoryReport: ...
 
     def close(self) -> None: ...
@@ -118,6 +125,12 @@ def prefill(backend: Backend, prompt: Sequence[int], *, keep_last: bool = True) 
     Returns the logits after the last prompt token. At least the last prompt token is
     always re-evaluated so its logits exist (``keep_last``), which is how a chat turn
     reuses the previous turns' KV instead of recomputing them.
+
+    The last token is evaluated on its own, after the rest as one batch: every strategy
+    splits a prompt the same way (speculative decoding sends the last prompt token with
+    its first verify batch), because llama.cpp computes a position in a long batch
+    slightly differently from one in a short batch, and greedy identity between plain
+    and speculative decoding needs identical KV for the prompt.
     """
     if not prompt:
         raise ValueError("prefill needs at least one token")
@@ -125,7 +138,11 @@ def prefill(backend: Backend, prompt: Sequence[int], *, keep_last: bool = True) 
     if keep_last:
         reuse = min(reuse, len(prompt) - 1)
     backend.truncate(reuse)
-    return backend.evaluate(prompt[reuse:])[-1]
+    if reuse >= len(prompt):
+        return None
+    if len(prompt) - 1 > reuse:
+        backend.evaluate(prompt[reuse:-1])
+    return backend.evaluate(prompt[-1:])[-1]
 
 
 def check_room(cached: int, n: int, n_ctx: int) -> None:

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import llama_cpp
 import numpy as np
+from llama_cpp import _internals
 
 from tandem.models.errors import ModelFormatError, TandemError, UnsupportedModel
 from tandem.models.gguf_file import GGUFInfo, check_runnable, inspect_gguf
 from tandem.runtime.backend import MemoryReport, check_room, chunked_logits
-from tandem.runtime.llama_vocab import LlamaVocab, TokenizerDelegate
+from tandem.runtime.llama_vocab import LlamaVocab, TokenizerDelegate, load_model
 
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 """KV cache element types by name (ggml type ids), as llama.cpp's ``-ctk``/``-ctv``."""
@@ -35,6 +36,41 @@ class LlamaConfig:
     type_k: str = "f16"
     type_v: str = "f16"
     flash_attn: bool = False
+    exact: bool = True
+    """Compute a short verify batch exactly as one-token decode steps would, so greedy
+    speculative output is token-identical to plain greedy output: weights are not
+    repacked into llama.cpp's extra CPU buffer types (``use_extra_bufts``), whose batched
+    kernels sum in another order than the one-row ones. (Flash attention must be off
+    too; a quantized V cache needs it, so ``exact`` holds only for f16/f32/bf16 V.)
+    ``False`` trades that identity for llama.cpp's fastest CPU kernels."""
+
+
+EXACT_BATCH = 7
+"""Longest batch computed bit-for-bit like one-token steps in the exact configuration:
+llama.cpp switches matmul kernels at 8 rows (see :attr:`LlamaCppBackend.exact_batch`)."""
+
+
+def model_params(cfg: LlamaConfig) -> llama_cpp.llama_model_params:
+    params = llama_cpp.llama_model_default_params()
+    params.n_gpu_layers = cfg.n_gpu_layers
+    params.use_extra_bufts = not cfg.exact
+    return params
+
+
+def context_params(cfg: LlamaConfig, n_ctx: int, threads: int) -> llama_cpp.llama_context_params:
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = n_ctx
+    params.n_batch = min(cfg.n_batch, n_ctx)
+    params.n_ubatch = min(cfg.n_batch, n_ctx)
+    params.n_threads = threads
+    params.n_threads_batch = threads
+    params.type_k = KV_TYPES[cfg.type_k]
+    params.type_v = KV_TYPES[cfg.type_v]
+    flash = cfg.flash_attn or cfg.type_v not in ("f16", "f32", "bf16")
+    params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash
+                              else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+    params.no_perf = True
+    return params
 
 
 @llama_cpp.llama_log_callback
@@ -107,28 +143,19 @@ class LlamaCppBackend(TokenizerDelegate):
         trained = int(self.info.arch_value("context_length", 2048) or 2048)
         n_ctx = cfg.n_ctx or min(trained, 4096)
         threads = cfg.n_threads or default_threads()
+        self._model_handle = load_model(self.path, model_params(cfg))
         try:
-            self.llm = llama_cpp.Llama(
-                model_path=str(self.path),
-                n_ctx=n_ctx,
-                n_batch=cfg.n_batch,
-                n_ubatch=cfg.n_batch,
-                n_threads=threads,
-                n_threads_batch=threads,
-                n_gpu_layers=cfg.n_gpu_layers,
-                type_k=KV_TYPES[cfg.type_k],
-                type_v=KV_TYPES[cfg.type_v],
-                flash_attn=cfg.flash_attn or cfg.type_v not in ("f16", "f32", "bf16"),
-                logits_all=False,
-                verbose=False,
-            )
+            self._context = _internals.LlamaContext(
+                model=self._model_handle, params=context_params(cfg, n_ctx, threads), verbose=False)
         except (ValueError, RuntimeError) as exc:
+            self._model_handle.close()
             raise ModelFormatError(
-                f"llama.cpp could not load {self.path} (architecture {self.info.architecture!r}): {exc}"
+                f"llama.cpp could not create a context of {n_ctx} tokens for {self.path} "
+                f"(architecture {self.info.architecture!r}): {exc}"
             ) from None
-        self._ctx = self.llm._ctx.ctx
-        self._model = self.llm._model.model
-        self.tokenizer = LlamaVocab(self.llm)
+        self._ctx = self._context.ctx
+        self._model = self._model_handle.model
+        self.tokenizer = LlamaVocab(self._model_handle)
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self._n_vocab = self.tokenizer.n_vocab
         self._n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
@@ -264,6 +291,15 @@ class LlamaCppBackend(TokenizerDelegate):
             return
         del self._tokens[n:]
 
+    @property
+    def exact_batch(self) -> int | None:
+        """:data:`EXACT_BATCH` in the exact configuration (llama.cpp's CPU matmul takes
+        another kernel path from 8 rows on, measured on Intel AMX and AMD Zen 5 CPUs:
+        ``tests/test_llama_backend.py`` checks it on every machine it runs on); ``None``
+        when the fast configuration gives no such guarantee."""
+        exact = self.config.exact and not self.config.flash_attn and self.config.type_v in ("f16", "f32", "bf16")
+        return EXACT_BATCH if exact else None
+
     def memory(self) -> MemoryReport:
         weights = int(llama_cpp.llama_model_size(self._model))
         kv = self.kv_bytes_per_token * self._n_ctx
@@ -278,7 +314,8 @@ class LlamaCppBackend(TokenizerDelegate):
         if getattr(self, "_embd_batch", None) is not None:
             llama_cpp.llama_batch_free(self._embd_batch)
             self._embd_batch = None
-        self.llm.close()
+        self._context.close()
+        self._model_handle.close()
 
     def __enter__(self) -> LlamaCppBackend:
         return self

@@ -15,17 +15,28 @@ from functools import cached_property
 from pathlib import Path
 
 import llama_cpp
+from llama_cpp import _internals
 
 from tandem.models.errors import ModelFormatError, TandemError
 from tandem.models.vocab_coverage import coverage_check
 from tandem.runtime.backend import SpecialTokens
 
 
+def load_model(path: Path, params: llama_cpp.llama_model_params) -> _internals.LlamaModel:
+    """Load a GGUF with explicit model params (``llama_cpp.Llama`` does not expose all of
+    them, e.g. ``use_extra_bufts``); a failure is a :class:`ModelFormatError`."""
+    try:
+        return _internals.LlamaModel(path_model=str(path), params=params, verbose=False)
+    except (ValueError, RuntimeError) as exc:
+        raise ModelFormatError(f"llama.cpp could not load {path}: {exc}") from None
+
+
 class LlamaVocab:
-    def __init__(self, llm: llama_cpp.Llama, *, owns: bool = False) -> None:
-        self.llm = llm
+    def __init__(self, model: _internals.LlamaModel, *, owns: bool = False) -> None:
+        self.model = model
         self._owns = owns
-        self._vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
+        self._vocab = model.vocab
+        self.metadata: dict[str, str] = model.metadata()
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self._pieces: dict[int, bytes] = {}
 
@@ -33,11 +44,13 @@ class LlamaVocab:
     def open(cls, path: str | os.PathLike[str]) -> LlamaVocab:
         """Load only the vocabulary of a GGUF file (no weights, no context)."""
         path = Path(path)
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
         try:
-            llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+            model = _internals.LlamaModel(path_model=str(path), params=params, verbose=False)
         except (ValueError, RuntimeError) as exc:
             raise ModelFormatError(f"llama.cpp could not read the vocabulary of {path}: {exc}") from None
-        vocab = cls(llm, owns=True)
+        vocab = cls(model, owns=True)
         vocab.path, vocab.name = path, path.stem
         return vocab
 
@@ -46,7 +59,7 @@ class LlamaVocab:
         covers = self._coverage
         if covers is not None and not all(covers(ch) for ch in set(text)):
             text, special = self._replace_uncovered(text, covers, special)
-        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special))
+        return self.model.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
 
     def piece(self, token: int, *, special: bool = False) -> bytes:
         """Raw bytes of one token; with ``special`` control tokens render as their text."""
@@ -88,7 +101,7 @@ class LlamaVocab:
         )
 
     def chat_template(self) -> str | None:
-        return self.llm.metadata.get("tokenizer.chat_template")
+        return self.metadata.get("tokenizer.chat_template")
 
     # -- coverage guard -----------------------------------------------------------------
     @cached_property
@@ -97,11 +110,11 @@ class LlamaVocab:
             llama_cpp.llama_vocab_get_text(self._vocab, t).decode("utf-8", errors="replace")
             for t in range(self.n_vocab)
         )
-        return coverage_check(self.llm.metadata.get("tokenizer.ggml.model"), texts)
+        return coverage_check(self.metadata.get("tokenizer.ggml.model"), texts)
 
     def _replace_uncovered(self, text: str, covers: Callable[[str], bool], special: bool) -> tuple[str, bool]:
         """Swap characters the vocabulary cannot encode for its unknown token, as HF does."""
-        unk_id = self.llm.metadata.get("tokenizer.ggml.unknown_token_id")
+        unk_id = self.metadata.get("tokenizer.ggml.unknown_token_id")
         unk = self.control_text(int(unk_id)) if unk_id is not None else ""
         if not unk:
             bad = "".join(sorted({ch for ch in text if not covers(ch)})[:5])
@@ -112,7 +125,7 @@ class LlamaVocab:
 
     def close(self) -> None:
         if self._owns:
-            self.llm.close()
+            self.model.close()
 
 
 class TokenizerDelegate:

@@ -162,6 +162,11 @@ class OnnxBackend(TokenizerDelegate):
             self._past = [p[:, :, :n] for p in self._past]
             del self._tokens[n:]
 
+    @property
+    def exact_batch(self) -> int | None:
+        """Its batched and one-token calls agree to float rounding only (no bit-exact bound)."""
+        return None
+
     def memory(self) -> MemoryReport:
         weights = self.path.stat().st_size
         data = Path(str(self.path) + ".data")

@@ -98,6 +98,26 @@ def verify_round(
     return verify_sampled(tokens, p, _align_q(draft.q, n_vocab), sampler.rng)
 
 
+def verify_logits(target: Backend, context: list[int], draft: Draft, sampler: Sampler) -> np.ndarray:
+    """Target logits for ``[context[-1], *draft]``, one row per position, as one call —
+    or, when the target computes long batches differently from one-token steps, as calls
+    of at most ``target.exact_batch`` tokens, stopping (greedy) at the chunk where the
+    target first disagrees with the draft: rows past that point would never be read."""
+    feed = [context[-1], *draft.tokens]
+    step = target.exact_batch or len(feed)
+    rows: list[np.ndarray] = []
+    for start in range(0, len(feed), step):
+        chunk = feed[start:start + step]
+        logits = target.evaluate(chunk, logits_for=range(len(chunk)))
+        rows.append(logits)
+        if sampler.greedy and start + len(chunk) < len(feed):
+            ahead = feed[start + 1:start + len(chunk) + 1]  # the draft tokens these rows predict
+            if any(sampler(logits[i], _history(context, draft.tokens, start + i, sampler)) != t
+                   for i, t in enumerate(ahead)):
+                break
+    return rows[0] if len(rows) == 1 else np.concatenate(rows)
+
+
 def _cut(draft: Draft, n: int) -> Draft:
     """The first ``n`` tokens of a draft, with their q rows and confidences."""
     if len(draft.tokens) <= n:
@@ -169,9 +189,9 @@ def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | Non
                 room = target.n_ctx - len(context) - n - 1
                 if pool is not None and n and room > 0 and policy.predraft_pays(n):
                     pending = pool.submit(_predraft, drafter, [*context, *draft.tokens], min(k, room), sampler)
-                logits = target.evaluate([context[-1], *draft.tokens], logits_for=range(n + 1))
+                logits = verify_logits(target, context, draft, sampler)
                 verified_at = time.perf_counter()
-                verdict = verify_round(logits, draft, context, sampler, target.n_vocab)
+                verdict = verify_round(logits, _cut(draft, len(logits) - 1), context, sampler, target.n_vocab)
                 accepted = draft.tokens[: verdict.accepted]
                 target.truncate(len(context) + verdict.accepted)
                 context.extend(accepted)
@@ -202,7 +222,7 @@ def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | Non
                 caught_up = caught_up or n > 0  # the first drafting round also paid the catch-up
                 if hook is not None and pending is None:
                     hook(target, drafter, context)
-                yield Commit([*accepted, verdict.token], verdict.accepted)
+                yield Commit([*accepted, verdict.token], verdict.accepted, logits[: verdict.accepted + 1])
         finally:
             if pending is not None:
                 pending.result()
@@ -240,6 +260,10 @@ class SpecOptions:
     draft_cost: float | None = None
     """Measured drafter seconds per token over the target's one-token call (from the
     placement calibration): the adaptive policy starts from it instead of learning it."""
+    shared_suffix_cache: bool = True
+    """Let the suffix-tree drafter learn from every earlier request in the process. The
+    server turns it off: what drafts well (and so how fast a reply comes, and its
+    drafting statistics) would otherwise reveal other clients' text."""
 
 
 class SpeculativeStrategy:
@@ -289,14 +313,14 @@ class SpeculativeStrategy:
 CPU_COST_CURVE = (1.0, 1.7, 1.9, 2.1, 2.4, 2.55, 2.7, 2.85, 3.0)
 
 
-def model_free_drafter(target: Backend) -> Drafter:
-    """Suffix-tree drafting (with the in-process global tree for this vocabulary) ahead of
-    prompt lookup."""
+def model_free_drafter(target: Backend, *, shared: bool = True) -> Drafter:
+    """Suffix-tree drafting (with the in-process global tree for this vocabulary unless
+    ``shared`` is off) ahead of prompt lookup."""
     from tandem.runtime.drafters.chain import ChainDrafter
     from tandem.runtime.drafters.lookup import PromptLookupDrafter
     from tandem.runtime.drafters.suffix import SuffixDrafter, global_cache
 
-    suffix = SuffixDrafter(global_cache=global_cache(f"{target.name}:{target.n_vocab}"))
+    suffix = SuffixDrafter(global_cache=global_cache(f"{target.name}:{target.n_vocab}") if shared else None)
     return ChainDrafter([suffix, PromptLookupDrafter()])
 
 
@@ -382,7 +406,7 @@ def build_strategy(
         raise TandemError("The draft length must be positive.")
     drafters: list[Drafter] = []
     if opts.mode in ("auto", "ngram"):
-        drafters.append(model_free_drafter(target))
+        drafters.append(model_free_drafter(target, shared=opts.shared_suffix_cache))
     if draft is not None and opts.mode != "ngram":
         model_drafter = open_model_drafter(target, draft, opts.mode, llama_config=llama_config,
                                            device=opts.draft_device, torch_config=torch_config)

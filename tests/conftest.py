@@ -7,6 +7,8 @@ Outside CI a missing fixture skips the tests that need it, with the reason; unde
 from __future__ import annotations
 
 import os
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,43 @@ def fixture_path(relative: str) -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+@dataclass(frozen=True)
+class RealModels:
+    """The three real instruction-tuned GGUF models of ``shared/fixtures/real-models.sh``."""
+
+    smollm2: Path  # SmolLM2-135M-Instruct Q4_1, vocab 49,152: the cross-vocabulary drafter
+    qwen_05b: Path  # Qwen2.5-Coder-0.5B-Instruct Q4: FIM model, same-vocabulary drafter
+    qwen_15b: Path  # Qwen2.5-Coder-1.5B-Instruct Q4_K_M: the realistic target
+
+
+def fetch_real_models() -> RealModels:
+    """Run the fetch script (cached and sha256-checked; ~20 s the first time on a machine)."""
+    script = FIXTURES / "real-models.sh"
+    if not script.exists():
+        raise FileNotFoundError(f"{script} not found (see shared/fixtures/README.md)")
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"real-models.sh failed: {done.stderr.strip()[-2000:]}")
+    paths = dict(line.split("\t", 1) for line in done.stdout.splitlines() if "\t" in line)
+    return RealModels(
+        smollm2=Path(paths["smollm2-135m-instruct"]),
+        qwen_05b=Path(paths["qwen2.5-coder-0.5b"]),
+        qwen_15b=Path(paths["qwen2.5-coder-1.5b"]),
+    )
+
+
+@pytest.fixture(scope="session")
+def real_models() -> RealModels:
+    """The real models; fetched under ``CI=true`` (a failure fails), skipped elsewhere if
+    they cannot be had (no network, no shared fixtures)."""
+    try:
+        return fetch_real_models()
+    except (OSError, RuntimeError, KeyError, subprocess.TimeoutExpired) as exc:
+        if IN_CI:
+            pytest.fail(f"real models could not be fetched: {exc}")
+        pytest.skip(f"real models not available: {exc}")
 
 
 @pytest.fixture(autouse=True)

@@ -96,7 +96,7 @@ def test_quantized_kv_needs_whole_blocks_per_head(stories260k, kv: str) -> None:
 def test_characters_outside_a_byteless_vocabulary_become_unknown(tinystories656k_gguf) -> None:
     """llama.cpp aborts the process on such text; Tandem maps it to <unk> like HF does."""
     with LlamaCppBackend(tinystories656k_gguf, LlamaConfig(n_ctx=256, n_threads=1)) as b:
-        unk = int(b.llm.metadata["tokenizer.ggml.unknown_token_id"])
+        unk = int(b.tokenizer.metadata["tokenizer.ggml.unknown_token_id"])
         ids = b.tokenize("hello (world) é\tdone", add_bos=True)
         assert ids.count(unk) == 4
         text = b"".join(b.token_bytes(t) for t in ids).decode()

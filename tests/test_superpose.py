@@ -144,9 +144,9 @@ def test_one_forward_pass_per_step_whatever_k(stories_backend, k: int) -> None:
     stories_backend.evaluate, stories_backend.evaluate_embeddings = count_eval, count_embed
     result = decoder.decode(prompt, k=k, max_tokens=12)
     assert result.steps == 12
-    assert calls["tokens"] == 1  # the prompt
+    assert calls["tokens"] == 2  # the prompt: all but its last token, then the last (backend.prefill)
     assert calls["embeddings"] == result.steps - 1  # one per step after the first
-    assert result.forward_passes == calls["tokens"] + calls["embeddings"]
+    assert result.forward_passes == 1 + calls["embeddings"]
     assert all(1 <= m <= k for m in result.mix_sizes)
 
 

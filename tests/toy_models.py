@@ -86,6 +86,9 @@ class ToyBackend:
     def truncate(self, n: int) -> None:
         del self._tokens[max(0, n) :]
 
+    exact_batch: int | None = None
+    """Tests set it to check that verification respects a backend's bound."""
+
     def memory(self) -> MemoryReport:
         return MemoryReport(weights=self.table.nbytes, kv_cache=0)
 

@@ -223,6 +223,11 @@ class TorchBackend(TokenizerDelegate):
             self.cache.trim(n)
             del self._tokens[n:]
 
+    @property
+    def exact_batch(self) -> int | None:
+        """Its batched and one-token calls agree to float rounding only (no bit-exact bound)."""
+        return None
+
     def memory(self) -> MemoryReport:
         return MemoryReport(
             weights=self.model.weight_bytes(),
