@@ -67,14 +67,21 @@ def list_models() -> list[ModelEntry]:
             for path in sorted(folder.rglob("*.gguf")):
                 entries.append(_entry(path, path.stem, source))
     entries.extend(_hub_entries())
-    seen: set[Path] = set()
+    seen: set[tuple[int, int]] = set()
     unique = []
     for e in entries:
-        real = e.path.resolve()
-        if real not in seen:
-            seen.add(real)
+        identity = file_identity(e.path)
+        if identity not in seen:
+            seen.add(identity)
             unique.append(e)
     return unique
+
+
+def file_identity(path: Path) -> tuple[int, int]:
+    """(device, inode): one file however it is reached (nested search folders, symlinks,
+    hard links, relative paths) is listed once."""
+    st = path.stat()
+    return st.st_dev, st.st_ino
 
 
 def resolve_model(name_or_path: str) -> Path:
@@ -83,9 +90,14 @@ def resolve_model(name_or_path: str) -> Path:
     if path.exists():
         return path
     entries = list_models()
-    for e in entries:
-        if name_or_path in (e.name, e.path.stem, e.path.name):
-            return e.path
+    matches = [e for e in entries if name_or_path in (e.name, e.path.stem, e.path.name)]
+    if len(matches) > 1:
+        listing = "\n  ".join(str(e.path) for e in matches)
+        raise ModelNotFound(
+            f"{name_or_path!r} names {len(matches)} different files; give one by its path:\n  {listing}"
+        )
+    if matches:
+        return matches[0].path
     known = ", ".join(e.name for e in entries[:8]) or "none yet"
     raise ModelNotFound(
         f"No model {name_or_path!r}: not a file, and not in the store (known: {known}). "

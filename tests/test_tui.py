@@ -312,8 +312,10 @@ async def test_model_picker_lists_the_store_and_switches(stories260k: Path, tmp_
         picker = app.screen
         assert isinstance(picker, ModelPicker)
         targets = picker.query_one("#target-list", OptionList)
-        assert [targets.get_option_at_index(i).prompt for i in range(targets.option_count)] == ["tiny-copy"]
-        targets.highlighted = 0
+        # the model given by path (not in the store) is listed first, highlighted as current
+        names = [targets.get_option_at_index(i).prompt for i in range(targets.option_count)]
+        assert names == ["stories260K", "tiny-copy"] and targets.highlighted == 0
+        targets.highlighted = 1
         await pilot.press("ctrl+s")
         await app.workers.wait_for_complete()
         await pilot.pause()

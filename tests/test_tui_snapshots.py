@@ -19,6 +19,9 @@ from tandem.app.tui.session import ChatSettings
 from tandem.kernels.sampling import SamplingParams
 
 SIZE = (100, 30)
+NARROW, WIDE = (80, 24), (200, 50)
+"""The smallest common terminal and a large one: every footer key, dialog button and
+label must be on screen at both (the Pilot tests in test_tui_daily check the regions)."""
 
 
 def make_app(model: Path | None, tmp_path: Path) -> TandemApp:
@@ -87,3 +90,19 @@ def test_model_picker(snap_compare, stories260k: Path, tmp_path: Path) -> None:
 def test_first_run_without_models(snap_compare, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("tandem.app.tui.app.models_dir", lambda: Path("/home/you/.local/share/tandem/models"))
     assert snap_compare(make_app(None, tmp_path), terminal_size=SIZE)
+
+
+@pytest.mark.parametrize("size", [NARROW, WIDE], ids=["80x24", "200x50"])
+def test_chat_screen_sizes(snap_compare, stories260k: Path, tmp_path: Path, size: tuple[int, int]) -> None:
+    assert snap_compare(make_app(stories260k, tmp_path), terminal_size=size, run_before=chat_with_reply)
+
+
+@pytest.mark.parametrize("size", [NARROW, WIDE], ids=["80x24", "200x50"])
+@pytest.mark.parametrize("key", ["ctrl+o", "ctrl+t", "ctrl+f", "f1"], ids=["settings", "models", "search", "help"])
+def test_dialog_sizes(snap_compare, stories260k: Path, tmp_path: Path, size: tuple[int, int], key: str) -> None:
+    async def run_before(pilot) -> None:
+        await pilot.app.workers.wait_for_complete()
+        await pilot.press(key)
+        await steady(pilot)
+
+    assert snap_compare(make_app(stories260k, tmp_path), terminal_size=size, run_before=run_before)

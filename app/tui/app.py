@@ -11,7 +11,7 @@ from textual.binding import Binding
 from tandem.app.history import History
 from tandem.app.tui.chat_screen import ChatScreen
 from tandem.app.tui.modals import NoModelScreen
-from tandem.app.tui.session import ChatSettings, ModelChoice
+from tandem.app.tui.session import ChatSettings, ModelChoice, restored_choice
 from tandem.models.paths import models_dir
 from tandem.models.store import list_models
 
@@ -56,14 +56,24 @@ class TandemApp(App):
         self.history = History(self.config.history_path)
 
     def on_mount(self) -> None:
-        model = self.config.model
-        if model is None:
-            entries = list_models()
-            if not entries:
-                self.push_screen(NoModelScreen(models_dir()))
-                return
-            model = entries[0].path
-        self.push_screen(ChatScreen(self.config.choice(model)))
+        choice = self.initial_choice()
+        if choice is None:
+            self.push_screen(NoModelScreen(models_dir()))
+            return
+        self.push_screen(ChatScreen(choice))
+
+    def initial_choice(self) -> ModelChoice | None:
+        """The model to start with: the one asked for (``-m``), else the models of the
+        most recent chat (it opens first), else the first in the store."""
+        if self.config.model is not None:
+            return self.config.choice(self.config.model)
+        for chat in self.history.list_chats()[:1]:
+            if chat.engine:
+                restored = restored_choice(self.config.choice(Path(chat.engine["target"])), chat.engine)
+                if restored is not None:
+                    return restored
+        entries = list_models()
+        return self.config.choice(entries[0].path) if entries else None
 
     def chat_screen(self) -> ChatScreen | None:
         for screen in self.screen_stack:

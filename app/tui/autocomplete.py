@@ -3,14 +3,15 @@
 Every edit cancels the request in flight (its cancel event stops the decoder at the
 next step) and, after a short debounce, asks for new drafts around the cursor (FIM when
 the model has FIM tokens). Results carry the request's sequence number, so a late
-answer to stale text is dropped instead of shown. Tab accepts the ghost text; Alt+] /
-Alt+[ (or Ctrl+Down / Ctrl+Up) cycle through the k drafts; Esc closes the pane and
-hands the text back to the chat input.
+answer to stale text is dropped instead of shown. Tab accepts the ghost text; Ctrl+] or
+F8 (also Alt+], Ctrl+Down) shows the next of the k drafts and F7 (Alt+[, Ctrl+Up) the
+previous one; Esc closes the pane and hands the text back to the chat input.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 from textual import on, work
@@ -38,6 +39,15 @@ class DraftsReady(Message):
         self.seq, self.result, self.error = seq, result, error
 
 
+def shown_drafts(texts: Iterable[str]) -> list[str]:
+    """The drafts worth showing: not blank (nothing to accept), each text once."""
+    out: list[str] = []
+    for text in texts:
+        if text.strip() and text not in out:
+            out.append(text)
+    return out
+
+
 def make_autocompleter(engine: Any, k: int = 3, budget_ms: float = 400.0) -> Autocompleter:
     """An autocompleter sharing the chat engine's model and lock (one KV cache, one user)."""
     target = engine.target
@@ -50,8 +60,11 @@ class AutocompleteScreen(Screen[str]):
 
     BINDINGS = [
         Binding("tab", "accept", "Accept", priority=True),
-        Binding("alt+right_square_bracket,ctrl+down", "cycle(1)", "Next draft", priority=True),
-        Binding("alt+left_square_bracket,ctrl+up", "cycle(-1)", "Previous draft", priority=True),
+        # Alt+] reaches an app as ESC ], which tmux and many terminals read as the start of
+        # an OSC sequence: Ctrl+] and the function keys work everywhere.
+        Binding("ctrl+right_square_bracket,f8,alt+right_square_bracket,ctrl+down", "cycle(1)", "Next",
+                priority=True, key_display="^]/f8"),
+        Binding("f7,alt+left_square_bracket,ctrl+up", "cycle(-1)", "Previous", priority=True),
         Binding("escape", "close", "Back to chat"),
     ]
     DEFAULT_CSS = """
@@ -150,13 +163,13 @@ class AutocompleteScreen(Screen[str]):
         result = message.result
         assert result is not None
         self.last = result
-        self.drafts = [s.text for s in result.suggestions]
+        self.drafts = shown_drafts(s.text for s in result.suggestions)
         self.index = 0
         self._show_drafts()
         mode = "FIM" if result.fim else "continuation"
         self.query_one("#ac-status", Label).update(
             f"{len(self.drafts)} drafts in {result.elapsed_ms:.0f} ms ({mode}, stopped: {result.stopped}) · "
-            "Tab accept · Alt+]/Alt+[ cycle · Esc back")
+            "Tab accept · Ctrl+] / F8 next · F7 previous · Esc back")
 
     def _show_drafts(self) -> None:
         self.editor.suggestion = self.drafts[self.index] if self.drafts else ""

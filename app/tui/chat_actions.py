@@ -17,13 +17,27 @@ from textual.binding import Binding
 from tandem.app.tui.modals import Confirm, HelpScreen, ModelPicker, SettingsScreen, TextPrompt
 from tandem.app.tui.session import ChatSettings, speculative_available
 from tandem.app.tui.widgets import NEWLINE_KEYS, MessageView
-from tandem.models.store import list_models
+from tandem.models.store import ModelEntry, file_identity, list_models
 
 if TYPE_CHECKING:
     from tandem.app.tui.chat_screen import ChatScreen
 
 AUTOCOMPLETE_MODULE = "tandem.app.tui.autocomplete"
 """Issue 5's pane: if this module exists, F9 / Ctrl+Space call its ``open_autocomplete(screen)``."""
+
+
+def with_current(entries: list[ModelEntry], current: list[Path | None]) -> list[ModelEntry]:
+    """The store's models plus the ones in use that it does not hold (given by path with
+    ``-m FILE``), so the picker always lists the current target and drafter."""
+    known = {file_identity(e.path) for e in entries if e.path.exists()}
+    extra = []
+    for path in current:
+        if path is None or not path.exists() or file_identity(path) in known:
+            continue
+        known.add(file_identity(path))
+        size = path.stat().st_size if path.is_file() else 0
+        extra.append(ModelEntry(path.stem, path, size, None, "given"))
+    return extra + entries
 
 
 class ChatActions:
@@ -48,7 +62,7 @@ class ChatActions:
     def action_models(self: ChatScreen) -> None:
         if self._busy():
             return
-        entries = list_models()
+        entries = with_current(list_models(), [self.choice.target, self.choice.drafter])
 
         def done(result: tuple[Path, Path | None] | None) -> None:
             if result is not None:
@@ -107,19 +121,6 @@ class ChatActions:
 
         self.app.push_screen(Confirm(f"Delete “{chat.title}” and all its messages?"), done)
 
-    def action_copy_code(self: ChatScreen) -> None:
-        views = [v for v in self.query(MessageView) if v.record.role == "assistant"]
-        for view in reversed(views):
-            blocks = view.code_blocks()
-            if blocks:
-                self._copy(blocks[-1])
-                return
-        self.notify("No code block to copy.", severity="warning")
-
-    def _copy(self: ChatScreen, code: str) -> None:
-        self.app.copy_to_clipboard(code)
-        self.notify(f"Copied code block ({len(code.splitlines())} lines)")
-
     def action_toggle_drafted(self: ChatScreen) -> None:
         self.show_drafted = not self.show_drafted
         for view in self.query(MessageView):
@@ -139,13 +140,15 @@ class ChatActions:
         module.open_autocomplete(self)
 
     def action_help(self: ChatScreen) -> None:
-        rows = [f"| `{b.key}` | {b.description} |" for b in self.BINDINGS if isinstance(b, Binding)]
+        rows = [f"| `{b.key.replace(',', ' / ')}` | {b.tooltip or b.description} |"
+                for b in self.BINDINGS if isinstance(b, Binding)]
         newline = ", ".join(f"`{k}`" for k in NEWLINE_KEYS)
         text = "\n".join([
             "# Tandem chat: keys", "",
             f"Type in the box at the bottom. **Enter** sends; {newline} insert a newline.",
             "The mouse works too: click a chat to open it, click a code block to copy it,",
             "drag to select text. `ctrl+p` opens the command palette (themes), `ctrl+q` quits.",
+            "The footer shows the common keys; this table lists them all.",
             "", "| Key | Action |", "|---|---|", *rows, "",
             "Replies keep their stats: time to first token, tokens/s, acceptance rate and",
             "tokens per target call when a drafter is on, memory of target, drafter and KV cache.",

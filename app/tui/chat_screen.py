@@ -23,11 +23,15 @@ from textual.worker import Worker
 
 from tandem.app.history import ChatRecord, MessageRecord
 from tandem.app.tui.chat_actions import ChatActions
+from tandem.app.tui.reply_actions import ReplyActions
 from tandem.app.tui.session import (
+    LoadProgress,
     ModelChoice,
     ReplyBuffer,
     close_engine,
+    engine_record,
     load_engine,
+    restored_choice,
     run_reply,
     title_from,
 )
@@ -60,22 +64,33 @@ class EngineReady(Message):
         self.engine, self.choice, self.error = engine, choice, error
 
 
-class ChatScreen(ChatActions, Screen):
+class ChatScreen(ChatActions, ReplyActions, Screen):
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    # The footer shows short labels (all fit at 80 columns: test_tui_daily checks it in the
+    # Pilot); the tooltip is the full description F1 lists, with the keys not in the footer.
     BINDINGS = [
-        Binding("escape", "stop", "Stop/cancel"),
-        Binding("ctrl+n", "new_chat", "New", priority=True),
-        Binding("ctrl+r", "regenerate", "Regenerate", priority=True),
-        Binding("ctrl+e", "edit_last", "Edit last", priority=True),
-        Binding("ctrl+o", "settings", "Settings", priority=True),
-        Binding("ctrl+t", "models", "Models", priority=True),
-        Binding("ctrl+s", "export", "Export", priority=True),
-        Binding("f2", "rename", "Rename"),
-        Binding("f8", "delete_chat", "Delete"),
-        Binding("f5", "copy_code", "Copy code"),
-        Binding("f4", "toggle_drafted", "Drafted colours"),
-        Binding("ctrl+b", "toggle_sidebar", "Sidebar", show=False, priority=True),
-        Binding("f9,ctrl+space", "autocomplete", "Autocomplete", show=False),
-        Binding("f1", "help", "Help"),
+        Binding("escape", "stop", "Stop", tooltip="Stop the reply / cancel editing"),
+        Binding("ctrl+n", "new_chat", "New", priority=True, tooltip="New chat"),
+        Binding("ctrl+r", "regenerate", "Redo", priority=True, tooltip="Regenerate the last reply"),
+        Binding("ctrl+e", "edit_last", "Edit", priority=True,
+                tooltip="Edit and resend your last message"),
+        Binding("ctrl+o", "settings", "Set", priority=True, tooltip="System prompt and sampling for this chat"),
+        Binding("ctrl+t", "models", "Model", priority=True, tooltip="Model and drafter"),
+        Binding("ctrl+f", "search", "Find", priority=True, tooltip="Search all chats"),
+        Binding("f5", "copy_code", "Copy", tooltip="Copy a code block (again: the one before)"),
+        # priority: the input box would take F6/F7 (select line / select all)
+        Binding("f6", "copy_reply", "Copy reply", show=False, priority=True, tooltip="Copy the whole reply"),
+        Binding("f7", "continue_reply", "Continue", show=False, priority=True,
+                tooltip="Continue an interrupted reply"),
+        Binding("f3", "toggle_thinking", "Thinking", show=False, tooltip="Show / hide <think> blocks"),
+        Binding("ctrl+s", "export", "Export", show=False, priority=True, tooltip="Export the chat to Markdown"),
+        Binding("f2", "rename", "Rename", show=False, tooltip="Rename the chat"),
+        Binding("f8", "delete_chat", "Delete", show=False, tooltip="Delete the chat"),
+        Binding("f4", "toggle_drafted", "Drafted", show=False, tooltip="Colour the tokens the drafter wrote"),
+        Binding("ctrl+b", "toggle_sidebar", "Sidebar", show=False, priority=True, tooltip="Show / hide the chat list"),
+        Binding("f9,ctrl+space", "autocomplete", "Autocomplete", show=False,
+                tooltip="Edit the message with autocomplete"),
+        Binding("f1", "help", "Help", tooltip="All keys"),
     ]
 
     def __init__(self, choice: ModelChoice) -> None:
@@ -91,6 +106,8 @@ class ChatScreen(ChatActions, Screen):
         self.buffer = ReplyBuffer()
         self._draining = False
         self._next_drain = 0.0
+        self.load_progress: LoadProgress | None = None
+        """Set while a model loads: what it is doing and since when (the status line)."""
         self.replies_done = 0
         """Replies finished (or stopped) on this screen: tests wait on it."""
 
@@ -117,7 +134,7 @@ class ChatScreen(ChatActions, Screen):
                 yield Label("", id="edit-banner")
                 yield ChatInput(id="input", placeholder="Message (Enter sends, Ctrl+J newline)")
                 yield Label("", id="status")
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)
 
     async def on_mount(self) -> None:
         self.query_one("#edit-banner").display = False
@@ -130,18 +147,31 @@ class ChatScreen(ChatActions, Screen):
         self.input.focus()
         self.load_model(self.choice)
         self.set_interval(1 / 15, self._drain)
+        self.set_interval(1.0, self._tick)
 
     # -- model --------------------------------------------------------------------
     def load_model(self, choice: ModelChoice) -> None:
         old, self.engine = self.engine, None
-        self.set_status(f"Loading {choice.target_name}…")
+        self.load_progress = LoadProgress(choice.target_name)
+        self.set_status(self.load_progress.line())
         self._load(choice, old)
+
+    def _loading_stage(self, stage: str) -> None:
+        if self.load_progress is not None:
+            self.load_progress.stage = stage
+            self.set_status(self.load_progress.line())
+
+    def _tick(self) -> None:
+        """Once a second while a model loads: the status line shows the time so far."""
+        if self.load_progress is not None:
+            self.set_status(self.load_progress.line())
 
     @work(thread=True, group="load", exclusive=True, exit_on_error=False)
     def _load(self, choice: ModelChoice, old: Any) -> None:
         close_engine(old)
         try:
-            engine, error = load_engine(choice), None
+            engine = load_engine(choice, progress=lambda stage: self.app.call_from_thread(self._loading_stage, stage))
+            error = None
         except TandemError as exc:
             engine, error = None, str(exc)
         except Exception as exc:  # a model llama.cpp cannot load: say so, never a traceback
@@ -149,6 +179,7 @@ class ChatScreen(ChatActions, Screen):
         self.post_message(EngineReady(engine, choice, error))
 
     def on_engine_ready(self, message: EngineReady) -> None:
+        self.load_progress = None
         if message.error:
             self.set_status(f"Could not load {message.choice.target_name}: {message.error}")
             self.notify(message.error, severity="error", timeout=8)
@@ -187,7 +218,8 @@ class ChatScreen(ChatActions, Screen):
 
     def _view(self, record: MessageRecord, streaming: bool = False) -> MessageView:
         return MessageView(record, mask_timings=self.tandem.config.mask_timings,
-                           show_drafted=self.show_drafted, streaming=streaming)
+                           show_drafted=self.show_drafted, streaming=streaming,
+                           show_thinking=self.show_thinking)
 
     def _ensure_chat(self) -> ChatRecord:
         if self.chat is None:
@@ -205,7 +237,21 @@ class ChatScreen(ChatActions, Screen):
     async def _chat_selected(self, event: OptionList.OptionSelected) -> None:
         if not self._busy() and event.option.id is not None:
             await self.open_chat(int(event.option.id))
+            self.restore_model()
             self.input.focus()
+
+    def restore_model(self) -> None:
+        """Load the model and drafter the open chat last used, if they differ from the
+        current ones; a file that has gone is reported and the current model kept."""
+        if self.chat is None or not self.chat.engine:
+            return
+        choice = restored_choice(self.choice, self.chat.engine)
+        if choice is None:
+            self.notify(f"This chat used {self.chat.model}, which is no longer at "
+                        f"{self.chat.engine.get('target')}: keeping {self.choice.target_name}.",
+                        severity="warning", timeout=8)
+        elif engine_record(choice) != engine_record(self.choice):
+            self.load_model(choice)
 
     # -- sending and generation ----------------------------------------------------
     @on(ChatInput.Submitted)
@@ -226,31 +272,34 @@ class ChatScreen(ChatActions, Screen):
         if chat.title == "New chat":
             chat = self.chat = history.update_chat(chat.id, title=title_from(text))
             self.sub_title = chat.title
-        if (chat.model, chat.drafter) != (self.choice.target_name, self.choice.drafter_name):
+        engine = engine_record(self.choice)
+        if (chat.model, chat.drafter, chat.engine) != (self.choice.target_name, self.choice.drafter_name, engine):
             chat = self.chat = history.update_chat(
-                chat.id, model=self.choice.target_name, drafter=self.choice.drafter_name)
+                chat.id, model=self.choice.target_name, drafter=self.choice.drafter_name, engine=engine)
         record = history.add_message(chat.id, "user", text)
         self.input.clear()
         await self.query_one("#messages").mount(self._view(record))
         self.refresh_chat_list()
         await self.start_reply()
 
-    async def start_reply(self) -> None:
+    async def start_reply(self, resume: MessageRecord | None = None) -> None:
+        """Generate the next reply, or with ``resume`` continue that interrupted one."""
         chat = self._ensure_chat()
         self.cancel = threading.Event()
         self.reply_view = None
-        self.set_status(f"{self._model_line()} · generating (Esc stops)")
+        self.set_status(f"{self._model_line()} · {'continuing' if resume else 'generating'} (Esc stops)")
         self.buffer = ReplyBuffer()
-        self.worker = self._generate(self.tandem.history.get_chat(chat.id), self.cancel, self.buffer)
+        self.worker = self._generate(self.tandem.history.get_chat(chat.id), self.cancel, self.buffer, resume)
 
     @work(thread=True, group="generate", exclusive=True, exit_on_error=False)
-    def _generate(self, chat: ChatRecord, cancel: threading.Event, buffer: ReplyBuffer) -> None:
+    def _generate(self, chat: ChatRecord, cancel: threading.Event, buffer: ReplyBuffer,
+                  resume: MessageRecord | None) -> None:
         try:
             record = run_reply(self.engine, self.tandem.history, chat, cancel=cancel,
                                on_token=lambda event, _n, live: buffer.push(event.text, live),
                                on_start=lambda r: self.post_message(ReplyStarted(r)),
                                model_name=self.choice.target_name,
-                               drafter_name=self.choice.drafter_name)
+                               drafter_name=self.choice.drafter_name, resume=resume)
             error = None
         except TandemError as exc:
             record, error = None, str(exc)
@@ -259,8 +308,13 @@ class ChatScreen(ChatActions, Screen):
     async def on_reply_started(self, message: ReplyStarted) -> None:
         record = message.record
         record.stats = {"model": self.choice.target_name, "drafter": self.choice.drafter_name}
-        view = self._view(record, streaming=True)
-        await self.query_one("#messages").mount(view)
+        shown = [v for v in self.query(MessageView) if v.record.id == record.id]
+        if shown:  # a continued reply: stream into the view that shows it
+            view = shown[0]
+            view.streaming = True
+        else:
+            view = self._view(record, streaming=True)
+            await self.query_one("#messages").mount(view)
         self.reply_view = view  # only now: the drain timer may draw into it
         self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
 

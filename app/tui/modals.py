@@ -23,6 +23,8 @@ class Dialog(ModalScreen):
     """A modal with Esc to cancel; subclasses compose inside a ``#dialog`` container."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]
+    """Below 30 lines a long form scrolls inside the dialog (``-short`` in tandem.tcss)."""
 
     def action_cancel(self) -> None:
         self.dismiss(None)
@@ -128,17 +130,20 @@ class SettingsScreen(Dialog):
 
     def compose(self) -> ComposeResult:
         p = self.settings.params
-        with Vertical(id="dialog"):
+        with Vertical(id="dialog", classes="scrolling"):
             yield Label("Chat settings", classes="dialog-title")
-            yield Label("System prompt")
-            yield TextArea(self.system_prompt, id="system-prompt")
-            with Grid(id="sampling"):
-                for name, label, _ in SAMPLING_FIELDS:
-                    value = getattr(p, name)
-                    yield Label(label)
-                    yield Input("" if value is None else str(value), id=f"f-{name}")
-                yield Label("Max reply tokens")
-                yield Input(str(self.settings.max_tokens), id="f-max_tokens")
+            # The form scrolls and the buttons stay below it: on a 24-line terminal the
+            # whole form does not fit, and Save/Cancel must still be on screen.
+            with VerticalScroll(id="dialog-body"):
+                yield Label("System prompt")
+                yield TextArea(self.system_prompt, id="system-prompt")
+                with Grid(id="sampling"):
+                    for name, label, _ in SAMPLING_FIELDS:
+                        value = getattr(p, name)
+                        yield Label(label)
+                        yield Input("" if value is None else str(value), id=f"f-{name}")
+                    yield Label("Max reply tokens")
+                    yield Input(str(self.settings.max_tokens), id="f-max_tokens")
             yield Label("", id="settings-error")
             with Horizontal(classes="buttons"):
                 yield Button("Save (ctrl+s)", variant="primary", id="save")

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from tandem.app.history import COMPLETE, INTERRUPTED, ChatRecord, History, MessageRecord
 from tandem.kernels.sampling import SamplingParams
 from tandem.models.errors import TandemError
-from tandem.runtime.generate import DoneEvent, TokenEvent
+from tandem.runtime.generate import DoneEvent, Event, TokenEvent
 
 DEFAULT_MAX_TOKENS = 512
 
@@ -89,7 +89,8 @@ class LiveStats:
         if self.first_at is not None:
             out["ttft_s"] = self.first_at - self.started
             span = (self.last_at or self.first_at) - self.first_at
-            out["tokens_per_s"] = (self.tokens - 1) / span if self.tokens > 1 and span > 0 else 0.0
+            if self.tokens > 1 and span > 0:  # decode speed: undefined before the second token
+                out["tokens_per_s"] = (self.tokens - 1) / span
         if self.drafted:
             out["drafted_share"] = self.drafted / max(1, self.tokens)
         return out
@@ -163,6 +164,7 @@ def run_reply(
     on_start: Callable[[MessageRecord], None] | None = None,
     model_name: str = "",
     drafter_name: str | None = None,
+    resume: MessageRecord | None = None,
 ) -> MessageRecord:
     """Stream the assistant's reply to ``chat`` into a new message, committing as it goes.
 
@@ -170,22 +172,32 @@ def run_reply(
     a crash keeps what was produced; it is marked ``complete`` only when generation ends
     on its own (a stop, end-of-generation or the token limit). A :class:`TandemError`
     (a prompt that cannot fit, ...) is stored with the message and re-raised.
+    With ``resume`` (an interrupted reply, the chat's last message) the model continues
+    that reply where it stopped, and the new text is appended to it.
     """
     settings = ChatSettings.from_dict(chat.params)
-    messages = conversation(chat, history.messages(chat.id))
-    reply = history.start_reply(chat.id)
+    stored = history.messages(chat.id)
+    if resume is None:
+        events = engine.stream(conversation(chat, stored), settings.params, settings.max_tokens,
+                               stop=settings.stop, cancel=cancel)
+        reply = history.start_reply(chat.id)
+    else:
+        events = continuation(engine, chat, stored, resume, settings, cancel)
+        reply = resume
+        history.finish_reply(reply.id, INTERRUPTED, reply.stats)  # interrupted until it ends again
     if on_start is not None:
         on_start(reply)
     live = LiveStats()
     token_bytes = getattr(getattr(engine, "target", None), "token_bytes", None)
     status, stats = INTERRUPTED, None
     try:
-        for event in engine.stream(messages, settings.params, settings.max_tokens,
-                                   stop=settings.stop, cancel=cancel):
+        for event in events:
             if isinstance(event, DoneEvent):
                 finished = event.stats.finish_reason != "cancelled" and not (cancel and cancel.is_set())
                 status = COMPLETE if finished else INTERRUPTED
                 stats = final_stats(event, live, engine.stats_memory(), model_name, drafter_name)
+                if resume is not None:
+                    stats = continued_stats(resume.stats, stats, len(resume.content))
                 break
             n_drafted = drafted_chars(event, token_bytes)
             live.on_token(event, n_drafted)
@@ -201,9 +213,36 @@ def run_reply(
         if stats is None:
             stats = {**live.snapshot(), "model": model_name, "finish_reason": "cancelled"}
             stats.pop("live", None)
+            if resume is not None:
+                stats = continued_stats(resume.stats, stats, len(resume.content))
         if not (stats.get("error")):
             history.finish_reply(reply.id, status, stats)
     return history.get_message(reply.id)
+
+
+def continuation(engine: Any, chat: ChatRecord, stored: Sequence[MessageRecord], partial: MessageRecord,
+                 settings: ChatSettings, cancel: threading.Event | None) -> Iterator[Event]:
+    """Continue ``partial``: the prompt is the conversation before it, ready for the
+    assistant's turn, followed by the reply so far, so the model writes on from there."""
+    before = [m for m in stored if m.id < partial.id]
+    ids, stops = engine.fit(conversation(chat, before), settings.max_tokens)
+    ids = ids + engine.target.tokenize(partial.content, add_bos=False)
+    yield from engine.complete(ids, settings.params, settings.max_tokens, stop=[*stops, *settings.stop],
+                               cancel=cancel)
+
+
+def continued_stats(before: dict[str, Any] | None, after: dict[str, Any], offset: int) -> dict[str, Any]:
+    """Stats of a reply continued once or more: the latest run's figures, token counts of
+    every run added up, drafted spans moved past the text that was already there."""
+    before = before or {}
+    out = dict(after)
+    out["generated_tokens"] = before.get("generated_tokens", 0) + after.get("generated_tokens", 0)
+    out["continued"] = before.get("continued", 0) + 1
+    spans = [list(s) for s in before.get("drafted_spans", [])]
+    spans += [[a + offset, b + offset] for a, b in after.get("drafted_spans", [])]
+    if spans:
+        out["drafted_spans"] = spans
+    return out
 
 
 @dataclass
@@ -245,6 +284,22 @@ class ModelChoice:
         return self.draft_mode or ("auto" if self.drafter is not None else "off")
 
 
+def engine_record(choice: ModelChoice) -> dict[str, Any]:
+    """What a chat stores to get its models back: file paths, not names (a model given
+    with ``-m FILE`` has no name in the store)."""
+    return {"target": str(choice.target), "drafter": str(choice.drafter) if choice.drafter else None,
+            "draft_mode": choice.draft_mode}
+
+
+def restored_choice(current: ModelChoice, record: dict[str, Any]) -> ModelChoice | None:
+    """``current`` with a chat's stored models, or ``None`` when a stored file has gone."""
+    target = Path(record.get("target") or "")
+    drafter = Path(record["drafter"]) if record.get("drafter") else None
+    if not record.get("target") or not target.exists() or (drafter is not None and not drafter.exists()):
+        return None
+    return replace(current, target=target, drafter=drafter, draft_mode=record.get("draft_mode"), notes=[])
+
+
 def speculative_available() -> bool:
     try:
         from tandem.runtime import speculative
@@ -253,7 +308,21 @@ def speculative_available() -> bool:
     return hasattr(speculative, "build_strategy")
 
 
-def load_engine(choice: ModelChoice) -> Any:
+@dataclass
+class LoadProgress:
+    """What a model load is doing, for the status line: loads, placement measurements and
+    the first-use verify-cost measurement can take from one second to a minute."""
+
+    name: str
+    stage: str = "starting"
+    started: float = field(default_factory=time.monotonic)
+
+    def line(self, now: float | None = None) -> str:
+        elapsed = (time.monotonic() if now is None else now) - self.started
+        return f"Loading {self.name}: {self.stage}… {elapsed:.0f} s"
+
+
+def load_engine(choice: ModelChoice, progress: Callable[[str], None] | None = None) -> Any:
     """Open the target (and the drafter) as a ChatEngine, speculative when asked for.
 
     One speculative strategy is built per engine and reused for every reply, so the
@@ -265,6 +334,10 @@ def load_engine(choice: ModelChoice) -> Any:
     from tandem.runtime.open_backend import backend_kind, open_backend
     from tandem.runtime.planner import plan_for_run
 
+    def say(stage: str) -> None:
+        if progress is not None:
+            progress(stage)
+
     wants_drafter = choice.drafter is not None and choice.mode != "off"
     if backend_kind(choice.target) != "gguf" or (wants_drafter and backend_kind(choice.drafter) != "gguf"):
         # ONNX exports and Hugging Face folders: the planner prices llama.cpp models only,
@@ -273,16 +346,19 @@ def load_engine(choice: ModelChoice) -> Any:
             from tandem.runtime.plan_other import plan_unplanned
 
             plan_unplanned(choice.target, backend_kind(choice.target), choice.budget, choice.n_ctx)
+        say("loading the model")
         target = open_backend(choice.target, n_ctx=choice.n_ctx, n_threads=choice.n_threads)
         plan, drafter_path = None, choice.drafter if wants_drafter else None
     else:
         # The memory planner sizes both models to the budget (BudgetError if nothing fits).
+        say("planning memory")
         plan = plan_for_run(choice.target, choice.drafter if wants_drafter else None, choice.budget,
                             choice.n_ctx, threads=choice.n_threads, draft_max=choice.draft_max,
                             drop_slow_draft=False)
         drafter_path = choice.drafter if plan.draft is not None else None
         if wants_drafter and drafter_path is None:
             choice.notes.append("memory planner: " + "; ".join(plan.reasons))
+        say("loading the model")
         target = open_backend(choice.target, llama_config=plan.target.llama_config())
     if choice.mode == "off" or (drafter_path is None and choice.mode in ("model", "xvocab")):
         return ChatEngine(target)
@@ -296,12 +372,14 @@ def load_engine(choice: ModelChoice) -> Any:
         planned = plan.draft if plan is not None else None
         placed = Placed()
         if planned is not None and drafter_path is not None and choice.mode in ("auto", "model", "xvocab"):
+            say("placing the drafter (measured on a pair's first run)")
             placed = place(target, plan, mode=choice.mode, device=choice.placement, notify=choice.notes.append)
             target = placed.target  # reopened on the GPU when the target is placed there
             drafter_path = Path(placed.draft_path)  # the file the planner priced (maybe a quantized copy)
             if placed.choice is not None:
                 choice.notes.append(f"placement: {placed.choice.option.name} (measured)")
         config = placed.llama_config
+        say("loading the drafter")
         drafter = (open_backend(drafter_path, n_ctx=choice.n_ctx, n_threads=choice.n_threads, llama_config=config)
                    if drafter_path is not None and placed.draft_device != "cuda" else None)
         options = SpecOptions(mode=choice.mode, draft_max=plan.draft_max if plan else choice.draft_max,
@@ -309,6 +387,7 @@ def load_engine(choice: ModelChoice) -> Any:
                               draft_window=planned.window if planned is not None else None,
                               draft_device=placed.draft_device, predraft=placed.predraft,
                               draft_cost=placed.draft_cost)
+        say("preparing speculative decoding (the first run measures the model's speed)")
         strategy = build_strategy(target, drafter if drafter is not None else drafter_path, options,
                                   llama_config=config, torch_config=placed.torch_config)
     except BaseException:

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from markdown_it import MarkdownIt
+from markdown_it.rules_core import StateCore
 from rich.text import Text
 from textual import events, on
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.message import Message
-from textual.widgets import Label, Markdown, OptionList, Static, TextArea
+from textual.widgets import Collapsible, Label, Markdown, OptionList, Static, TextArea
 from textual.widgets.markdown import MarkdownFence
 from textual.widgets.option_list import Option
 
 from tandem.app.history import INTERRUPTED, ChatRecord, MessageRecord
+from tandem.app.terminal_text import mask_controls, strip_controls
+from tandem.app.tui.thinking import Split, split_thinking, thinking_title
 
 NEWLINE_KEYS = ("shift+enter", "ctrl+j", "alt+enter")
 """Keys that insert a newline in the input; plain Enter sends. Ctrl+J works in every terminal."""
@@ -27,6 +31,12 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GB"  # pragma: no cover
 
 
+def decode_speed_known(stats: dict[str, Any]) -> bool:
+    """Tokens/s is measured over the tokens after the first: with one token (or a stored
+    0.0 from older replies) there is no decode time, so no speed to show."""
+    return stats.get("generated_tokens", 0) > 1 and bool(stats.get("tokens_per_s"))
+
+
 def format_stats(stats: dict[str, Any] | None, *, mask_timings: bool = False) -> str:
     """One line of reply stats. ``mask_timings`` hides wall-clock figures (snapshot tests)."""
     if not stats:
@@ -37,7 +47,7 @@ def format_stats(stats: dict[str, Any] | None, *, mask_timings: bool = False) ->
 
     if "ttft_s" in stats:
         parts.append(f"TTFT {'--' if mask_timings else format(stats['ttft_s'] * 1000, '.0f')} ms")
-    if "tokens_per_s" in stats:
+    if decode_speed_known(stats):
         parts.append(f"{'--' if mask_timings else format(stats['tokens_per_s'], '.1f')} tok/s")
     parts.append(f"{stats.get('generated_tokens', 0)} tokens")
     if stats.get("acceptance_rate") is not None:
@@ -61,9 +71,28 @@ def format_stats(stats: dict[str, Any] | None, *, mask_timings: bool = False) ->
     return " · ".join(parts)
 
 
+def hard_breaks(state: StateCore) -> None:
+    """Turn every soft line break into a hard one.
+
+    Chat models write poems, addresses and step lists with single newlines and mean
+    them: CommonMark would join such lines into one paragraph line.
+    """
+    for token in state.tokens:
+        for child in token.children or ():
+            if child.type == "softbreak":
+                child.type = "hardbreak"
+
+
+def chat_markdown_parser() -> MarkdownIt:
+    """The GFM-like parser Textual uses, keeping single newlines as line breaks."""
+    parser = MarkdownIt("gfm-like")
+    parser.core.ruler.push("hard_breaks", hard_breaks)
+    return parser
+
+
 def drafted_text(content: str, spans: list[list[int]], style: str) -> Text:
     """The reply as plain text with the characters that came from the drafter styled."""
-    text = Text(content)
+    text = Text(mask_controls(content))  # same length: the spans still line up
     for start, end in spans:
         text.stylize(style, start, end)
     return text
@@ -103,17 +132,35 @@ class MessageView(Vertical):
             self.code = code
 
     def __init__(self, record: MessageRecord, *, mask_timings: bool = False,
-                 show_drafted: bool = False, streaming: bool = False) -> None:
+                 show_drafted: bool = False, streaming: bool = False, show_thinking: bool = False) -> None:
         super().__init__(classes=f"message {record.role}")
         self.record = record
         self.mask_timings = mask_timings
         self.show_drafted = show_drafted
+        self.show_thinking = show_thinking
         self.streaming = streaming
         self._spans: list[list[int]] = list((record.stats or {}).get("drafted_spans", []))
+        self._split = self._split_content()
+        self._code_index: int | None = None
+        """Which code block F5 copied last (it steps back through the blocks)."""
+
+    @property
+    def answer(self) -> str:
+        """The reply without its thinking block: what Markdown shows and F6 copies."""
+        return self._split.answer
+
+    def _split_content(self) -> Split:
+        content = strip_controls(self.record.content)  # shown, not stored: no escapes reach the terminal
+        if self.record.role != "assistant":
+            return Split(None, content, True)
+        return split_thinking(content)
 
     def compose(self) -> ComposeResult:
         yield Label(self._role_line(), classes="role")
-        yield Markdown(self.record.content, classes="body")
+        split = self._split
+        with Collapsible(title=thinking_title(split), collapsed=not self.show_thinking, classes="thinking"):
+            yield Static(split.thinking or "", classes="thinking-text", markup=False)
+        yield Markdown(split.answer, classes="body", parser_factory=chat_markdown_parser)
         yield Static(drafted_text(self.record.content, self._spans, self._drafted_style()),
                      classes="drafted", markup=False)
         yield Static(self._stats_line(), classes="stats", markup=False)
@@ -140,6 +187,7 @@ class MessageView(Vertical):
 
     def _apply_mode(self) -> None:
         coloured = self.show_drafted and self.record.role == "assistant"
+        self.query_one(".thinking", Collapsible).display = self._split.thinking is not None and not coloured
         self.query_one(".body", Markdown).display = not coloured
         self.query_one(".drafted", Static).display = coloured
         self.query_one(".stats", Static).display = self.record.role == "assistant"
@@ -157,12 +205,37 @@ class MessageView(Vertical):
             self.query_one(".drafted", Static).update(
                 drafted_text(self.record.content, self._spans, self._drafted_style()))
 
+    def set_show_thinking(self, value: bool) -> None:
+        self.show_thinking = value
+        self.query_one(".thinking", Collapsible).collapsed = not value
+
+    async def _show_split(self) -> None:
+        """Draw the current content: thinking into its block, the answer as Markdown.
+
+        ``Markdown.append`` re-parses only the last block, so while the answer grows
+        earlier blocks are not redrawn (no flicker); anything else is a full update.
+        """
+        old, self._split = self._split, self._split_content()
+        new = self._split
+        if new.thinking is not None:
+            block = self.query_one(".thinking", Collapsible)
+            block.title = thinking_title(new)
+            if new.thinking != old.thinking:
+                self.query_one(".thinking-text", Static).update(new.thinking)
+        if (new.thinking is None) != (old.thinking is None):
+            self._apply_mode()
+        body = self.query_one(".body", Markdown)
+        if new.answer.startswith(old.answer) and body.source == old.answer:
+            if len(new.answer) > len(old.answer):
+                await body.append(new.answer[len(old.answer):])
+        elif body.source != new.answer:
+            await body.update(new.answer)
+
     async def append(self, text: str, spans: list[list[int]], live: dict[str, Any]) -> None:
-        """Add streamed text. ``Markdown.append`` re-parses only the last block, so earlier
-        blocks are not redrawn (no flicker); the caller batches fragments between draws."""
+        """Add streamed text; the caller batches fragments between draws."""
         self.record.content += text
         self._spans = spans
-        await self.query_one(".body", Markdown).append(text)
+        await self._show_split()
         self._refresh_drafted()
         self.record.stats = {**live, "model": (self.record.stats or {}).get("model")}
         self.query_one(".stats", Static).update(self._stats_line())
@@ -172,15 +245,22 @@ class MessageView(Vertical):
         self.streaming = False
         self.record = record
         self._spans = list((record.stats or {}).get("drafted_spans", []))
-        body = self.query_one(".body", Markdown)
-        if body.source != record.content:
-            await body.update(record.content)
+        await self._show_split()
         self._refresh_drafted()
         self.query_one(".role", Label).update(self._role_line())
         self.query_one(".stats", Static).update(self._stats_line())
 
     def code_blocks(self) -> list[str]:
         return [fence.code for fence in self.query(MarkdownFence)]
+
+    def next_code_block(self) -> tuple[int, str] | None:
+        """The block F5 copies: the last one first, then each earlier one in turn."""
+        blocks = self.code_blocks()
+        if not blocks:
+            return None
+        index = len(blocks) - 1 if not self._code_index else self._code_index - 1
+        self._code_index = index
+        return index, blocks[index]
 
     @on(events.Click)
     def _copy_clicked_code(self, event: events.Click) -> None:
@@ -198,7 +278,7 @@ class ChatList(OptionList):
 
     def set_chats(self, chats: list[ChatRecord], current: int | None) -> None:
         self.clear_options()
-        self.add_options([Option(c.title, id=str(c.id)) for c in chats])
+        self.add_options([Option(strip_controls(c.title), id=str(c.id)) for c in chats])
         if current is not None:
             try:
                 self.highlighted = self.get_option_index(str(current))
