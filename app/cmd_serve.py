@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from tandem.models.errors import TandemError
@@ -21,26 +22,58 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--ngram", default=None, help="n-gram model name for n>1 drafts (default: newest matching)")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting per model before 503")
+    p.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on every request (default: $TANDEM_API_KEY); "
+                        "needed to listen on a non-loopback address")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let web pages from ORIGIN (e.g. https://app.example, or *) call the server; "
+                        "by default only loopback pages may")
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    import uvicorn
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse unsafe or impossible settings before anything is loaded."""
+    if not 0 < args.port < 65536:
+        raise TandemError(f"Invalid port {args.port}: use 1..65535.")
+    if args.max_queue < 1:
+        raise TandemError(f"--max-queue must be at least 1, got {args.max_queue}.")
+    if args.api_key is not None and len(args.api_key) < 8:
+        raise TandemError("--api-key must be at least 8 characters.")
+    if args.host not in LOOPBACK and not args.api_key:
+        raise TandemError(f"Listening on {args.host} makes the model reachable from other machines: "
+                          "set an --api-key (or TANDEM_API_KEY) too, or listen on 127.0.0.1.")
 
+
+def open_server(args: argparse.Namespace):
+    """The model slot and the ASGI app ``args`` describe (the model is loaded here)."""
     from tandem.app.server.app import ServerConfig, create_app
     from tandem.app.server.models import load_model
 
-    if not 0 < args.port < 65536:
-        raise TandemError(f"Invalid port {args.port}: use 1..65535.")
-    if args.host not in LOOPBACK:
-        print(f"tandem: warning: listening on {args.host}: anyone who can reach this address can use the model.",
-              file=sys.stderr)
     slot = load_model(args.model, draft=args.draft, speculative=not args.no_spec, n_ctx=args.ctx,
-                      n_threads=args.threads, ngram_name=args.ngram)
-    app = create_app([slot], ServerConfig(max_queue=args.max_queue))
-    print(f"Serving {slot.name} on http://{args.host}:{args.port}/v1 (Ctrl+C to stop)", file=sys.stderr)
+                      n_threads=args.threads, ngram_name=args.ngram, max_queue=args.max_queue)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
-    finally:
+        app = create_app([slot], ServerConfig(max_queue=args.max_queue, api_key=args.api_key,
+                                              allow_origins=tuple(o.rstrip("/") for o in args.allow_origin)))
+    except BaseException:
         slot.close()
+        raise
+    return slot, app
+
+
+def run(args: argparse.Namespace) -> int:
+    from tandem.app.server.serve import ListenConfig, bind, uvicorn_server
+
+    check_args(args)
+    sock = bind(args.host, args.port)  # a port in use fails here, before the model is loaded
+    try:
+        slot, app = open_server(args)
+        try:
+            server = uvicorn_server(app, ListenConfig(args.host, args.port))
+            print(f"Serving {slot.name} on http://{args.host}:{args.port}/v1 (Ctrl+C to stop)", file=sys.stderr,
+                  flush=True)
+            server.run(sockets=[sock])
+        finally:
+            slot.close()
+    finally:
+        sock.close()
     return 0

@@ -68,11 +68,12 @@ class ChatEngine:
         max_tokens: int = 512,
         stop: Sequence[str] = (),
         cancel: threading.Event | None = None,
+        logprobs: int | None = None,
     ) -> Iterator[Event]:
         """Stream the assistant's reply to ``messages`` (the last one is the user's)."""
         with self.lock:
             ids, stops = self.fit(messages, max_tokens)
-            yield from self._generate(ids, params, max_tokens, [*stops, *stop], cancel)
+            yield from self._generate(ids, params, max_tokens, [*stops, *stop], cancel, logprobs)
 
     def complete(
         self,
@@ -81,15 +82,16 @@ class ChatEngine:
         max_tokens: int = 512,
         stop: Sequence[str] = (),
         cancel: threading.Event | None = None,
+        logprobs: int | None = None,
     ) -> Iterator[Event]:
         """Stream a plain continuation of ``prompt`` ids (no chat template)."""
         with self.lock:
-            yield from self._generate(list(prompt), params, max_tokens, list(stop), cancel)
+            yield from self._generate(list(prompt), params, max_tokens, list(stop), cancel, logprobs)
 
     def _generate(self, ids: list[int], params: SamplingParams, max_tokens: int, stop: list[str],
-                  cancel: threading.Event | None) -> Iterator[Event]:
+                  cancel: threading.Event | None, logprobs: int | None = None) -> Iterator[Event]:
         yield from generate(self.target, ids, Sampler(params), strategy=self.strategy,
-                            max_tokens=max_tokens, stop=stop, cancel=cancel)
+                            max_tokens=max_tokens, stop=stop, cancel=cancel, logprobs=logprobs)
 
     def stats_memory(self) -> dict[str, int]:
         """Bytes in use: target weights, drafter weights, KV caches (both models)."""

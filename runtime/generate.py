@@ -15,9 +15,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
+import numpy as np
+
 from tandem.kernels.sampling import Sampler
 from tandem.models.errors import PromptError
 from tandem.runtime.backend import Backend, common_prefix_len, prefill
+from tandem.runtime.logprobs import TokenLogprob, token_logprobs
 from tandem.runtime.text import Detokenizer, StopMatcher
 
 
@@ -27,6 +30,9 @@ class Commit:
 
     tokens: list[int]
     drafted: int = 0
+    logits: np.ndarray | None = None
+    """The target's logits rows that decided ``tokens`` (row i: token i), for logprobs;
+    only read before the strategy runs again, so a backend's buffer may be passed."""
 
 
 @dataclass
@@ -58,7 +64,7 @@ def autoregressive(
     while True:
         token = sampler.sample_at(logits, len(history), history)  # seeded: keyed by position
         history.append(token)
-        yield Commit([token])
+        yield Commit([token], logits=logits[None])
         if len(history) > n_ctx:  # the cache holds history[:-1]; one more must fit
             return
         logits = target.evaluate((token,))[0]
@@ -90,6 +96,8 @@ class TokenEvent:
     text: str
     tokens: list[int]
     drafted: int = 0
+    logprobs: list[TokenLogprob] | None = None
+    """With ``generate(logprobs=N)``: one per token, from the target's logits."""
 
 
 @dataclass
@@ -122,8 +130,12 @@ def generate(
     stop: Sequence[str] = (),
     stop_at_eog: bool = True,
     cancel: threading.Event | None = None,
+    logprobs: int | None = None,
 ) -> Iterator[Event]:
     """Stream a reply. Yields :class:`TokenEvent` s, then exactly one :class:`DoneEvent`.
+
+    ``logprobs`` (the number of alternatives, 0 for none) adds each token's target
+    log-probability to its event (:mod:`tandem.runtime.logprobs`).
 
     Setting ``cancel`` stops after the current step with ``finish_reason="cancelled"``;
     what was generated so far is still reported and left in the cache.
@@ -154,7 +166,9 @@ def generate(
             text, hit_stop = stopper.feed(detok.add(tokens))
             if text or tokens:
                 out_text.append(text)
-                yield TokenEvent(text, tokens, min(commit.drafted, len(tokens)))
+                lps = (token_logprobs(commit.logits, tokens, logprobs)
+                       if logprobs is not None and commit.logits is not None else None)
+                yield TokenEvent(text, tokens, min(commit.drafted, len(tokens)), lps)
             if hit_eog is not None or hit_stop:
                 finish = "stop"
                 eog_decided = hit_eog is not None

@@ -16,15 +16,18 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from tandem.app.server import infill as infill_api
 from tandem.app.server import jobs
+from tandem.app.server.guard import Guard, GuardConfig
 from tandem.app.server.models import ModelSlot
 from tandem.app.server.openai import (
     ApiError,
@@ -46,6 +49,16 @@ from tandem.runtime.infill import InfillChunk, InfillDone
 class ServerConfig:
     max_body_bytes: int = 8 * 2**20
     max_queue: int = 64
+    allow_origins: tuple[str, ...] = ()
+    """Web page origins allowed besides loopback ones (see :mod:`.guard`)."""
+    api_key: str | None = None
+    """Bearer key every request must carry (required for a non-loopback bind)."""
+    body_timeout_s: float = 30.0
+    shutdown_grace_s: float = 5.0
+    """On SIGTERM, how long streams get to send their final event after being stopped."""
+
+    def guard(self) -> GuardConfig:
+        return GuardConfig(self.max_body_bytes, self.allow_origins, self.api_key, self.body_timeout_s)
 
 
 class Server:
@@ -66,7 +79,11 @@ class Server:
         return slot
 
     async def body(self, request: Request) -> dict:
-        return parse_json(await request.body(), self.config.max_body_bytes)
+        raw = await request.body()
+        if len(raw) < 65536:
+            return parse_json(raw, self.config.max_body_bytes)
+        # a big body takes milliseconds to parse: not on the loop other clients share
+        return await asyncio.to_thread(parse_json, raw, self.config.max_body_bytes)
 
     def check_fits(self, slot: ModelSlot, ids: list[int]) -> None:
         if len(ids) >= slot.target.n_ctx:
@@ -91,6 +108,11 @@ class Server:
         except TandemError as exc:
             watcher.cancel()
             raise ApiError(400, str(exc), "invalid_request") from None
+        except Exception as exc:
+            job.cancel.set()
+            watcher.cancel()
+            raise ApiError(500, f"The model failed on this request ({type(exc).__name__}).", "internal_error",
+                           type_="server_error") from None
         except BaseException:
             job.cancel.set()
             watcher.cancel()
@@ -127,9 +149,9 @@ class Server:
         slot = self.slot(req.model)
         suffix = body.get("suffix")
         if isinstance(suffix, str) and suffix:
-            ids = jobs.infill_prompt(slot, prompt, suffix)
-        else:
-            ids = slot.target.tokenize(prompt, add_bos=True)
+            ids = await asyncio.to_thread(jobs.infill_prompt, slot, prompt, suffix)
+        else:  # tokenizing a long prompt takes seconds: never on the event loop
+            ids = await asyncio.to_thread(slot.target.tokenize, prompt, add_bos=True)
         self.check_fits(slot, ids)
         shaper = Shaper(slot.name, chat=False)
         if req.n > 1:
@@ -183,9 +205,13 @@ class Server:
         if req.stream:
             watcher.cancel()
 
+            shutdown = anyio.Event()
+
             async def events():
+                stopper = asyncio.create_task(_cancel_on(shutdown, job))
                 try:
                     yield {"data": json.dumps(shaper.chunk(0, "" if shaper.chat else None, first=True))}
+                    ended = False
                     async for ev in _chain(first, items):
                         if isinstance(ev, TokenEvent) and ev.text:
                             yield {"data": json.dumps(shaper.chunk(0, ev.text))}
@@ -194,11 +220,21 @@ class Server:
                             if req.include_usage:
                                 use = usage(ev.stats.prompt_tokens, ev.stats.generated_tokens)
                                 yield {"data": json.dumps(shaper.usage_chunk(use))}
+                            ended = True
+                    if not ended:  # stopped before its end (the server is shutting down): still a final chunk
+                        final = shaper.chunk(0, None, "stop")
+                        final["tandem"] = {"stopped": "server shutting down" if shutdown.is_set() else "cancelled"}
+                        yield {"data": json.dumps(final)}
+                    yield {"data": "[DONE]"}
+                except Exception as exc:  # the response has started: the error goes in the stream
+                    yield {"data": json.dumps(_stream_error(exc))}
                     yield {"data": "[DONE]"}
                 finally:
                     job.cancel.set()
+                    stopper.cancel()
 
-            return EventSourceResponse(events(), ping=15)
+            return EventSourceResponse(events(), ping=15, shutdown_event=shutdown,
+                                       shutdown_grace_period=self.config.shutdown_grace_s)
         done = await _final(first, items, watcher)
         st = done.stats
         return JSONResponse(shaper.full([(done.text, finish_reason(st.finish_reason))],
@@ -225,6 +261,21 @@ class Server:
             yield {"data": "[DONE]"}
 
         return EventSourceResponse(events())
+
+
+async def _cancel_on(event: anyio.Event, job: Job) -> None:
+    """Stop ``job`` when the server shuts down, so its stream ends with a final event."""
+    await event.wait()
+    job.cancel.set()
+
+
+def _stream_error(exc: Exception) -> dict:
+    if isinstance(exc, ApiError):
+        return exc.body()
+    status = 400 if isinstance(exc, TandemError) else 500
+    return ApiError(status, str(exc) if status == 400 else f"The model failed ({type(exc).__name__}).",
+                    "invalid_request" if status == 400 else "internal_error",
+                    type_="invalid_request_error" if status == 400 else "server_error").body()
 
 
 def _drafts_or_cancelled(first: Any) -> jobs.Drafts:
@@ -279,6 +330,12 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(ApiError(status, str(detail), "not_found" if status == 404 else None).body(), status_code=status)
 
 
+async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    """Last resort: an unexpected failure is still an OpenAI-style JSON body, never a traceback."""
+    err = ApiError(500, f"Internal error ({type(exc).__name__}).", "internal_error", type_="server_error")
+    return JSONResponse(err.body(), status_code=500)
+
+
 def create_app(slots: Sequence[ModelSlot], config: ServerConfig | None = None) -> Starlette:
     server = Server(slots, config or ServerConfig())
 
@@ -295,6 +352,7 @@ def create_app(slots: Sequence[ModelSlot], config: ServerConfig | None = None) -
         Route("/infill", _api(server.infill), methods=["POST"]),
         Route("/health", _api(server.health), methods=["GET"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error}, lifespan=lifespan)
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+                    middleware=[Middleware(Guard, config=server.config.guard())], lifespan=lifespan)
     app.state.server = server
     return app

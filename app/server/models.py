@@ -23,10 +23,11 @@ def speculative_factory(target: Backend, draft: str | None, llama_config=None) -
     Speculative decoding is lossless: without it output is the same, only slower.
     """
     try:
-        from tandem.runtime.speculative import build_strategy
+        from tandem.runtime.speculative import SpecOptions, build_strategy
     except ImportError:
         return None, "off (speculative runtime not installed)"
-    strategy = build_strategy(target, draft, llama_config=llama_config)
+    # no suffix tree shared across requests: it would let one client probe another's text
+    strategy = build_strategy(target, draft, SpecOptions(shared_suffix_cache=False), llama_config=llama_config)
     desc = strategy.describe() if hasattr(strategy, "describe") else {}
     return strategy, f"on ({desc.get('drafter') or 'plain'})"
 

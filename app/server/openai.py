@@ -30,16 +30,58 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+MAX_DEPTH = 32
+"""Deepest JSON nesting a request may use (real requests need about 5)."""
+
+
 def parse_json(raw: bytes, max_bytes: int) -> dict:
+    """The request body as a dict whose every string is valid Unicode.
+
+    ``json.loads`` accepts things the rest of the server cannot handle: lone UTF-16
+    surrogates (``"\\ud800"``) that fail later when encoded, nesting deep enough to hit
+    the recursion limit, and integer literals past Python's digit limit. Each becomes a
+    400 here instead of a 500 somewhere downstream.
+    """
     if len(raw) > max_bytes:
         raise ApiError(413, f"Request body is {len(raw)} bytes; the limit is {max_bytes}.", "request_too_large")
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, f"The request body is not valid JSON ({exc}).", "invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, f"The request body nests deeper than {MAX_DEPTH} levels.", "invalid_json") from None
+    except ValueError as exc:  # e.g. an integer literal with more digits than Python converts
+        raise ApiError(400, f"The request body holds a value out of range ({exc}).", "invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.", "invalid_json")
+    check_tree(body)
     return body
+
+
+def check_tree(body: Any) -> None:
+    """Reject nesting deeper than :data:`MAX_DEPTH` and strings that are not valid
+    Unicode (lone surrogates); iterative, so a hostile body cannot exhaust the stack."""
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ApiError(400, f"The request body nests deeper than {MAX_DEPTH} levels.", "invalid_json")
+        if isinstance(node, dict):
+            for k, v in node.items():
+                _check_text(k)
+                stack.append((v, depth + 1))
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+        elif isinstance(node, str):
+            _check_text(node)
+
+
+def _check_text(s: str) -> None:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, "The request holds a string that is not valid Unicode (a lone surrogate escape "
+                       "such as \\ud800).", "invalid_text") from None
 
 
 def _num(body: dict, key: str, default: float | None, lo: float, hi: float, *, integer: bool = False) -> Any:
@@ -117,12 +159,27 @@ def parse_messages(body: dict) -> list[dict[str, str]]:
             raise ApiError(400, f"messages[{i}] needs a role of system, user or assistant.", "invalid_value", "messages")
         content = m.get("content", "")
         if isinstance(content, list):  # content parts: keep the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+            content = _text_parts(content, i)
+        elif content is None:  # an assistant turn that only called tools
+            content = ""
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{i}].content must be a string.", "invalid_value", "messages")
         role = "system" if m["role"] == "developer" else m["role"]
         out.append({"role": role, "content": content})
     return out
+
+
+def _text_parts(parts: list, i: int) -> str:
+    texts = []
+    for p in parts:
+        if not isinstance(p, dict) or p.get("type") != "text":
+            continue  # images and other parts: not for a text model
+        text = p.get("text")
+        if not isinstance(text, str):
+            raise ApiError(400, f"messages[{i}].content: a text part's 'text' must be a string.",
+                           "invalid_value", "messages")
+        texts.append(text)
+    return "".join(texts)
 
 
 def parse_prompt(body: dict) -> str:
