@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from tandem.models.errors import TandemError
 
@@ -22,6 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--ngram", default=None, help="n-gram model name for n>1 drafts (default: newest matching)")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting per model before 503")
+    p.add_argument("--request-log", default=None, metavar="FILE",
+                   help="append one JSON line per request (model, tokens, timings, acceptance; never text) "
+                        "to FILE (default: logs/requests.jsonl in the data dir; 'off' for none)")
     p.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on every request (default: $TANDEM_API_KEY); "
                         "needed to listen on a non-loopback address")
@@ -44,6 +48,14 @@ def check_args(args: argparse.Namespace) -> None:
                           "set an --api-key (or TANDEM_API_KEY) too, or listen on 127.0.0.1.")
 
 
+def request_log_path(value: str | None) -> Path | None:
+    from tandem.app.server.request_log import default_path
+
+    if value is None:
+        return default_path()
+    return None if value == "off" else Path(value).expanduser()
+
+
 def open_server(args: argparse.Namespace):
     """The model slot and the ASGI app ``args`` describe (the model is loaded here)."""
     from tandem.app.server.app import ServerConfig, create_app
@@ -53,7 +65,8 @@ def open_server(args: argparse.Namespace):
                       n_threads=args.threads, ngram_name=args.ngram, max_queue=args.max_queue)
     try:
         app = create_app([slot], ServerConfig(max_queue=args.max_queue, api_key=args.api_key,
-                                              allow_origins=tuple(o.rstrip("/") for o in args.allow_origin)))
+                                              allow_origins=tuple(o.rstrip("/") for o in args.allow_origin),
+                                              request_log=request_log_path(args.request_log)))
     except BaseException:
         slot.close()
         raise

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -27,7 +29,9 @@ from starlette.routing import Route
 
 from tandem.app.server import infill as infill_api
 from tandem.app.server import jobs
+from tandem.app.server.catalog import store_models
 from tandem.app.server.guard import Guard, GuardConfig
+from tandem.app.server.logprobs import parse_logprobs, shape
 from tandem.app.server.models import ModelSlot
 from tandem.app.server.openai import (
     ApiError,
@@ -39,6 +43,7 @@ from tandem.app.server.openai import (
     parse_prompt,
     usage,
 )
+from tandem.app.server.request_log import RequestLog, logged_stream, record
 from tandem.app.server.worker import Job, QueueFull
 from tandem.models.errors import PromptError, TandemError
 from tandem.runtime.generate import DoneEvent, TokenEvent
@@ -56,6 +61,8 @@ class ServerConfig:
     body_timeout_s: float = 30.0
     shutdown_grace_s: float = 5.0
     """On SIGTERM, how long streams get to send their final event after being stopped."""
+    request_log: Path | None = None
+    """Append one JSON line per request here (:mod:`.request_log`); ``None``: no log."""
 
     def guard(self) -> GuardConfig:
         return GuardConfig(self.max_body_bytes, self.allow_origins, self.api_key, self.body_timeout_s)
@@ -65,6 +72,7 @@ class Server:
     def __init__(self, slots: Sequence[ModelSlot], config: ServerConfig) -> None:
         self.slots = {s.name: s for s in slots}
         self.config = config
+        self.request_log = RequestLog(config.request_log) if config.request_log is not None else None
 
     # -- helpers --------------------------------------------------------------------
     def slot(self, name: str | None) -> ModelSlot:
@@ -122,8 +130,10 @@ class Server:
     # -- routes ---------------------------------------------------------------------
     async def models(self, request: Request) -> JSONResponse:
         data = [{"id": s.name, "object": "model", "created": s.created, "owned_by": "tandem",
-                 "meta": {"n_ctx": s.target.n_ctx, "n_vocab": s.target.n_vocab, "speculative": s.speculative,
-                          "ngram": s.ngram is not None}} for s in self.slots.values()]
+                 "meta": {"served": True, "n_ctx": s.target.n_ctx, "n_vocab": s.target.n_vocab,
+                          "speculative": s.speculative, "ngram": s.ngram is not None}} for s in self.slots.values()]
+        # and the local store's other models (reading their headers: off the event loop)
+        data += await asyncio.to_thread(store_models, set(self.slots))
         return JSONResponse({"object": "list", "data": data})
 
     async def health(self, request: Request) -> JSONResponse:
@@ -134,8 +144,10 @@ class Server:
     async def chat(self, request: Request):
         body = await self.body(request)
         req = parse_common(body)
+        req.logprobs = _logprobs(body, req, chat=True)
         messages = parse_messages(body)
         slot = self.slot(req.model)
+        request.state.model = slot.name
         if req.n > 1:
             return await self.drafts(request, slot, req, Shaper(slot.name, chat=True),
                                      jobs.drafts_job(slot, req, messages=messages))
@@ -145,8 +157,10 @@ class Server:
     async def completions(self, request: Request):
         body = await self.body(request)
         req = parse_common(body, max_tokens_default=16)
+        req.logprobs = _logprobs(body, req, chat=False)
         prompt = parse_prompt(body)
         slot = self.slot(req.model)
+        request.state.model = slot.name
         suffix = body.get("suffix")
         if isinstance(suffix, str) and suffix:
             ids = await asyncio.to_thread(jobs.infill_prompt, slot, prompt, suffix)
@@ -211,11 +225,18 @@ class Server:
                 stopper = asyncio.create_task(_cancel_on(shutdown, job))
                 try:
                     yield {"data": json.dumps(shaper.chunk(0, "" if shaper.chat else None, first=True))}
+                    offset = 0
                     ended = False
                     async for ev in _chain(first, items):
-                        if isinstance(ev, TokenEvent) and ev.text:
-                            yield {"data": json.dumps(shaper.chunk(0, ev.text))}
+                        if isinstance(ev, TokenEvent) and (ev.text or ev.logprobs):
+                            chunk = shaper.chunk(0, ev.text)
+                            if ev.logprobs is not None:
+                                chunk["choices"][0]["logprobs"] = shape(ev.logprobs, slot.target.token_bytes,
+                                                                        chat=shaper.chat, offset=offset)
+                            offset += len(ev.text)
+                            yield {"data": json.dumps(chunk)}
                         elif isinstance(ev, DoneEvent):
+                            request.state.stats = ev.stats
                             yield {"data": json.dumps(shaper.chunk(0, None, finish_reason(ev.stats.finish_reason)))}
                             if req.include_usage:
                                 use = usage(ev.stats.prompt_tokens, ev.stats.generated_tokens)
@@ -235,11 +256,14 @@ class Server:
 
             return EventSourceResponse(events(), ping=15, shutdown_event=shutdown,
                                        shutdown_grace_period=self.config.shutdown_grace_s)
-        done = await _final(first, items, watcher)
-        st = done.stats
-        return JSONResponse(shaper.full([(done.text, finish_reason(st.finish_reason))],
-                                        usage(st.prompt_tokens, st.generated_tokens),
-                                        {"tandem": {"stats": st.as_dict()}}))
+        lps: list | None = [] if req.logprobs is not None else None
+        done = await _final(first, items, watcher, lps)
+        st = request.state.stats = done.stats
+        body = shaper.full([(done.text, finish_reason(st.finish_reason))],
+                           usage(st.prompt_tokens, st.generated_tokens), {"tandem": {"stats": st.as_dict()}})
+        if lps is not None:
+            body["choices"][0]["logprobs"] = shape(lps, slot.target.token_bytes, chat=shaper.chat)
+        return JSONResponse(body)
 
     async def drafts(self, request: Request, slot: ModelSlot, req, shaper: Shaper, fn):
         job, items, first, watcher = await self.start(request, slot, fn)
@@ -291,13 +315,16 @@ async def _chain(first: Any, items: AsyncIterator) -> AsyncIterator:
         yield it
 
 
-async def _final(first, items, watcher) -> DoneEvent:
-    """Drain a job to its DoneEvent (non-streaming replies); 499 if it was cancelled."""
+async def _final(first, items, watcher, logprobs: list | None = None) -> DoneEvent:
+    """Drain a job to its DoneEvent (non-streaming replies); 499 if it was cancelled.
+    The tokens' logprobs, when asked for, are gathered into ``logprobs``."""
     try:
         done = None
         async for ev in _chain(first, items):
             if isinstance(ev, DoneEvent):
                 done = ev
+            elif logprobs is not None and isinstance(ev, TokenEvent) and ev.logprobs:
+                logprobs.extend(ev.logprobs)
     finally:
         watcher.cancel()
     if done is None:
@@ -314,12 +341,35 @@ async def _watch_disconnect(request: Request, job: Job) -> None:
             return
 
 
+def _logprobs(body: dict, req, *, chat: bool) -> int | None:
+    wanted = parse_logprobs(body, chat=chat)
+    if wanted is not None and req.n > 1:
+        raise ApiError(400, "'logprobs' is not available with n > 1.", "invalid_value", "logprobs")
+    return wanted
+
+
 def _api(handler):
     async def endpoint(request: Request):
+        started = time.monotonic()
         try:
-            return await handler(request)
+            response = await handler(request)
         except ApiError as exc:
-            return JSONResponse(exc.body(), status_code=exc.status)
+            response = JSONResponse(exc.body(), status_code=exc.status)
+        log = request.app.state.server.request_log
+        if log is None:
+            return response
+
+        def write() -> None:
+            log.write(record(request.url.path, response.status_code, started,
+                             model=getattr(request.state, "model", None),
+                             stream=isinstance(response, EventSourceResponse),
+                             stats=getattr(request.state, "stats", None)))
+
+        if isinstance(response, EventSourceResponse):  # logged when the stream ends
+            response.body_iterator = logged_stream(response.body_iterator, write)
+        else:
+            write()
+        return response
 
     return endpoint
 

@@ -32,14 +32,14 @@ class Drafts:
 
 def chat_job(slot: ModelSlot, messages: list[dict[str, str]], req: GenRequest):
     def run(cancel: threading.Event) -> Iterator[Event]:
-        yield from slot.engine.stream(messages, req.params, req.max_tokens, req.stop, cancel)
+        yield from slot.engine.stream(messages, req.params, req.max_tokens, req.stop, cancel, logprobs=req.logprobs)
 
     return run
 
 
 def completion_job(slot: ModelSlot, ids: list[int], req: GenRequest):
     def run(cancel: threading.Event) -> Iterator[Event]:
-        yield from slot.engine.complete(ids, req.params, req.max_tokens, req.stop, cancel)
+        yield from slot.engine.complete(ids, req.params, req.max_tokens, req.stop, cancel, logprobs=req.logprobs)
 
     return run
 

@@ -118,6 +118,8 @@ class GenRequest:
     stream: bool
     include_usage: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    logprobs: int | None = None
+    """Alternatives per token for ``logprobs`` (0: only the chosen token's), ``None``: off."""
 
 
 def parse_common(body: dict, *, max_tokens_default: int = 256, max_tokens_key: str = "max_tokens") -> GenRequest:
