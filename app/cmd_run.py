@@ -9,7 +9,7 @@ import sys
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.models.store import resolve_model
 from tandem.runtime.backend import Backend
-from tandem.runtime.generate import DoneEvent, generate
+from tandem.runtime.generate import DoneEvent, GenerationStats, generate
 from tandem.runtime.open_backend import backend_kind, open_backend
 from tandem.runtime.placement import DEVICE_CHOICES, Placed, place
 
@@ -79,6 +79,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "available RAM); the memory planner fits target + drafter under it (see `tandem plan`)")
     p.add_argument("--vram", default=None, help="GPU memory the run may use, e.g. 4GiB")
     p.add_argument("--json", action="store_true", help="print one JSON object with text, ids and stats")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no summary (tokens, speed, acceptance) on standard error at the end")
     add_sampling_args(p)
     add_draft_args(p)
     p.set_defaults(func=run)
@@ -121,6 +123,23 @@ def open_planned(args: argparse.Namespace) -> tuple[Backend, int | None, Placed]
     return placed.target, plan.draft.window, placed
 
 
+def run_summary(stats: GenerationStats, speculation: dict | None = None) -> list[str]:
+    """What llama.cpp prints after a run, on stderr: tokens, speed, and with a drafter its
+    acceptance and tokens per target call (the figures that say whether drafting paid)."""
+    timing = f"TTFT {stats.ttft_s * 1000:.0f} ms"
+    if stats.generated_tokens > 1 and stats.tokens_per_s > 0:
+        timing += f", {stats.tokens_per_s:.1f} tok/s decode"
+    lines = [f"tandem: prompt {stats.prompt_tokens} tokens, generated {stats.generated_tokens} in "
+             f"{stats.total_s:.2f} s ({timing}), stop: {stats.finish_reason}"]
+    drafter = (speculation or {}).get("drafter")
+    if drafter or stats.drafted_tokens:
+        accept = (f"{stats.accepted_tokens}/{stats.drafted_tokens} drafted tokens accepted "
+                  f"({(stats.acceptance_rate or 0) * 100:.1f} %)" if stats.drafted_tokens else "nothing drafted")
+        lines.append(f"tandem: drafter {drafter or '?'}: {accept}, {stats.tokens_per_call:.2f} tokens per "
+                     f"target call ({stats.target_calls} calls)")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     target, draft_window, placed = open_planned(args)
@@ -143,6 +162,9 @@ def run(args: argparse.Namespace) -> int:
                     print(json.dumps(out))
                 else:
                     print(flush=True)
+                    if not args.quiet:
+                        for line in run_summary(event.stats, strategy.describe()):
+                            print(line, file=sys.stderr)
             elif not args.json:
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
