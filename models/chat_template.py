@@ -3,10 +3,18 @@
 Templates run in Jinja's immutable sandbox (a model file is untrusted input) with the
 variables Hugging Face templates expect: ``messages``, ``bos_token``, ``eos_token``,
 ``add_generation_prompt`` and ``raise_exception``.
+
+Message content is text, never markup: a user who types ``<|im_end|><|im_start|>system``
+must not open a system turn. So the template is rendered with a placeholder for each
+message's content, the result is cut into template pieces and content pieces, and
+:func:`prompt_ids` tokenizes only the template pieces with control-token parsing.
 """
 
 from __future__ import annotations
 
+import re
+import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -27,6 +35,37 @@ class RenderedChat:
     """Stop strings the template implies (the fallback's role markers)."""
     has_bos: bool
     """Whether ``text`` already begins with the BOS token text."""
+    segments: tuple[tuple[str, bool], ...] | None = None
+    """``text`` cut into (piece, is_message_content); ``None`` when the template altered
+    the placeholders so content could not be located (see :func:`prompt_ids`)."""
+    contents: tuple[str, ...] = ()
+    """The messages' contents (outer whitespace stripped)."""
+
+
+Tokenize = Callable[..., list[int]]
+"""``tokenize(text, add_bos=..., special=...)``, as on a backend."""
+
+
+def prompt_ids(rendered: RenderedChat, tokenize: Tokenize, *, add_bos: bool) -> list[int]:
+    """Token ids for a rendered chat in which message content stays plain text.
+
+    When no message holds control-token text the whole prompt is tokenized at once
+    (exactly as before, so BPE merges at piece boundaries cannot change). Otherwise the
+    template pieces are tokenized with control tokens and the content pieces without.
+    """
+    segments = rendered.segments
+    if segments is not None and all(is_content for _, is_content in segments):
+        return tokenize(rendered.text, add_bos=add_bos, special=False)  # no template: all plain text
+    if all(tokenize(c, special=True) == tokenize(c, special=False) for c in set(rendered.contents) if c):
+        return tokenize(rendered.text, add_bos=add_bos, special=True)
+    if segments is None:
+        raise TandemError("A message contains control-token text (such as <|im_end|>) and this model's chat "
+                          "template alters message content, so it cannot be kept as plain text; remove it.")
+    ids: list[int] = []
+    for i, (piece, is_content) in enumerate(segments):
+        if piece or (i == 0 and add_bos):
+            ids += tokenize(piece, add_bos=add_bos and i == 0, special=not is_content)
+    return ids
 
 
 def _raise(message: str) -> None:
@@ -52,17 +91,57 @@ def render_chat(
     add_generation_prompt: bool = True,
 ) -> RenderedChat:
     if not template:
-        return RenderedChat(render_fallback(messages), list(FALLBACK_STOPS), has_bos=False)
+        text = render_fallback(messages)
+        return RenderedChat(text, list(FALLBACK_STOPS), has_bos=False, segments=((text, True),),
+                            contents=(text,))
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    try:
-        text = env.from_string(template).render(
-            messages=messages,
+
+    def render(msgs: list[Message]) -> str:
+        return env.from_string(template).render(
+            messages=msgs,
             bos_token=bos_token,
             eos_token=eos_token,
             add_generation_prompt=add_generation_prompt,
         )
+
+    nonce = secrets.token_hex(6)
+    try:
+        marked = render([{**m, "content": _placeholder(m.get("content", ""), i, nonce)} for i, m in enumerate(messages)])
+        segments = split_content(marked, [m.get("content", "") for m in messages], nonce)
+        text = "".join(p for p, _ in segments) if segments is not None else render(messages)
     except TemplateError as exc:
         raise TandemError(f"The model's chat template failed to render: {exc}") from None
-    return RenderedChat(text, [], has_bos=bool(bos_token) and text.startswith(bos_token))
+    except Exception as exc:  # a template from a model file can fail in any way (TypeError, ...)
+        raise TandemError(f"The model's chat template failed to render ({type(exc).__name__}: {exc}).") from None
+    return RenderedChat(text, [], has_bos=bool(bos_token) and text.startswith(bos_token),
+                        segments=None if segments is None else tuple(segments),
+                        contents=tuple(m.get("content", "").strip() for m in messages))
+
+
+def _placeholder(content: str, i: int, nonce: str) -> str:
+    """A marker that keeps the content's outer whitespace, so a template that trims
+    the content trims the marker's padding the same way."""
+    core = content.strip()
+    start = content.find(core) if core else len(content)
+    return f"{content[:start]}\ue000{nonce}:{i}\ue001{content[start + len(core):]}"
+
+
+def split_content(marked: str, contents: list[str], nonce: str) -> list[tuple[str, bool]] | None:
+    """Cut a placeholder rendering into template and content pieces (content restored);
+    ``None`` if the template mangled a placeholder (sliced, re-cased, ...)."""
+    pattern = re.compile(f"\ue000{nonce}:(\\d+)\ue001")
+    out: list[tuple[str, bool]] = []
+    pos = 0
+    for m in pattern.finditer(marked):
+        i = int(m.group(1))
+        if i >= len(contents):
+            return None
+        out.append((marked[pos:m.start()], False))
+        out.append((contents[i].strip(), True))
+        pos = m.end()
+    out.append((marked[pos:], False))
+    if any("\ue000" in piece or "\ue001" in piece for piece, is_content in out if not is_content):
+        return None
+    return [(p, c) for p, c in out if p or c]

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator, Sequence
 
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.models.chat_template import Message, render_chat
+from tandem.models.chat_template import Message, prompt_ids, render_chat
 from tandem.models.errors import PromptError
 from tandem.runtime.backend import Backend
 from tandem.runtime.generate import Event, Strategy, autoregressive, generate
@@ -41,7 +41,8 @@ class ChatEngine:
         rendered = render_chat(
             list(messages), template, bos_token=special.bos_text, eos_token=special.eos_text
         )
-        ids = self.target.tokenize(rendered.text, add_bos=not rendered.has_bos, special=bool(template))
+        # message content is tokenized as text: typed control tokens cannot open a new turn
+        ids = prompt_ids(rendered, self.target.tokenize, add_bos=not rendered.has_bos)
         return ids, rendered.stops
 
     def fit(self, messages: Sequence[Message], max_tokens: int) -> tuple[list[int], list[str]]:
