@@ -58,6 +58,99 @@ class CostCurve:
         return cls(tuple(1.0 + per_token * k for k in range(k_max + 1)), t1_s)
 
 
+@dataclass
+class OnlineCost:
+    """c(k) learnt from the run's own verify calls, starting from a prior curve.
+
+    Each verify call's seconds are kept per call size (an exponential moving average);
+    the one-token time t1 comes from plain rounds when there are any, else from the
+    observed sizes scaled by the prior. A size seen at least twice uses its own ratio,
+    others the prior's. So the first token never waits for a measurement, a stale
+    cached curve corrects itself within a few rounds, and the result is saved for the
+    next run (:func:`remember_cost_curve`).
+
+    ``chunk``: the target's :attr:`~tandem.runtime.backend.Backend.exact_batch`. Calls
+    longer than that are split (see ``speculative.verify_logits``), so a long draft
+    costs the sum of its chunks — and, greedy, only the chunks reached before the first
+    rejection (:meth:`expected_verify`).
+    """
+
+    prior: CostCurve
+    chunk: int | None = None
+    decay: float = 0.8
+
+    def __post_init__(self) -> None:
+        n = max(len(self.prior.c), (self.chunk or 0)) + 1
+        self._v = np.zeros(n)
+        self._w = np.zeros(n)
+
+    def observe(self, k: int, seconds: float) -> None:
+        """One verify call over ``k + 1`` tokens took ``seconds``."""
+        if k >= len(self._v) or seconds <= 0:
+            return
+        self._w[k] += 1
+        self._v[k] = seconds if self._w[k] == 1 else self.decay * self._v[k] + (1 - self.decay) * seconds
+
+    @property
+    def learnt(self) -> bool:
+        """Whether any call was observed (worth saving)."""
+        return bool(self._w.sum() >= 2)
+
+    @property
+    def t1_s(self) -> float:
+        if self._w[0] >= 2:
+            return float(self._v[0])
+        seen = [self._v[k] / self.prior(k) for k in range(len(self._v)) if self._w[k] >= 2]
+        return float(np.median(seen)) if seen else self.prior.t1_s
+
+    def _learnt(self, k: int) -> float | None:
+        t1 = self.t1_s
+        if 0 < k < len(self._w) and self._w[k] >= 2 and t1 > 0:
+            return max(1.0, float(self._v[k] / t1))
+        return None
+
+    def call(self, k: int) -> float:
+        """Cost of one call over ``k + 1`` tokens, in one-token calls: learnt where this
+        size was seen, else the prior scaled by how far off it was on the sizes seen."""
+        if k == 0:
+            return 1.0
+        learnt = self._learnt(k)
+        if learnt is not None:
+            return learnt
+        scales = [(x - 1.0) / (self.prior(j) - 1.0) for j in range(1, len(self._w))
+                  if (x := self._learnt(j)) is not None and self.prior(j) > 1.0]
+        scale = float(np.median(scales)) if scales else 1.0
+        return 1.0 + (self.prior(k) - 1.0) * scale
+
+    def __call__(self, k: int) -> float:
+        """Cost of verifying ``k`` drafts (``k + 1`` tokens), chunked as verification is."""
+        step = self.chunk or k + 1
+        full, rest = divmod(k + 1, step)
+        return full * self.call(step - 1) + (self.call(rest - 1) if rest else 0.0)
+
+    def expected_verify(self, k: int, a: np.ndarray) -> float:
+        """Expected cost of verifying ``k`` drafts with acceptance ``a``, when greedy
+        verification stops after the chunk holding the first rejection: chunk ``j`` is
+        evaluated only if every draft before it was accepted."""
+        step = self.chunk or k + 1
+        total, reach, start = 0.0, 1.0, 0
+        while start < k + 1:
+            size = min(step, k + 1 - start)
+            total += reach * self.call(size - 1)
+            end = start + size  # drafts 0..end-1 must be accepted to go on
+            reach *= float(np.prod(a[start:min(end, k)])) if end <= k else 1.0
+            start = end
+        return total
+
+    @property
+    def c(self) -> tuple[float, ...]:
+        return tuple(self(k) for k in range(len(self.prior.c)))
+
+    def curve(self) -> CostCurve:
+        """What was learnt, as a plain curve (to cache for the next run)."""
+        return CostCurve(tuple(np.maximum.accumulate([self.call(k) for k in range(len(self.prior.c))])), self.t1_s)
+
+
 def measure_cost_curve(backend: Backend, k_max: int = 8, reps: int | None = None, context: int = 64) -> CostCurve:
     """Time one call over k+1 tokens (all rows' logits, as verification asks) against one
     token, interleaving k within each repetition. Leaves the cache as it was.
@@ -135,28 +228,55 @@ def cost_curve_key(backend: Backend) -> str | None:
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 
-def load_cost_curve(backend: Backend, k_max: int = 8, *, cache_file: Path | None = None) -> CostCurve:
-    """The cached c(k) for this model and machine, measuring it on first use."""
+def _cost_table(file: Path) -> dict:
+    try:
+        return json.loads(file.read_text()) if file.exists() else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _cost_file(cache_file: Path | None) -> Path:
     from tandem.models.paths import cache_dir
 
+    return cache_file or cache_dir() / "verify_cost.json"
+
+
+def cached_cost_curve(backend: Backend, k_max: int = 8, *, cache_file: Path | None = None) -> CostCurve | None:
+    """The c(k) cached for this model, settings and machine (measured or learnt), if any."""
     key = cost_curve_key(backend)
-    file = cache_file or cache_dir() / "verify_cost.json"
-    table: dict = {}
-    if key is not None and file.exists():
-        try:
-            table = json.loads(file.read_text())
-        except (OSError, ValueError):
-            table = {}
-        entry = table.get(key)
-        if entry and len(entry.get("c", ())) > k_max:
-            return CostCurve(tuple(entry["c"]), float(entry["t1_s"]))
-    curve = measure_cost_curve(backend, k_max)
-    if key is not None:
-        table[key] = {"c": list(curve.c), "t1_s": curve.t1_s, "model": str(getattr(backend, "path", "")),
-                      "machine": machine_id(), "measured_at": time.time()}
-        tmp = file.with_suffix(".tmp")
+    entry = _cost_table(_cost_file(cache_file)).get(key) if key is not None else None
+    if entry and len(entry.get("c", ())) > k_max:
+        return CostCurve(tuple(entry["c"]), float(entry["t1_s"]))
+    return None
+
+
+def remember_cost_curve(backend: Backend, curve: CostCurve, *, cache_file: Path | None = None) -> None:
+    """Cache ``curve`` for this model, settings and machine (atomic write; best effort:
+    a read-only cache dir only means the next run starts from the prior again)."""
+    key = cost_curve_key(backend)
+    if key is None:
+        return
+    file = _cost_file(cache_file)
+    table = _cost_table(file)
+    table[key] = {"c": list(curve.c), "t1_s": curve.t1_s, "model": str(getattr(backend, "path", "")),
+                  "machine": machine_id(), "measured_at": time.time()}
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = file.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(table, indent=1))
         tmp.replace(file)
+    except OSError:
+        pass
+
+
+def load_cost_curve(backend: Backend, k_max: int = 8, *, cache_file: Path | None = None) -> CostCurve:
+    """The cached c(k) for this model and machine, measuring it (about two seconds) on
+    first use. Benchmarks use it; decoding starts from :func:`cached_cost_curve` or a
+    prior and learns online instead (:class:`OnlineCost`)."""
+    curve = cached_cost_curve(backend, k_max, cache_file=cache_file)
+    if curve is None:
+        curve = measure_cost_curve(backend, k_max)
+        remember_cost_curve(backend, curve, cache_file=cache_file)
     return curve
 
 
@@ -166,6 +286,10 @@ class LengthPolicy(Protocol):
     stop_threshold: float | None
 
     def next_length(self) -> int: ...
+
+    def length_for(self, source: str, k: int) -> int:
+        """Tokens to ask of the drafter named ``source`` in a round of length ``k``."""
+        ...
 
     def trim(self, confidence: Sequence[float] | None, n: int, source: str = "") -> int:
         """How many of the ``n`` drafted tokens to verify (may be all, or none)."""
@@ -178,9 +302,9 @@ class LengthPolicy(Protocol):
 
     def observe(
         self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float, source: str = "",
-        *, timed: bool = True,
+        *, timed: bool = True, evaluated: int | None = None,
     ) -> None:
-        """Learn from a round. ``timed=False``: the times are not representative (the
+        """Learn from a round (``evaluated``: tokens the verify call(s) evaluated). ``timed=False``: the times are not representative (the
         first round of a generation also pays the drafter's catch-up on the whole prompt
         and, on a GPU, first-launch costs) and only the acceptance counts."""
         ...
@@ -196,6 +320,9 @@ class FixedLength:
     def next_length(self) -> int:
         return self.k
 
+    def length_for(self, source: str, k: int) -> int:
+        return k
+
     def trim(self, confidence: Sequence[float] | None, n: int, source: str = "") -> int:
         return n
 
@@ -204,7 +331,7 @@ class FixedLength:
 
     def observe(
         self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float, source: str = "",
-        *, timed: bool = True,
+        *, timed: bool = True, evaluated: int | None = None,
     ) -> None:
         return None
 
@@ -212,6 +339,11 @@ class FixedLength:
 @dataclass
 class AdaptiveConfig:
     max_len: int = 8
+    """Longest draft asked of a model drafter."""
+    free_max_len: int = 32
+    """Longest draft asked of a model-free drafter (suffix tree, prompt lookup): copying
+    given text (edits, extraction) is right for long runs, and a greedy verification
+    that rejects early stops after the first chunk, so asking far costs little."""
     stop_threshold: float | None = 0.8
     """SpecDec++ h: drafters stop once their estimated P(any rejection) exceeds it."""
     prior_accept: float = 0.8
@@ -226,30 +358,57 @@ class AdaptiveConfig:
     probe_len: int = 2
 
 
+class _Acceptance:
+    """Decayed counts of how often drafted token i was reached and accepted."""
+
+    def __init__(self, n: int, config: AdaptiveConfig) -> None:
+        self.reached = np.zeros(n)
+        self.accepted = np.zeros(n)
+        self.config = config
+
+    def rates(self) -> np.ndarray:
+        cfg = self.config
+        return (self.accepted + cfg.prior_accept * cfg.prior_weight) / (self.reached + cfg.prior_weight)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.reached *= self.config.decay
+        self.accepted *= self.config.decay
+        tested = min(drafted, accepted + 1, len(self.reached))
+        self.reached[:tested] += 1.0
+        self.accepted[:min(accepted, len(self.accepted))] += 1.0
+
+
 @dataclass
 class AdaptivePolicy:
-    """Expected-throughput maximiser over c(k), acceptance and drafter cost."""
+    """Expected-throughput maximiser over c(k), acceptance and drafter cost, per source.
 
-    cost: CostCurve
+    Every round, each draft source is worth E(k) / T(k) tokens per one-token call:
+    E(k) = 1 + sum_j prod_{i<=j} a_i and T(k) = verify(k) + d·k + o, with plain
+    decoding at exactly 1. Model-free sources (``cheap_sources``, or all of them with
+    ``cheap_drafter``) are asked every round, since asking costs nothing; their draft is
+    verified (its best prefix) when it beats both plain decoding and what the model
+    drafter is predicted to give, else the model drafter drafts its best length, or the
+    round is plain. Each source keeps its own acceptance statistics.
+    """
+
+    cost: CostCurve | OnlineCost
     config: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     draft_cost: float = 0.0
-    """Drafter seconds per drafted token / seconds of a one-token target call."""
+    """Model drafter seconds per drafted token / seconds of a one-token target call."""
     overhead: float = 0.0
     """Per-round bookkeeping of a speculative round, relative to a one-token call."""
     cheap_drafter: bool = False
-    """Model-free drafters cost ~nothing to ask: ask every round and let :meth:`trim`
-    decide from the draft's own confidence whether verifying any of it pays."""
+    """Only model-free drafters: every source is free to ask."""
     cheap_sources: frozenset[str] = frozenset()
     """In a chain of model-free drafters ahead of a model drafter: the model-free
-    sources. Their drafts are gated by :meth:`trim` and kept out of the model drafter's
-    statistics; the model drafter gets :attr:`model_budget` tokens per round."""
+    sources. The model drafter gets :attr:`model_budget` tokens per round."""
 
     def __post_init__(self) -> None:
-        n = self.config.max_len
-        self.reached = np.zeros(n)
-        self.accepted = np.zeros(n)
+        if isinstance(self.cost, CostCurve):
+            self.cost = OnlineCost(self.cost)
+        self._model = _Acceptance(self.config.max_len, self.config)
+        self._free: dict[str, _Acceptance] = {}
         self.stop_threshold = self.config.stop_threshold
-        self.t1_s = self.cost.t1_s
         self._off_rounds = 0
         self._probe_gap = self.config.probe_every
         self.rounds_off = 0
@@ -260,10 +419,24 @@ class AdaptivePolicy:
         self.model_budget: int | None = None
 
     # -- model ------------------------------------------------------------------------
+    @property
+    def reached(self) -> np.ndarray:
+        return self._model.reached
+
+    @property
+    def accepted(self) -> np.ndarray:
+        return self._model.accepted
+
+    @property
+    def t1_s(self) -> float:
+        return self.cost.t1_s
+
+    def is_free(self, source: str) -> bool:
+        return self.cheap_drafter or source in self.cheap_sources
+
     def acceptance(self) -> np.ndarray:
-        """Conditional acceptance a_i of drafted token i given the ones before accepted."""
-        cfg = self.config
-        return (self.accepted + cfg.prior_accept * cfg.prior_weight) / (self.reached + cfg.prior_weight)
+        """Conditional acceptance a_i of the model drafter's token i given the ones before."""
+        return self._model.rates()
 
     def expected_tokens(self, k: int, a: np.ndarray | None = None) -> float:
         a = self.acceptance() if a is None else a
@@ -272,14 +445,25 @@ class AdaptivePolicy:
     def expected_time(self, k: int) -> float:
         return 1.0 if k == 0 else self.cost(k) + self.draft_cost * k + self.overhead
 
+    def rate(self, k: int, a: np.ndarray, draft_cost: float) -> float:
+        """Expected tokens per one-token call of a round verifying ``k`` drafts."""
+        if k == 0:
+            return 1.0
+        verify = self.cost.expected_verify(k, a)
+        return self.expected_tokens(k, a) / (verify + draft_cost * k + self.overhead)
+
     def predicted_speedup(self, k: int) -> float:
-        return self.expected_tokens(k) / self.expected_time(k)
+        return self.rate(k, self.acceptance(), self.draft_cost)
+
+    def _best(self) -> tuple[int, float]:
+        a = self.acceptance()
+        rates = [self.rate(k, a, self.draft_cost) for k in range(self.config.max_len + 1)]
+        k = int(np.argmax(rates))
+        return k, rates[k]
 
     def best_length(self) -> int:
-        a = self.acceptance()
-        rates = [self.expected_tokens(k, a) / self.expected_time(k) for k in range(self.config.max_len + 1)]
-        k = int(np.argmax(rates))
-        return k if rates[k] >= self.config.min_gain else 0
+        k, rate = self._best()
+        return k if rate >= self.config.min_gain else 0
 
     # -- per round --------------------------------------------------------------------
     def _off(self, n: int) -> int:
@@ -300,37 +484,53 @@ class AdaptivePolicy:
 
     def next_length(self) -> int:
         if self.cheap_drafter:
-            return self.config.max_len  # asking is free; trim() decides what to verify
+            return self.config.free_max_len  # asking is free; trim() decides what to verify
         k = self.best_length()
         k = self._on(k) if k > 0 else self._off(self.config.max_len)
         if self.cheap_sources:  # model-free drafters are always asked; the model gets k
             self.model_budget = k
-            return self.config.max_len
+            return max(self.config.free_max_len, k)
+        return k
+
+    def length_for(self, source: str, k: int) -> int:
+        """Tokens to ask of ``source`` this round (``k``: :meth:`next_length`'s answer)."""
+        if self.cheap_sources and not self.is_free(source):
+            return min(k, self.model_budget or 0)
         return k
 
     def trim(self, confidence: Sequence[float] | None, n: int, source: str = "") -> int:
-        """How many of ``n`` drafted tokens to verify (cheap drafters only).
+        """How many of ``n`` drafted tokens to verify.
 
-        Uses the draft's own per-token confidence (suffix-tree frequencies, drafter
-        probabilities), calibrated against observed acceptance, where it has one, else
-        the running per-position estimates; keeps the prefix maximising E(m)/T(m).
+        A model-free draft is judged by its own per-token confidence (suffix-tree
+        frequencies), calibrated against observed acceptance, or else by its source's
+        running per-position estimates; its best prefix is kept when it beats plain
+        decoding and, next to a model drafter, what that drafter is predicted to give
+        (otherwise 0, and the model drafter drafts instead).
         """
         self._last_conf = None
-        mixed = source in self.cheap_sources
-        if not (self.cheap_drafter or mixed) or n == 0:
+        if not self.is_free(source) or n == 0:
             return min(n, self.model_budget) if self.cheap_sources and self.model_budget is not None else n
         if confidence is not None:
             raw = np.asarray(confidence[:n], dtype=np.float64)
             a = np.clip(raw * self.calibration(), 0.0, 0.999)
             self._last_conf = raw
         else:
-            a = self.acceptance()[:n]
-        rates = [(1.0 + float(np.sum(np.cumprod(a[:m])))) / self.expected_time(m) for m in range(n + 1)]
+            a = self._free_stats(source).rates()[:n]
+            n = len(a)
+        rates = [self.rate(m, a, 0.0) for m in range(n + 1)]
         m = int(np.argmax(rates))
         pays = m > 0 and rates[m] >= self.config.min_gain
-        if mixed:  # probing is the model drafter's business
+        if self.cheap_sources:  # next to a model drafter: the better of the two drafts
+            if self.model_budget and self._best()[1] > rates[m]:
+                return 0
             return m if pays else 0
         return self._on(m) if pays else self._off(n)
+
+    def _free_stats(self, source: str) -> _Acceptance:
+        stats = self._free.get(source)
+        if stats is None:
+            stats = self._free[source] = _Acceptance(self.config.free_max_len, self.config)
+        return stats
 
     def predraft_pays(self, n: int) -> bool:
         """Pre-draft when it cannot cost anything or probably hits. A pre-draft the target
@@ -354,27 +554,29 @@ class AdaptivePolicy:
 
     def observe(
         self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float, source: str = "",
-        *, timed: bool = True,
+        *, timed: bool = True, evaluated: int | None = None,
     ) -> None:
+        """Learn from a round: acceptance for its source, and (``timed``) the verify cost
+        of a call over ``evaluated`` tokens (default ``drafted + 1``) and the model
+        drafter's cost per token."""
+        evaluated = drafted + 1 if evaluated is None else evaluated
+        chunk = self.cost.chunk if isinstance(self.cost, OnlineCost) else None
+        if timed and (chunk is None or evaluated <= chunk) and isinstance(self.cost, OnlineCost):
+            self.cost.observe(evaluated - 1, verify_s)
         if drafted == 0:
             return
-        if source in self.cheap_sources:
+        if self.is_free(source):
+            self._free_stats(source).observe(drafted, accepted)
             self._calibrate(drafted, accepted)
             return
-        self.reached *= self.config.decay
-        self.accepted *= self.config.decay
-        tested = min(drafted, accepted + 1)
-        self.reached[:tested] += 1.0
-        self.accepted[:accepted] += 1.0
+        self._model.observe(drafted, accepted)
         self._calibrate(drafted, accepted)
         if not timed:
             return
-        # One-token call time, from this verify and the cost curve; then relative costs.
-        t1 = verify_s / self.cost(drafted)
-        self.t1_s = 0.9 * self.t1_s + 0.1 * t1 if self.t1_s > 0 else t1
-        if self.t1_s > 0:
-            self.draft_cost = 0.8 * self.draft_cost + 0.2 * (draft_s / drafted / self.t1_s)
-            extra = max(0.0, round_s - draft_s - verify_s) / self.t1_s
+        t1 = self.cost.t1_s
+        if t1 > 0:
+            self.draft_cost = 0.8 * self.draft_cost + 0.2 * (draft_s / drafted / t1)
+            extra = max(0.0, round_s - draft_s - verify_s) / t1
             self.overhead = 0.8 * self.overhead + 0.2 * extra
 
     def _calibrate(self, drafted: int, accepted: int) -> None:

@@ -33,10 +33,13 @@ from tandem.runtime.adaptive import (
     AdaptivePolicy,
     FixedLength,
     LengthPolicy,
-    load_cost_curve,
+    OnlineCost,
+    cached_cost_curve,
+    remember_cost_curve,
 )
 from tandem.runtime.backend import Backend, common_prefix_len
 from tandem.runtime.drafters.base import Draft, Drafter
+from tandem.runtime.drafters.chain import ChainDrafter
 from tandem.runtime.generate import Commit, DecodeStats, autoregressive
 
 RoundHook = Callable[[Backend, Drafter, list[int]], None]
@@ -73,11 +76,29 @@ def _align_q(q: np.ndarray | None, n_vocab: int) -> np.ndarray | None:
     return np.pad(q, ((0, 0), (0, n_vocab - q.shape[1])))
 
 
-def _set_budget(drafter: Drafter, budget: int | None) -> None:
-    """Tell model drafters inside a chain how many tokens the policy wants from them."""
-    for d in getattr(drafter, "drafters", [drafter]):
-        if hasattr(d, "budget"):
-            d.budget = budget
+def draft_sources(drafter: Drafter) -> list[Drafter]:
+    """The drafters a chain asks in turn (nested chains flattened), or just ``drafter``."""
+    if isinstance(drafter, ChainDrafter):
+        return [d for inner in drafter.drafters for d in draft_sources(inner)]
+    return [drafter]
+
+
+def draft_round(sources: Sequence[Drafter], policy: LengthPolicy, context: list[int], k: int,
+                sampler: Sampler) -> Draft:
+    """This round's draft: ask the sources in order (model-free ones first) for what the
+    policy allots each out of ``k`` (its :meth:`~LengthPolicy.next_length`, capped by the
+    room left), and take the first draft the policy keeps any of (it may keep a prefix).
+    An empty draft makes a plain round."""
+    for source in sources:
+        n = policy.length_for(source.name, k)
+        if n <= 0:
+            continue
+        draft = source.propose(context, n, sampler)
+        if draft.tokens:
+            keep = policy.trim(draft.confidence, len(draft.tokens), draft.source or source.name)
+            if keep:
+                return _cut(draft, keep)
+    return Draft([], None, "")
 
 
 def verify_round(
@@ -150,6 +171,7 @@ def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | Non
 
     def strategy(target: Backend, prompt: list[int], sampler: Sampler, stats: DecodeStats) -> Iterator[Commit]:
         context = list(prompt)
+        sources = draft_sources(drafter)
         _prefill_all_but_last(target, context)
         if hasattr(drafter, "stop_threshold"):
             drafter.stop_threshold = policy.stop_threshold
@@ -179,11 +201,8 @@ def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | Non
                     else:
                         extra["predraft_misses"] += 1
                 if draft is None:
-                    _set_budget(drafter, getattr(policy, "model_budget", None))
-                    draft = drafter.propose(context, k, sampler) if k > 0 else Draft([], None, "")
+                    draft = draft_round(sources, policy, context, k, sampler)
                 source = draft.source or drafter.name
-                keep = policy.trim(draft.confidence, min(k, len(draft.tokens)), source) if draft.tokens else 0
-                draft = _cut(draft, keep)
                 drafted_at = time.perf_counter()
                 n = len(draft.tokens)
                 room = target.n_ctx - len(context) - n - 1
@@ -217,13 +236,16 @@ def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | Non
                     extra["rounds_speculative"] += 1
                     extra[f"drafted:{source}"] = extra.get(f"drafted:{source}", 0.0) + n
                     extra[f"accepted:{source}"] = extra.get(f"accepted:{source}", 0.0) + verdict.accepted
-                policy.observe(n, verdict.accepted, drafted_at - start, verified_at - drafted_at, end - start, source,
-                               timed=caught_up)
+                policy.observe(n, verdict.accepted, drafted_at - start - draft.catch_up_s, verified_at - drafted_at,
+                               end - start - draft.catch_up_s, source,
+                               timed=caught_up or n == 0, evaluated=len(logits))
                 caught_up = caught_up or n > 0  # the first drafting round also paid the catch-up
                 if hook is not None and pending is None:
                     hook(target, drafter, context)
                 yield Commit([*accepted, verdict.token], verdict.accepted, logits[: verdict.accepted + 1])
         finally:
+            if isinstance(policy, AdaptivePolicy) and isinstance(policy.cost, OnlineCost) and policy.cost.learnt:
+                remember_cost_curve(target, policy.cost.curve())
             if pending is not None:
                 pending.result()
             if owed is not None:
@@ -247,7 +269,10 @@ class SpecOptions:
     stop_threshold: float | None = 0.8
     """SpecDec++ threshold for model drafters (adaptive mode only)."""
     measure_cost: bool = True
-    """Measure (or load the cached) c(k) of the target; ``False`` assumes a CPU-like curve."""
+    """Start from the c(k) learnt for this target on this machine in earlier runs (and
+    save what this run learns); ``False`` starts from a generic CPU curve every time.
+    Either way the curve is learnt online from the run's own verify calls: nothing is
+    measured before the first token."""
     draft_window: int | None = None
     """Cap on the draft model's context (the memory planner's ``plan.draft.window``): it
     then drafts from a sliding window of the latest tokens instead of stopping."""
@@ -316,7 +341,6 @@ CPU_COST_CURVE = (1.0, 1.7, 1.9, 2.1, 2.4, 2.55, 2.7, 2.85, 3.0)
 def model_free_drafter(target: Backend, *, shared: bool = True) -> Drafter:
     """Suffix-tree drafting (with the in-process global tree for this vocabulary unless
     ``shared`` is off) ahead of prompt lookup."""
-    from tandem.runtime.drafters.chain import ChainDrafter
     from tandem.runtime.drafters.lookup import PromptLookupDrafter
     from tandem.runtime.drafters.suffix import SuffixDrafter, global_cache
 
@@ -386,14 +410,13 @@ def build_strategy(
     * ``ngram``: only the model-free drafters;
     * ``off``: plain decoding (exactly :func:`autoregressive`).
 
-    Adaptive policies measure the target's verify-cost curve on first use (seconds,
-    cached per model file and machine). Draft-model backends opened here use
+    Adaptive policies learn the target's verify-cost curve online (starting from what
+    earlier runs learnt on this machine, cached per model file and settings). Draft-model backends opened here use
     ``llama_config`` (default: the target's context size), or ``torch_config`` for a
     drafter on the GPU (the planner's priced config). Close the result when done
     (it frees the drafter); the target stays open. Output is lossless in every mode.
     """
     from tandem.runtime.adaptive import CostCurve
-    from tandem.runtime.drafters.chain import ChainDrafter
 
     opts = options or SpecOptions()
     if opts.mode not in MODES:
@@ -421,7 +444,8 @@ def build_strategy(
         policy = FixedLength(opts.draft_length)
     else:
         k_max = opts.draft_max
-        cost = load_cost_curve(target, k_max) if opts.measure_cost else CostCurve(CPU_COST_CURVE, 0.0)
+        cached = cached_cost_curve(target, k_max) if opts.measure_cost else None
+        cost = OnlineCost(cached or CostCurve(CPU_COST_CURVE, 0.0), chunk=target.exact_batch)
         model_free = draft is None or opts.mode == "ngram"
         policy = AdaptivePolicy(cost, AdaptiveConfig(max_len=k_max, stop_threshold=opts.stop_threshold),
                                 draft_cost=opts.draft_cost or 0.0,

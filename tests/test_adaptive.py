@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from toy_models import ToyBackend, random_table
 
 from tandem.runtime.adaptive import (
@@ -14,6 +15,7 @@ from tandem.runtime.adaptive import (
     AdaptivePolicy,
     CostCurve,
     FixedLength,
+    OnlineCost,
     load_cost_curve,
     measure_cost_curve,
 )
@@ -114,7 +116,7 @@ def test_measure_on_toy_backend_restores_cache() -> None:
 
 def test_trim_gates_cheap_drafts_by_confidence_and_calibrates() -> None:
     policy = AdaptivePolicy(CPU, AdaptiveConfig(max_len=8, probe_every=1000), cheap_drafter=True)
-    assert policy.next_length() == 8  # asking a model-free drafter is free
+    assert policy.next_length() == policy.config.free_max_len  # asking a model-free drafter is free
     assert policy.trim([0.99] * 6, 6) >= 3  # a confident long match is worth verifying
     assert policy.trim([0.2, 0.2], 2) == 0  # a weak one is not: plain round
     # Confident drafts that keep failing: calibration drops and gating follows.
@@ -129,7 +131,7 @@ def test_trim_gates_cheap_drafts_by_confidence_and_calibrates() -> None:
 def test_mixed_chain_keeps_model_free_out_of_model_stats() -> None:
     policy = AdaptivePolicy(CPU, AdaptiveConfig(max_len=8, probe_every=1000), cheap_sources=frozenset({"suffix"}))
     for _ in range(40):  # the model drafter keeps failing: its budget goes to 0
-        assert policy.next_length() == 8  # model-free drafters are still asked every round
+        assert policy.next_length() == policy.config.free_max_len  # model-free drafters are still asked
         k = policy.model_budget
         if k:
             policy.observe(k, 0, 0.0, 0.1 * CPU(k), 0.1 * CPU(k), source="model:x")
@@ -166,3 +168,49 @@ def test_predraft_only_where_the_acceptance_outlook_allows() -> None:
     dear.accepted[:] = 30
     assert not dear.predraft_pays(4)
     assert FixedLength(4).predraft_pays(4)
+
+
+def test_online_cost_learns_the_run_s_own_verify_times() -> None:
+    """A stale prior (here: verification as dear as decoding) corrects itself from the
+    calls the run makes; until then the prior answers, so nothing is measured up front."""
+    cost = OnlineCost(CostCurve.linear(1.0, t1_s=0.02))
+    assert cost(3) == 4.0 and not cost.learnt
+    for _ in range(5):
+        cost.observe(0, 0.010)
+        cost.observe(3, 0.015)
+    assert cost.learnt
+    assert abs(cost.t1_s - 0.010) < 1e-9
+    assert abs(cost(3) - 1.5) < 1e-6
+    assert cost(5) == pytest.approx(1 + 5 / 6)  # never seen: the prior, scaled as far off as seen (1/6)
+    assert cost.curve().c[3] == pytest.approx(1.5)
+
+
+def test_chunked_verification_costs_the_chunks_it_reaches() -> None:
+    """With exact_batch 7 a 20-token draft is verified in chunks; greedy stops after the
+    chunk with the first rejection, so a long draft that fails early costs one chunk."""
+    cost = OnlineCost(CostCurve.linear(0.2), chunk=7)
+    assert cost(20) == pytest.approx(3 * cost(6))  # 21 tokens: three calls of 7
+    sure = np.ones(20)
+    early = np.r_[np.zeros(1), np.ones(19)]
+    assert cost.expected_verify(20, sure) == pytest.approx(cost(20))
+    assert cost.expected_verify(20, early) == pytest.approx(cost(6))
+
+
+def test_a_free_draft_competes_with_the_model_drafter() -> None:
+    """Next to a good, cheap model drafter a weak suffix draft is passed over (the model
+    drafts instead); next to a failing one the same draft is verified, priced without
+    the model's drafting cost."""
+    good = AdaptivePolicy(CostCurve.linear(0.1), AdaptiveConfig(max_len=8), draft_cost=0.05,
+                          cheap_sources=frozenset({"suffix"}))
+    good.reached[:] = 100
+    good.accepted[:] = 95
+    good.next_length()
+    assert good.model_budget and good.model_budget > 0
+    assert good.trim([0.6, 0.5], 2, source="suffix") == 0
+    bad = AdaptivePolicy(CostCurve.linear(0.1), AdaptiveConfig(max_len=8, probe_every=1000), draft_cost=2.0,
+                         cheap_sources=frozenset({"suffix"}))
+    bad.reached[:] = 100
+    bad.accepted[:] = 5
+    bad.next_length()
+    assert bad.model_budget == 0
+    assert bad.trim([0.6, 0.5], 2, source="suffix") > 0

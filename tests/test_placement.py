@@ -82,8 +82,10 @@ def target(stories_twin: Path):
 
 def test_calibration_on_a_real_pair_is_measured_once_and_cached(target, stories_twin: Path, stories260k: Path,
                                                                 isolated_home: Path, monkeypatch) -> None:
+    import tandem.runtime.placement as placement
     import tandem.runtime.placement_calibrate as calibration
 
+    monkeypatch.setattr(placement, "MIN_SPLIT_THREADS", 2)  # a 2-core box has one option otherwise
     plan = plan_for_run(stories_twin, stories260k, ctx=512, threads=2, drop_slow_draft=False)
     opts = options(("cpu",), 2)
     first = calibrate(target, plan, opts, mode="model", notify=lambda _: None)
@@ -116,7 +118,10 @@ def test_calibration_on_a_real_pair_is_measured_once_and_cached(target, stories_
 
 
 def test_place_applies_the_choice_and_refuses_a_device_the_plan_lacks(target, stories_twin: Path,
-                                                                      stories260k: Path) -> None:
+                                                                      stories260k: Path, monkeypatch) -> None:
+    import tandem.runtime.placement as placement
+
+    monkeypatch.setattr(placement, "MIN_SPLIT_THREADS", 2)  # so two threads make a choice to calibrate
     one_thread = plan_for_run(stories_twin, stories260k, ctx=512, threads=1, drop_slow_draft=False)
     placed = place(target, one_thread, mode="model", device="cpu")  # device="cpu": the same on a GPU machine
     assert placed.choice is None and placed.draft_device == "cpu" and placed.predraft is False
@@ -148,20 +153,17 @@ def test_target_on_gpu_needs_a_cuda_gpu_and_room(stories_twin: Path, stories260k
     assert not target_gpu_fits(replace(plan, vram_budget=0))
 
 
-def test_run_follows_the_measured_placement_losslessly(stories_twin: Path, stories260k: Path) -> None:
+def test_run_on_a_small_cpu_measures_nothing_and_stays_lossless(stories_twin: Path, stories260k: Path) -> None:
+    """On a CPU-only machine with few cores there is one placement (in turn): the first
+    run with a new pair starts decoding at once, with the same tokens as plain."""
     def run(*extra: str) -> dict:
         cmd = [sys.executable, "-m", "tandem.app.cli", "run", "-m", str(stories_twin), "-p", "Once upon a time",
-               "-n", "48", "--threads", "2", "--ctx", "512", "--json", *extra]
+               "-n", "48", "--threads", "2", "--ctx", "512", "--json", "--raw", *extra]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True)
         return json.loads(out.stdout)
 
     plain = run("--draft-mode", "off")
-    spec = run("--draft", str(stories260k), "--draft-mode", "model")
+    spec = run("--draft", str(stories260k), "--draft-mode", "model", "--placement", "cpu")
     assert spec["token_ids"] == plain["token_ids"]
-    chosen = spec["placement"]
-    assert chosen["placement"] in chosen["predicted_tokens_per_s"]
-    assert spec["speculation"]["predraft"] == chosen["predraft"]
-    cached = run("--draft", str(stories260k), "--draft-mode", "model")
-    assert cached["placement"]["cached"] and cached["token_ids"] == plain["token_ids"]
-    forced = run("--draft", str(stories260k), "--draft-mode", "model", "--placement", "cpu")
-    assert forced["token_ids"] == plain["token_ids"]
+    assert "placement" not in spec  # nothing to choose between, nothing measured
+    assert spec["speculation"]["predraft"] is False

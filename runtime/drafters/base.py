@@ -30,6 +30,11 @@ class Draft:
     """Optional per-token estimates that each token is accepted (the drafter's own
     probability of it, or a suffix-tree path frequency); adaptive length policies use
     them. Never used for the acceptance decision itself, so any values keep it lossless."""
+    catch_up_s: float = 0.0
+    """Seconds the drafter spent bringing its own cache up to the context before drafting
+    (text committed while it was not asked): not a cost of drafting, so adaptive policies
+    do not charge it per drafted token — a drafter switched off for a while catches up
+    in one batched call, and that must not keep it switched off."""
 
     def __len__(self) -> int:
         return len(self.tokens)

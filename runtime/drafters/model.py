@@ -10,6 +10,7 @@ as the two models allow.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -58,9 +59,6 @@ class ModelDrafter:
         self._calib_acc = 0.0
         self._calib_conf = 0.0
         self._last_conf: list[float] | None = None
-        self.budget: int | None = None
-        """Set by an adaptive policy when this drafter sits behind model-free ones in a
-        chain: at most this many tokens per round (``None``: no limit)."""
 
     def _catch_up(self, context: Sequence[int]) -> np.ndarray:
         """Bring the cache to ``context`` and return the logits after its last token."""
@@ -71,11 +69,11 @@ class ModelDrafter:
 
     def propose(self, context: Sequence[int], max_tokens: int, sampler: Sampler) -> Draft:
         k = min(max_tokens, self.backend.n_ctx - len(context))
-        if self.budget is not None:
-            k = min(k, self.budget)
         if k <= 0 or not context:
             return Draft([], None, self.name)
+        started = time.perf_counter()
         logits = self._catch_up(context)
+        catch_up_s = time.perf_counter() - started
         penalize = sampler.params.repetition_penalty != 1.0
         history = list(context) if penalize else []
         tokens: list[int] = []
@@ -104,7 +102,7 @@ class ModelDrafter:
             logits = self.backend.evaluate([x])[-1]
         q_out = None if sampler.greedy else np.stack(rows)
         self._last_conf = confidence
-        return Draft(tokens, q_out, self.name, confidence)
+        return Draft(tokens, q_out, self.name, confidence, catch_up_s)
 
     def calibration(self) -> float:
         """Observed acceptances per unit of own probability (decayed). Greedy acceptance

@@ -138,6 +138,7 @@ class CrossVocabDrafter:
         self._draft_units = encodable_units(self.pair.draft_pieces)
         """``text`` mode: the drafted text (after the committed context) of the last round."""
         self._learnt_ctx: list[int] = []
+        self._unlearnt: list[int] | None = None
         self._learnt_byte = 0
         self._dirty = False
 
@@ -176,6 +177,7 @@ class CrossVocabDrafter:
         empty = Draft([], None, self.name)
         if max_tokens <= 0:
             return empty
+        self._learn_pending()
         text_mode = self.text is not None
         budget = max(1, int(self.config.text_draft_cap * max_tokens)) if text_mode else max_tokens
         synced = self._sync(context, hold_space=text_mode)
@@ -308,8 +310,16 @@ class CrossVocabDrafter:
 
     # -- learning -----------------------------------------------------------------------
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
+        """Learning re-encodes the committed text with the drafter's tokenizer: it is
+        deferred to the next proposal (or :meth:`close`) and done then in one pass, so a
+        drafter the policy has switched off costs nothing per round."""
         self.stats.accepted += n_accepted
         if self.config.learn and self.config.mode != "tli":
+            self._unlearnt = list(context)
+
+    def _learn_pending(self) -> None:
+        if self._unlearnt is not None:
+            context, self._unlearnt = self._unlearnt, None
             self.learn(context)
 
     def learn(self, context: Sequence[int]) -> int:
@@ -374,6 +384,7 @@ class CrossVocabDrafter:
 
     def close(self) -> None:
         try:
+            self._learn_pending()
             self.save()
         finally:
             if self.owns_backend:
