@@ -6,9 +6,11 @@ import argparse
 import json
 import sys
 
+from tandem.app.terminal_text import StreamCleaner
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.models.store import resolve_model
 from tandem.runtime.backend import Backend
+from tandem.runtime.chat import chat_prompt
 from tandem.runtime.generate import DoneEvent, GenerationStats, generate
 from tandem.runtime.open_backend import backend_kind, open_backend
 from tandem.runtime.placement import DEVICE_CHOICES, Placed, place
@@ -73,6 +75,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-m", "--model", required=True, help="GGUF file or a name from `tandem models`")
     p.add_argument("-p", "--prompt", default=None, help="prompt text (default: read standard input)")
     p.add_argument("-n", "--max-tokens", type=int, default=128)
+    p.add_argument("--raw", action="store_true",
+                   help="continue the prompt as plain text (default: a user turn in the model's chat template, "
+                        "when it has one)")
     p.add_argument("--ctx", type=int, default=None, help="context length (default: the model's, ≤ 4096)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--budget", default=None, help="host memory the run may use, e.g. 6GiB (default: 85%% of "
@@ -140,17 +145,31 @@ def run_summary(stats: GenerationStats, speculation: dict | None = None) -> list
     return lines
 
 
+def run_prompt(target: Backend, prompt: str, *, raw: bool) -> tuple[list[int], list[str]]:
+    """Prompt ids and stop strings: the prompt as a user turn in the model's chat template
+    when it has one (as ``ollama run`` and ``llm`` do), or plain text to continue (``raw``,
+    or a model without a template)."""
+    if not prompt.strip():
+        return [], []
+    if not raw and target.chat_template():
+        return chat_prompt(target, [{"role": "user", "content": prompt}])
+    ids = target.tokenize(prompt, add_bos=True)
+    if target.special.bos is not None and ids == [target.special.bos]:
+        ids = []  # a prompt of only BOS is an empty prompt
+    return ids, []
+
+
 def run(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     target, draft_window, placed = open_planned(args)
     strategy = None
     try:
         strategy = strategy_from_args(target, args, draft_window=draft_window, placed=placed)
-        ids = target.tokenize(prompt, add_bos=True) if prompt else []
-        if target.special.bos is not None and ids == [target.special.bos]:
-            ids = []  # a prompt of only BOS is an empty prompt
+        ids, template_stops = run_prompt(target, prompt, raw=args.raw)
         sampler = Sampler(sampling_from_args(args))
-        events = generate(target, ids, sampler, strategy=strategy, max_tokens=args.max_tokens, stop=args.stop)
+        events = generate(target, ids, sampler, strategy=strategy, max_tokens=args.max_tokens,
+                          stop=[*template_stops, *args.stop])
+        cleaner = StreamCleaner()  # model text may hold escape sequences: never pass them to the terminal
         for event in events:
             if isinstance(event, DoneEvent):
                 if args.json:
@@ -161,12 +180,12 @@ def run(args: argparse.Namespace) -> int:
                         out["placement"] = placed.choice.as_dict()
                     print(json.dumps(out))
                 else:
-                    print(flush=True)
+                    print(cleaner.flush(), flush=True)
                     if not args.quiet:
                         for line in run_summary(event.stats, strategy.describe()):
                             print(line, file=sys.stderr)
             elif not args.json:
-                sys.stdout.write(event.text)
+                sys.stdout.write(cleaner.feed(event.text))
                 sys.stdout.flush()
     finally:
         if strategy is not None:

@@ -18,6 +18,18 @@ from tandem.runtime.backend import Backend
 from tandem.runtime.generate import Event, Strategy, autoregressive, generate
 
 
+def chat_prompt(target: Backend, messages: Sequence[Message]) -> tuple[list[int], list[str]]:
+    """Prompt ids for ``messages`` rendered with the target's chat template (ready for
+    the assistant's reply), and the template's stop strings."""
+    special = target.special
+    rendered = render_chat(
+        list(messages), target.chat_template(), bos_token=special.bos_text, eos_token=special.eos_text
+    )
+    # message content is tokenized as text: typed control tokens cannot open a new turn
+    ids = prompt_ids(rendered, target.tokenize, add_bos=not rendered.has_bos)
+    return ids, rendered.stops
+
+
 class ChatEngine:
     """Owns the target, the decoding strategy (kept across turns, so drafter caches and
     adaptive statistics persist) and the drafter backend if any; :meth:`close` frees all."""
@@ -36,14 +48,7 @@ class ChatEngine:
 
     def render(self, messages: Sequence[Message]) -> tuple[list[int], list[str]]:
         """Prompt ids for ``messages`` (ready for the assistant's reply) and stop strings."""
-        special = self.target.special
-        template = self.target.chat_template()
-        rendered = render_chat(
-            list(messages), template, bos_token=special.bos_text, eos_token=special.eos_text
-        )
-        # message content is tokenized as text: typed control tokens cannot open a new turn
-        ids = prompt_ids(rendered, self.target.tokenize, add_bos=not rendered.has_bos)
-        return ids, rendered.stops
+        return chat_prompt(self.target, messages)
 
     def fit(self, messages: Sequence[Message], max_tokens: int) -> tuple[list[int], list[str]]:
         """Prompt ids and stop strings for ``messages``, dropping the oldest non-system
