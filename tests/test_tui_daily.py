@@ -155,7 +155,8 @@ def test_format_stats_leaves_out_undefined_speed() -> None:
 # -- search -------------------------------------------------------------------------------
 async def test_search_finds_a_message_in_another_chat_and_jumps_to_it(stories260k: Path, tmp_path: Path) -> None:
     history = tmp_path / "h.sqlite3"
-    target_chat = seeded_history(history, ["Nothing to see.", "The zebra crossing is ahead.", "More text."],
+    target_chat = seeded_history(history, ["Nothing to see.", "The zebra crossing is ahead.",
+                                           *(f"Filler reply {i}.\n\nWith a second paragraph." for i in range(12))],
                                  title="Animals")
     seeded_history(history, ["Unrelated reply."], title="Newer chat")  # opens first (most recent)
     app = make_app(stories260k, tmp_path, history_path=history)
@@ -173,6 +174,12 @@ async def test_search_finds_a_message_in_another_chat_and_jumps_to_it(stories260
         await until(pilot, lambda: app.screen is screen and screen.chat.id == target_chat)
         focused = screen.focused
         assert isinstance(focused, MessageView) and "zebra" in focused.record.content
+        box = screen.query_one("#messages")
+        await until(pilot, lambda: focused.region.height > 0 and box.region.contains_region(focused.region))
+        await pilot.press("f6")  # acts on the focused reply
+        assert app.clipboard == "The zebra crossing is ahead."
+        await pilot.press(*"ok")  # typing goes to the input box, not into the void
+        assert screen.input.text == "ok" and screen.focused is screen.input
 
 
 # -- per-chat models ----------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from textual import events
 from textual.containers import VerticalScroll
 from textual.widget import Widget
 
@@ -91,6 +92,14 @@ class ReplyActions:
 
         self.app.push_screen(SearchScreen(self.tandem.history), done)
 
+    def on_key(self: ChatScreen, event: events.Key) -> None:
+        """Typing while a message is focused (after a search jump, or Tab) writes in the
+        input box: focusing a message to copy it must not swallow the next words."""
+        if isinstance(self.focused, MessageView) and event.is_printable and event.character:
+            event.stop()
+            self.input.focus()
+            self.input.insert(event.character)
+
     async def jump_to(self: ChatScreen, chat_id: int, message_id: int) -> None:
         """Open the chat holding a search hit and bring the message into view, focused."""
         if self.chat is None or self.chat.id != chat_id:
@@ -100,6 +109,7 @@ class ReplyActions:
         box = self.query_one("#messages", VerticalScroll)
         for view in self.query(MessageView):
             if view.record.id == message_id:
-                box.scroll_to_widget(view, animate=False, top=True)
                 view.focus(scroll_visible=False)
+                # after the refresh that lays the opened chat out (and runs its scroll to the end)
+                self.call_after_refresh(box.scroll_to_widget, view, animate=False, top=True)
                 return

@@ -80,7 +80,8 @@ class SearchScreen(Dialog):
         results.add_options([Option(hit_text(h), id=hit_id(h)) for h in self.hits])
         if self.hits:
             results.highlighted = 0
-        count = "" if not query.strip() else f"{len(self.hits)} messages" if self.hits else "No messages match."
+        n = len(self.hits)
+        count = "" if not query.strip() else f"{n} message{'s' if n != 1 else ''}" if n else "No messages match."
         self.query_one("#search-count", Label).update(count)
 
     @on(Input.Submitted, "#search-input")
