@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import pytest
@@ -63,3 +64,33 @@ async def test_blank_drafts_are_not_listed(completer) -> None:
 
 def test_shown_drafts_drops_blanks_and_repeats() -> None:
     assert shown_drafts(["", " a", "\t", " a", "b"]) == [" a", "b"]
+
+
+class Held:
+    """The real autocompleter behind a gate the test opens."""
+
+    def __init__(self, inner: Autocompleter) -> None:
+        self.inner = inner
+        self.gate = threading.Event()
+
+    def suggest(self, prefix, suffix, k, budget_ms, *, cancel=None):
+        self.gate.wait(30)
+        return self.inner.suggest(prefix, suffix, k, budget_ms, cancel=cancel)
+
+
+async def test_a_slow_first_request_shows_warm_up_progress(completer) -> None:
+    held = Held(completer)
+    pane = AutocompleteScreen(held, text=PREFIX, budget_ms=0)  # type: ignore[arg-type]
+    async with PaneApp(pane).run_test() as pilot:
+        status = pane.query_one("#ac-status", Label)
+        try:
+            for _ in range(200):  # the notice comes once the request has run a second
+                if "Warming up autocomplete (first use)…" in str(status.render()):
+                    break
+                await pilot.pause(0.05)
+            assert "Warming up autocomplete (first use)…" in str(status.render())
+            assert str(status.render()).endswith(" s")
+        finally:
+            held.gate.set()
+        await _wait_for_drafts(pilot, pane)
+        assert "drafts in" in str(status.render())

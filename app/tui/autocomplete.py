@@ -11,6 +11,7 @@ previous one; Esc closes the pane and hands the text back to the chat input.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,6 +30,8 @@ from tandem.runtime.autocomplete import (
     load_ngram_for,
 )
 
+WAIT_NOTICE_S = 1.0
+"""A request running longer than this shows a waiting line with the time so far."""
 DEBOUNCE_S = 0.12
 """Wait this long after a keystroke before asking: fast typists do not queue requests."""
 
@@ -88,6 +91,7 @@ class AutocompleteScreen(Screen[str]):
         self.cancelled: list[int] = []
         """Sequence numbers of requests cancelled by typing (shown in tests and stats)."""
         self.last: SuggestResult | None = None
+        self.asked_at = 0.0
         self._timer: Any = None
         self._suppress_change = False
 
@@ -104,6 +108,7 @@ class AutocompleteScreen(Screen[str]):
 
     def on_mount(self) -> None:
         self.sub_title = "Autocomplete (superposed drafts)"
+        self.set_interval(0.5, self._show_waiting)
         ed = self.editor
         ed.hide_suggestion_on_blur = False
         ed.move_cursor(ed.document.end)
@@ -133,6 +138,7 @@ class AutocompleteScreen(Screen[str]):
         """Ask for drafts for the text around the cursor now (cancelling any older ask)."""
         self._cancel_inflight()
         self.seq += 1
+        self.asked_at = time.monotonic()
         self.cancel = threading.Event()
         ed = self.editor
         row, col = ed.cursor_location
@@ -152,6 +158,16 @@ class AutocompleteScreen(Screen[str]):
             self.post_message(DraftsReady(seq, result))
         except TandemError as exc:
             self.post_message(DraftsReady(seq, None, str(exc)))
+
+    def _show_waiting(self) -> None:
+        """A request that takes over a second says so, with the time so far: the first one
+        also sets the autocompleter up (reads the model's embeddings, warms its cache)."""
+        waited = time.monotonic() - self.asked_at
+        if self.cancel is None or self.cancel.is_set() or waited < WAIT_NOTICE_S:
+            return
+        what = "Warming up autocomplete (first use)" if self.autocompleter is None or self.last is None \
+            else "Waiting for drafts"
+        self.query_one("#ac-status", Label).update(f"{what}… {waited:.0f} s")
 
     def on_drafts_ready(self, message: DraftsReady) -> None:
         if message.seq != self.seq or (self.cancel is not None and self.cancel.is_set()):
