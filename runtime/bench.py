@@ -1,60 +1,81 @@
-"""`tandem bench`: plain vs every speculative configuration, same target, same prompts.
+"""`tandem bench`: plain Tandem vs every drafting mode vs llama-cpp-python, same prompts.
 
-Everything runs in one process. For each repetition, workload and prompt, the
-configurations run back to back in a rotated order (so a busy machine's slow spells
-spread over all of them), and each speculative run is compared with the plain run of
-the same prompt and repetition: speedup ratios, greedy identity, acceptance, tokens per
-target call, and the speedup *predicted* from the measured draft lengths/acceptance
-and the target's c(k) alone (so measured/predicted shows what drafting cost and
-per-round overhead take). Medians over prompts and repetitions are reported.
+Everything runs in one process on one target file. Each Tandem configuration is built
+only through the public factory :func:`~tandem.runtime.speculative.build_strategy` (so
+the bench measures exactly what ``tandem run``, the chat app and the server run):
+
+* ``plain``: ``mode="off"``, the baseline every ratio is taken against;
+* ``ngram``: model-free drafting (suffix tree + prompt lookup), adaptive length;
+* ``auto+L``: ``mode="auto"`` with drafter L (model-free drafting plus the model);
+* ``L@k``: drafter L alone at a fixed draft length k (``model`` or ``xvocab`` mode);
+
+where L is ``model`` for a same-vocabulary drafter, ``xvocab`` for one with another
+vocabulary, and ``oracle`` for the toy model a cost twin was widened from. The outside
+peers are llama-cpp-python's ``Llama`` greedy (``llama``) and with its prompt-lookup
+drafter (``llama-lookup``); see :mod:`tandem.runtime.bench_peers`.
+
+For each repetition, workload and prompt the configurations run back to back in a
+rotated order (so a busy machine's slow spells spread over all of them), and each run
+is compared with the plain run of the same prompt and repetition: paired decode-rate
+ratios, greedy identity, acceptance and tokens per target call
+(:mod:`tandem.runtime.bench_report` summarises them).
 """
 
 from __future__ import annotations
 
-import statistics
+import os
+import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.runtime.adaptive import (
-    AdaptiveConfig,
-    AdaptivePolicy,
-    CostCurve,
-    FixedLength,
-    load_cost_curve,
-)
+from tandem.models.errors import TandemError
 from tandem.runtime.backend import Backend
-from tandem.runtime.drafters.base import Drafter
-from tandem.runtime.generate import DoneEvent, autoregressive, generate
-from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
-from tandem.runtime.speculative import MODEL_FREE_SOURCES, open_model_drafter, speculative
-
-STORY_PROMPTS = ("Once upon a time", "The little dog", "Lily and Tom went to the park. They",
-                 "One day, a big", "There was a girl named Sue", "The sun was hot and")
-WORKLOADS = ("story", "random", "repetitive")
+from tandem.runtime.bench_peers import PEER_NOTE, PEERS, LlamaPeer, RunResult, decode_rate
+from tandem.runtime.bench_workloads import DEFAULT_WORKLOADS, Workload, workload
+from tandem.runtime.generate import DoneEvent, generate
+from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend, default_threads
+from tandem.runtime.speculative import SpecOptions, build_strategy
 
 
 @dataclass
 class BenchConfig:
     target: Path
     draft: Path | None = None
+    """Drafter model: same vocabulary (configs ``auto+model``, ``model@k``) or another
+    vocabulary (``auto+xvocab``, ``xvocab@k``)."""
+    draft2: Path | None = None
+    """A second drafter, typically the cross-vocabulary one next to a same-vocabulary --draft."""
     oracle: Path | None = None
+    """The model a cost twin was widened from (configs ``auto+oracle``, ``oracle@k``)."""
     n_tokens: int = 64
     prompts: int = 2
-    """Prompts per workload."""
+    """Prompts per workload (at most what the workload offers)."""
     reps: int = 1
-    lengths: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
-    drafters: tuple[str, ...] = ("ngram", "suffix", "lookup", "model", "oracle")
-    workloads: tuple[str, ...] = WORKLOADS
+    lengths: tuple[int, ...] = (4, 8)
+    """Fixed draft lengths of the model-drafter configurations."""
+    draft_max: int = 8
+    """SpecOptions.draft_max of the adaptive configurations."""
+    workloads: tuple[str, ...] = DEFAULT_WORKLOADS
+    configs: tuple[str, ...] | None = None
+    """Configuration names to run (``plain`` always runs); ``None`` = all."""
     threads: int | None = None
-    ctx: int | None = None
-    """Context size; None = the model's own (<= 4096)."""
-    llama_baseline: bool = True
+    ctx: int = 1024
+    peers: bool = True
+    """Run llama-cpp-python plain and with prompt lookup."""
     log: Callable[[str], None] = print
+
+
+@dataclass(frozen=True)
+class TandemConfig:
+    """A Tandem configuration: the SpecOptions it is built with and its drafter's label."""
+
+    name: str
+    mode: str
+    drafter: str | None = None
+    draft_length: int | None = None
 
 
 @dataclass
@@ -63,311 +84,179 @@ class Run:
     workload: str
     prompt: int
     rep: int
-    tokens_per_s: float
-    cpu_tokens_per_s: float
-    """Tokens per second of this process's CPU time: on a busy machine with one
-    llama.cpp thread, a far steadier estimate of the unloaded speed than wall time."""
-    tokens: list[int]
-    target_calls: int
-    drafted: int
-    accepted: int
-    predicted_time: float | None = None
-    """Sum of c(k) over rounds (units of one-token calls), when known."""
-    split: dict[str, float] = field(default_factory=dict)
+    result: RunResult
 
 
-def workload_prompts(target: Backend, workload: str, count: int, n_tokens: int) -> tuple[list[list[int]], list[list[int]]]:
-    """(prompts, earlier requests). Story openings; random token ids; or re-asking: a
-    story prompt that was asked once before in this process (untimed), so the suffix
-    drafters' global cache holds that earlier request and its answer, as it would in a
-    chat or agent loop that re-asks or regenerates. (The fixture model does not copy
-    text from its own context, so in-context repetition would not be repetitive work.)"""
-    bos = [target.special.bos] if target.special.bos is not None else []
-    if workload == "random":
-        rng = np.random.default_rng(7)
-        return [bos + [int(t) for t in rng.integers(3, target.n_vocab, 24)] for _ in range(count)], []
-    offset = count if workload == "repetitive" else 0  # different openings from "story"
-    base = [target.tokenize(STORY_PROMPTS[(i + offset) % len(STORY_PROMPTS)], add_bos=True) for i in range(count)]
-    if workload == "story":
-        return base, []
-    sampler = Sampler(SamplingParams.greedy_params())
-    earlier = []
-    for ids in base:
-        *_, done = generate(target, ids, sampler, max_tokens=n_tokens, stop_at_eog=False)
-        earlier.append(ids + done.tokens)
-    return base, earlier
+@dataclass
+class Drafter:
+    label: str
+    path: Path
+    backend: Backend
+    same_vocab: bool
 
 
-class _Histogram:
-    """Policy wrapper recording each round's drafted length (for the c(k) prediction)."""
-
-    def __init__(self, policy) -> None:
-        self.policy = policy
-        self.counts: dict[int, int] = {}
-
-    @property
-    def stop_threshold(self):
-        return self.policy.stop_threshold
-
-    def next_length(self) -> int:
-        return self.policy.next_length()
-
-    @property
-    def model_budget(self):
-        return getattr(self.policy, "model_budget", None)
-
-    def trim(self, confidence, n: int, source: str = "") -> int:
-        return self.policy.trim(confidence, n, source)
-
-    def predraft_pays(self, n: int) -> bool:
-        return self.policy.predraft_pays(n)
-
-    def observe(self, drafted, accepted, draft_s, verify_s, round_s, source: str = "", *, timed: bool = True) -> None:
-        self.counts[drafted] = self.counts.get(drafted, 0) + 1
-        self.policy.observe(drafted, accepted, draft_s, verify_s, round_s, source, timed=timed)
+def tandem_configs(drafters: Sequence[Drafter], lengths: Sequence[int]) -> list[TandemConfig]:
+    """Every Tandem configuration the drafters allow, ``plain`` first."""
+    configs = [TandemConfig("plain", "off"), TandemConfig("ngram", "ngram")]
+    for d in drafters:
+        configs.append(TandemConfig(f"auto+{d.label}", "auto", d.label))
+        fixed_mode = "model" if d.same_vocab else "xvocab"
+        configs += [TandemConfig(f"{d.label}@{k}", fixed_mode, d.label, k) for k in lengths]
+    return configs
 
 
-def _rate(n_tokens: int, seconds: float) -> float:
-    """Decode rate after the first token, as GenerationStats.tokens_per_s."""
-    return (n_tokens - 1) / seconds if n_tokens > 1 and seconds > 0 else 0.0
+def select(names: list[str], wanted: Sequence[str] | None) -> list[str]:
+    """``names`` restricted to ``wanted`` (plain kept first); unknown names are an error."""
+    if wanted is None:
+        return names
+    unknown = [w for w in wanted if w not in names]
+    if unknown:
+        raise TandemError(f"Unknown bench configuration {unknown[0]!r}; this run offers {', '.join(names)}.")
+    return ["plain", *(n for n in names if n in wanted and n != "plain")]
 
 
-def run_strategy(target: Backend, prompt: list[int], make: Callable[[list[list[int]]], tuple], n: int,
-                 cost: CostCurve, earlier: list[list[int]]) -> dict:
-    drafter, policy = make(earlier)
-    hist = _Histogram(policy) if policy is not None else None
-    strategy = autoregressive if drafter is None else speculative(drafter, hist)
-    target.truncate(0)
-    cpu_first = None
-    for event in generate(target, prompt, Sampler(SamplingParams.greedy_params()), strategy=strategy,
-                          max_tokens=n, stop_at_eog=False):
-        if cpu_first is None:
-            cpu_first = time.process_time()
-        done = event
-    cpu_s = time.process_time() - (cpu_first or 0.0)
+def rotated(names: list[str], shift: int) -> list[str]:
+    shift %= len(names)
+    return names[shift:] + names[:shift]
+
+
+def run_tandem(target: Backend, prompt: list[int], config: TandemConfig, draft: Backend | None, n: int, *,
+               draft_max: int, shared_suffix_cache: bool) -> RunResult:
+    """One greedy generation of ``n`` tokens with a freshly built strategy."""
+    started = time.perf_counter()
+    options = SpecOptions(mode=config.mode, draft_length=config.draft_length, draft_max=draft_max,
+                          shared_suffix_cache=shared_suffix_cache)
+    strategy = build_strategy(target, draft if config.drafter else None, options)
+    setup_s = time.perf_counter() - started
+    try:
+        done, cpu_first = None, None
+        for event in generate(target, prompt, Sampler(SamplingParams.greedy_params()), strategy=strategy,
+                              max_tokens=n, stop_at_eog=False):
+            if cpu_first is None:
+                cpu_first = time.process_time()
+            done = event
+        cpu_s = time.process_time() - (cpu_first or 0.0)
+        describe = strategy.describe()
+    finally:
+        strategy.close()
     assert isinstance(done, DoneEvent)
     s = done.stats
-    predicted = None if hist is None else sum(c * cost(k) for k, c in hist.counts.items())
-    return {"tokens_per_s": s.tokens_per_s, "cpu_tokens_per_s": _rate(len(done.tokens), cpu_s),
-            "tokens": done.tokens, "target_calls": s.target_calls,
-            "drafted": s.drafted_tokens, "accepted": s.accepted_tokens, "predicted_time": predicted}
+    return RunResult(done.tokens, s.tokens_per_s, decode_rate(len(done.tokens), cpu_s), s.target_calls,
+                     s.drafted_tokens, s.accepted_tokens, setup_s, describe)
 
 
-def run_llama_lookup(llm, prompt: list[int], n: int, k: int = 10) -> dict:
-    """llama-cpp-python's own prompt-lookup speculative decoding (greedy)."""
-    llm.reset()
-    calls = [0]
-    original = llm.eval
+def open_drafters(target: Backend, cfg: BenchConfig, threads: int, opened: list[Backend]) -> list[Drafter]:
+    """Open each drafter once (shared by its configurations) and label it by vocabulary."""
+    from tandem.runtime.drafters.model import same_vocabulary
 
-    def counting_eval(tokens):
-        calls[0] += 1
-        return original(tokens)
-
-    llm.eval = counting_eval
-    out: list[int] = []
-    first = end = time.perf_counter()
-    cpu_first = cpu_end = time.process_time()
-    try:
-        for tok in llm.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True):
-            out.append(int(tok))
-            end, cpu_end = time.perf_counter(), time.process_time()
-            if len(out) == 1:
-                first, cpu_first = end, cpu_end
-            if len(out) >= n:
-                break
-    finally:
-        llm.eval = original
-    tps = (len(out) - 1) / (end - first) if len(out) > 1 and end > first else 0.0
-    return {"tokens_per_s": tps, "cpu_tokens_per_s": _rate(len(out), cpu_end - cpu_first), "tokens": out, "target_calls": calls[0], "drafted": 0, "accepted": 0,
-            "predicted_time": None}
-
-
-def summarize(runs: list[Run], cost: CostCurve) -> dict:
-    """Per workload and configuration: medians and the comparisons with plain."""
-    plain = {(r.workload, r.prompt, r.rep): r for r in runs if r.config == "plain"}
-    out: dict[str, dict[str, dict]] = {}
-    for r in runs:
-        base = plain[(r.workload, r.prompt, r.rep)]
-        row = out.setdefault(r.workload, {}).setdefault(r.config, {"speedups": [], "tps": [], "identical": True,
-                                                                     "cpu_speedups": [], "cpu_tps": [],
-                                                                     "drafted": 0, "accepted": 0, "calls": 0,
-                                                                     "tokens": 0, "pred": []})
-        row["speedups"].append(r.tokens_per_s / base.tokens_per_s if base.tokens_per_s else 0.0)
-        row["tps"].append(r.tokens_per_s)
-        row["cpu_tps"].append(r.cpu_tokens_per_s)
-        row["cpu_speedups"].append(r.cpu_tokens_per_s / base.cpu_tokens_per_s if base.cpu_tokens_per_s else 0.0)
-        row["identical"] &= r.tokens == base.tokens
-        row["drafted"] += r.drafted
-        row["accepted"] += r.accepted
-        row["calls"] += r.target_calls
-        row["tokens"] += len(r.tokens)
-        if r.predicted_time:
-            row["pred"].append(len(r.tokens) / r.predicted_time)
-    table: dict[str, dict[str, dict]] = {}
-    for wl, configs in out.items():
-        table[wl] = {}
-        for name, row in configs.items():
-            table[wl][name] = {
-                "tokens_per_s": statistics.median(row["tps"]),
-                "speedup": statistics.median(row["speedups"]),
-                "cpu_tokens_per_s": statistics.median(row["cpu_tps"]),
-                "cpu_speedup": statistics.median(row["cpu_speedups"]),
-                "acceptance": row["accepted"] / row["drafted"] if row["drafted"] else None,
-                "tokens_per_call": row["tokens"] / row["calls"] if row["calls"] else None,
-                "identical": row["identical"],
-                "predicted_speedup": statistics.median(row["pred"]) if row["pred"] else None,
-            }
-        fixed = {k: v for k, v in table[wl].items() if "@" in k}
-        targets = {}
-        for metric in ("speedup", "cpu_speedup"):
-            best = max(fixed, key=lambda k: fixed[k][metric]) if fixed else "plain"
-            best_speed = max(1.0, fixed[best][metric]) if fixed else 1.0
-            targets[metric] = {
-                "best_fixed": best if fixed and fixed[best][metric] > 1.0 else "plain",
-                "best_fixed_speedup": best_speed,
-                "auto_vs_best": {k: v[metric] / best_speed for k, v in table[wl].items() if k.startswith("auto")},
-            }
-        table[wl]["_targets"] = targets
-    return {"cost_curve": list(cost.c), "t1_s": cost.t1_s, "workloads": table}
-
-
-def strategy_makers(target: Backend, cfg: BenchConfig, cost: CostCurve, opened: list[Backend]) -> dict[str, Callable]:
-    """Configuration name -> factory of a fresh (drafter, policy) pair (None, None = plain)."""
-    from tandem.runtime.drafters.chain import ChainDrafter
-    from tandem.runtime.drafters.lookup import PromptLookupDrafter
-    from tandem.runtime.drafters.suffix import GlobalSuffixCache, SuffixDrafter
-
-    def model_drafter(path: Path) -> Callable[[], Drafter]:
-        backend = LlamaCppBackend(path, LlamaConfig(n_ctx=target.n_ctx, n_threads=cfg.threads))
-        opened.append(backend)
-        drafter = open_model_drafter(target, backend, "auto")
-        return lambda e: drafter
-
-    # Suffix drafters get no global cache here: repeated runs of the same prompt would
-    # otherwise draft from their own earlier outputs and flatter the numbers.
-    def suffix(earlier: list[list[int]]) -> SuffixDrafter:
-        cache = GlobalSuffixCache()
-        for seq in earlier:
-            cache.add(seq)
-        return SuffixDrafter(global_cache=cache)
-
-    sources: dict[str, Callable[[list[list[int]]], Drafter]] = {
-        "ngram": lambda e: ChainDrafter([suffix(e), PromptLookupDrafter()]),
-        "suffix": suffix,
-        "lookup": lambda e: PromptLookupDrafter(),
-    }
-    if cfg.draft is not None and "model" in cfg.drafters:
-        sources["model"] = model_drafter(cfg.draft)
-    if cfg.oracle is not None and "oracle" in cfg.drafters:
-        sources["oracle"] = model_drafter(cfg.oracle)
-    makers: dict[str, Callable] = {"plain": lambda e: (None, None)}
-    for name, source in sources.items():
-        if name not in cfg.drafters:
+    drafters: list[Drafter] = []
+    for path, role in ((cfg.draft, "draft"), (cfg.draft2, "draft"), (cfg.oracle, "oracle")):
+        if path is None:
             continue
-        for k in cfg.lengths:
-            makers[f"{name}@{k}"] = lambda e, s=source, k=k: (s(e), FixedLength(k))
-    def adaptive(cheap: bool) -> AdaptivePolicy:
-        return AdaptivePolicy(cost, AdaptiveConfig(max_len=max(cfg.lengths)), cheap_drafter=cheap,
-                              cheap_sources=frozenset() if cheap else MODEL_FREE_SOURCES)
+        backend = LlamaCppBackend(path, LlamaConfig(n_ctx=target.n_ctx, n_threads=threads))
+        opened.append(backend)
+        same = same_vocabulary(target, backend)
+        label = "oracle" if role == "oracle" else ("model" if same else "xvocab")
+        taken = {d.label for d in drafters}
+        if label in taken:
+            label = next(f"{label}{i}" for i in range(2, 10) if f"{label}{i}" not in taken)
+        drafters.append(Drafter(label, path, backend, same))
+    return drafters
 
-    makers["auto-ngram"] = lambda e: (sources["ngram"](e), adaptive(True))
-    for name in ("model", "oracle"):
-        if name in sources:
-            makers[f"auto-{name}"] = lambda e, s=sources[name]: (ChainDrafter([sources["ngram"](e), s(e)]),
-                                                                  adaptive(False))
-    return makers
+
+def machine() -> dict:
+    """What the figures were measured on (the load average says how busy it was)."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": model, "cpus": os.cpu_count(), "load_start": list(os.getloadavg())}
+
+
+def check_room(target: Backend, work: dict[str, Workload], n: int) -> None:
+    longest = max(len(p) for w in work.values() for p in w.prompts)
+    if longest + n > target.n_ctx:
+        raise TandemError(f"A bench prompt of {longest} tokens plus {n} generated does not fit the "
+                          f"{target.n_ctx}-token context: raise --ctx or lower -n.")
+
+
+def warm_up(target: Backend, work: dict[str, Workload], names: list[str], run_one: Callable, log) -> dict[str, float]:
+    """One short untimed run of every configuration (the first touch of each model's
+    weights, any cached calibration), and the repetitive workload's earlier requests.
+    Returns each configuration's build time on this first use."""
+    first = next(iter(work.values())).prompts[0]
+    setup: dict[str, float] = {}
+    for name in names:
+        started = time.perf_counter()
+        res = run_one(name, first, 4, False)
+        setup[name] = res.setup_s
+        log(f"warm-up {name:14s} build {res.setup_s:6.2f} s, run {time.perf_counter() - started:6.2f} s")
+    for w in work.values():
+        if w.shared_suffix_cache:  # the earlier request the repetitive workload re-asks
+            for prompt in w.prompts:
+                run_one("ngram", prompt, None, True)
+    return setup
 
 
 def run_bench(cfg: BenchConfig) -> dict:
-    target = LlamaCppBackend(cfg.target, LlamaConfig(n_ctx=cfg.ctx, n_threads=cfg.threads))
-    opened: list[Backend] = [target]
-    llm = None
-    try:
-        cfg.log(f"measuring c(k) of {target.name} (cached per model and machine)...")
-        cost = load_cost_curve(target, max(cfg.lengths))
-        cfg.log("c(k): " + " ".join(f"{c:.2f}" for c in cost.c) + f"  (one token: {cost.t1_s * 1e3:.1f} ms)")
-        makers = strategy_makers(target, cfg, cost, opened)
-        if cfg.llama_baseline:
-            import llama_cpp
-            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+    from tandem.runtime.bench_report import summarize
 
-            llm = llama_cpp.Llama(str(cfg.target), n_ctx=target.n_ctx, n_threads=cfg.threads or None,
-                                  n_threads_batch=cfg.threads or None,
-                                  draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10), verbose=False)
-        work = {wl: workload_prompts(target, wl, cfg.prompts, cfg.n_tokens) for wl in cfg.workloads}
-        names = list(makers) + (["llama-lookup"] if llm is not None else [])
+    threads = cfg.threads or default_threads()
+    target = LlamaCppBackend(cfg.target, LlamaConfig(n_ctx=cfg.ctx, n_threads=threads))
+    opened: list[Backend] = [target]
+    peers: dict[str, LlamaPeer] = {}
+    try:
+        work = {name: workload(target, name, cfg.prompts) for name in cfg.workloads}
+        check_room(target, work, cfg.n_tokens)
+        drafters = open_drafters(target, cfg, threads, opened)
+        by_label = {d.label: d.backend for d in drafters}
+        configs = {c.name: c for c in tandem_configs(drafters, cfg.lengths)}
+        names = select(list(configs) + (list(PEERS) if cfg.peers else []), cfg.configs)
+        for name in names:
+            if name in PEERS:
+                peers[name] = LlamaPeer(cfg.target, n_ctx=target.n_ctx, threads=threads,
+                                        lookup=name == "llama-lookup")
+
+        def run_one(name: str, prompt: list[int], n: int | None, shared: bool) -> RunResult:
+            n = n or cfg.n_tokens
+            if name in peers:
+                return peers[name].run(prompt, n)
+            c = configs[name]
+            return run_tandem(target, prompt, c, by_label.get(c.drafter or ""), n, draft_max=cfg.draft_max,
+                              shared_suffix_cache=shared)
+
+        info = machine()
+        cfg.log(f"{target.name}: {len(names)} configurations, {threads} thread(s), context {target.n_ctx}, "
+                f"load average {info['load_start'][0]:.2f}")
+        cold_setup = warm_up(target, work, names, run_one, cfg.log)
         runs: list[Run] = []
         for rep in range(cfg.reps):
-            for wl in cfg.workloads:
-                prompts, earlier = work[wl]
-                for pi, prompt in enumerate(prompts):
-                    shift = (rep + pi) % len(names)
-                    for name in names[shift:] + names[:shift]:
-                        res = (run_llama_lookup(llm, prompt, cfg.n_tokens) if name == "llama-lookup"
-                               else run_strategy(target, prompt, makers[name], cfg.n_tokens, cost, earlier))
-                        runs.append(Run(name, wl, pi, rep, **res))
-                        cfg.log(f"rep {rep} {wl:10s} p{pi} {name:12s} {res['tokens_per_s']:7.2f} tok/s "
-                                f"cpu {res['cpu_tokens_per_s']:7.2f} tok/s "
-                                f"calls {res['target_calls']:4d} acc {res['accepted']}/{res['drafted']}")
-        report = summarize(runs, cost)
-        report["config"] = {"target": str(cfg.target), "draft": str(cfg.draft) if cfg.draft else None,
-                            "oracle": str(cfg.oracle) if cfg.oracle else None, "n_tokens": cfg.n_tokens,
-                            "prompts": cfg.prompts, "reps": cfg.reps, "threads": cfg.threads}
+            for wl in work.values():
+                for pi, prompt in enumerate(wl.prompts):
+                    for name in rotated(names, rep * len(wl.prompts) + pi):
+                        res = run_one(name, prompt, None, wl.shared_suffix_cache)
+                        runs.append(Run(name, wl.name, pi, rep, res))
+                        cfg.log(f"rep {rep} {wl.name:10s} p{pi} {name:14s} {res.tokens_per_s:7.2f} tok/s "
+                                f"cpu {res.cpu_tokens_per_s:7.2f} calls {res.target_calls:4d} "
+                                f"acc {res.accepted}/{res.drafted}")
+        info["load_end"] = list(os.getloadavg())
+        report = summarize(runs, target, names)
+        report["config"] = {
+            "target": str(cfg.target), "n_tokens": cfg.n_tokens, "prompts": cfg.prompts, "reps": cfg.reps,
+            "threads": threads, "ctx": target.n_ctx, "lengths": list(cfg.lengths), "draft_max": cfg.draft_max,
+            "drafters": {d.label: {"path": str(d.path), "same_vocab": d.same_vocab} for d in drafters},
+            "tandem_backend": "LlamaConfig(exact=True): weights not repacked",
+            "peers": PEER_NOTE if peers else None,
+            "cold_setup_s": cold_setup,
+        }
+        report["machine"] = info
         return report
     finally:
-        if llm is not None:
-            llm.close()
-        for b in opened:
+        for peer in peers.values():
+            peer.close()
+        for b in reversed(opened):
             b.close()
-
-
-def format_report(report: dict) -> str:
-    lines = ["c(k): " + " ".join(f"{c:.2f}" for c in report["cost_curve"])]
-    for wl, table in report["workloads"].items():
-        lines.append(f"\n[{wl}]  {'config':12s} {'tok/s':>7s} {'speedup':>8s} {'cpu tok/s':>9s} {'cpu spd':>8s} "
-                     f"{'pred':>6s} {'accept':>7s} {'tok/call':>8s} identical")
-        for name, row in table.items():
-            if name.startswith("_"):
-                continue
-            acc = f"{row['acceptance']:.0%}" if row["acceptance"] is not None else "-"
-            pred = f"{row['predicted_speedup']:.2f}" if row["predicted_speedup"] else "-"
-            lines.append(f"  {name:20s} {row['tokens_per_s']:7.2f} {row['speedup']:7.2f}x "
-                         f"{row['cpu_tokens_per_s']:9.2f} {row['cpu_speedup']:7.2f}x {pred:>6s} {acc:>7s} "
-                         f"{row['tokens_per_call'] or 0:8.2f} {'yes' if row['identical'] else 'NO'}")
-        for metric, t in table["_targets"].items():
-            autos = ", ".join(f"{k} {v:.2f}" for k, v in t["auto_vs_best"].items())
-            lines.append(f"  [{metric}] best fixed: {t['best_fixed']} ({t['best_fixed_speedup']:.2f}x); "
-                         f"auto / best: {autos}")
-    return "\n".join(lines)
-
-
-def plot_report(report: dict, path: str | Path, configs: Sequence[str] | None = None) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    wls = list(report["workloads"])
-    fig, axes = plt.subplots(1, len(wls) + 1, figsize=(5 * (len(wls) + 1), 4.5))
-    for ax, wl in zip(axes, wls, strict=False):
-        rows = {k: v for k, v in report["workloads"][wl].items() if not k.startswith("_")}
-        names = list(configs or rows)
-        names = [n for n in names if n in rows]
-        y = np.arange(len(names))
-        ax.barh(y - 0.2, [rows[n]["speedup"] for n in names], height=0.4, color="tab:blue", label="wall clock")
-        ax.barh(y + 0.2, [rows[n]["cpu_speedup"] for n in names], height=0.4, color="tab:green", label="CPU time")
-        pred = [rows[n]["predicted_speedup"] or 0 for n in names]
-        ax.scatter(pred, y, color="tab:orange", marker="|", s=200, label="predicted from c(k)")
-        ax.set_yticks(y, names)
-        ax.axvline(1.0, color="k", lw=0.8)
-        ax.set_title(f"{wl}: speedup vs plain")
-        ax.tick_params(axis="y", labelsize=7)
-        ax.legend(fontsize=7)
-    ax = axes[-1]
-    ax.plot(range(len(report["cost_curve"])), report["cost_curve"], marker="o")
-    ax.set_xlabel("k drafted tokens")
-    ax.set_ylabel("c(k) = time(k+1) / time(1)")
-    ax.set_title("verify-cost curve")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

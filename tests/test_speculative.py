@@ -164,20 +164,3 @@ def test_other_vocab_model_mode_refused_auto_picks_xvocab(tinystories656k_gguf, 
             assert run(target, prompt, strategy).tokens == run(target, prompt, autoregressive).tokens
         finally:
             strategy.close()
-
-
-def test_bench_smoke(tinystories656k_gguf, tmp_path) -> None:
-    """`tandem bench` end to end on the tiny converted model (itself as oracle)."""
-    from tandem.app.cli import main
-
-    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
-    rc = main(["bench", "-m", str(tinystories656k_gguf), "--oracle", str(tinystories656k_gguf), "-n", "6",
-               "--prompts", "1", "--lengths", "1,2", "--drafters", "ngram,oracle", "--threads", "1",
-               "--json", str(out), "--plot", str(png)])
-    assert rc == 0 and png.stat().st_size > 0
-    import json
-
-    report = json.loads(out.read_text())
-    for table in report["workloads"].values():
-        assert all(row["identical"] for name, row in table.items() if not name.startswith("_"))
-        assert {"plain", "ngram@1", "oracle@2", "auto-ngram", "auto-oracle", "llama-lookup"} <= set(table)
