@@ -6,6 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
+from tandem.app.progress import Progress
 from tandem.models.convert import convert_hf
 from tandem.models.quantize import FILE_TYPES, quantize_gguf
 
@@ -31,11 +32,15 @@ def _report(out: Path, start: float) -> None:
 
 def run_convert(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    _report(convert_hf(args.src, args.output, args.type), start)
+    with Progress(f"converting {args.src}"):
+        out = convert_hf(args.src, args.output, args.type)
+    _report(out, start)
     return 0
 
 
 def run_quantize(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    _report(quantize_gguf(args.src, args.output, args.type, args.threads), start)
+    with Progress(f"quantizing {args.src} to {args.type}"):
+        out = quantize_gguf(args.src, args.output, args.type, args.threads)
+    _report(out, start)
     return 0

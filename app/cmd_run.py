@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from tandem.app.progress import Progress
 from tandem.app.terminal_text import StreamCleaner
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.models.store import resolve_model
@@ -161,10 +162,12 @@ def run_prompt(target: Backend, prompt: str, *, raw: bool) -> tuple[list[int], l
 
 def run(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
-    target, draft_window, placed = open_planned(args)
+    with Progress(f"loading {args.model}"):
+        target, draft_window, placed = open_planned(args)
     strategy = None
     try:
-        strategy = strategy_from_args(target, args, draft_window=draft_window, placed=placed)
+        with Progress("preparing speculative decoding"):  # the first run measures the verify cost
+            strategy = strategy_from_args(target, args, draft_window=draft_window, placed=placed)
         ids, template_stops = run_prompt(target, prompt, raw=args.raw)
         sampler = Sampler(sampling_from_args(args))
         events = generate(target, ids, sampler, strategy=strategy, max_tokens=args.max_tokens,

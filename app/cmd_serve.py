@@ -58,11 +58,13 @@ def request_log_path(value: str | None) -> Path | None:
 
 def open_server(args: argparse.Namespace):
     """The model slot and the ASGI app ``args`` describe (the model is loaded here)."""
+    from tandem.app.progress import Progress
     from tandem.app.server.app import ServerConfig, create_app
     from tandem.app.server.models import load_model
 
-    slot = load_model(args.model, draft=args.draft, speculative=not args.no_spec, n_ctx=args.ctx,
-                      n_threads=args.threads, ngram_name=args.ngram, max_queue=args.max_queue)
+    with Progress(f"loading {args.model}"):
+        slot = load_model(args.model, draft=args.draft, speculative=not args.no_spec, n_ctx=args.ctx,
+                          n_threads=args.threads, ngram_name=args.ngram, max_queue=args.max_queue)
     try:
         app = create_app([slot], ServerConfig(max_queue=args.max_queue, api_key=args.api_key,
                                               allow_origins=tuple(o.rstrip("/") for o in args.allow_origin),

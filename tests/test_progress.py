@@ -1,0 +1,49 @@
+"""The CLI's stderr progress line: drawn on a terminal only, redrawn in place, erased at the end."""
+
+from __future__ import annotations
+
+import io
+import time
+
+from tandem.app.progress import Progress, bar
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_line_is_drawn_in_place_and_erased() -> None:
+    term = FakeTerminal()
+    with Progress("loading qwen", term, delay=0.0, interval=0.01) as progress:
+        progress.stage("planning memory")
+        deadline = time.monotonic() + 10
+        while "planning memory" not in term.getvalue():
+            assert time.monotonic() < deadline, term.getvalue()
+            time.sleep(0.01)
+    out = term.getvalue()
+    assert out.startswith("\rtandem: loading qwen")
+    assert "\n" not in out  # redrawn with carriage returns, never a new line per update
+    last = out.rsplit("\r", 2)[-2]
+    assert last.strip() == "" and len(last) >= len("tandem: loading qwen (planning memory)… 0 s")
+    assert out.endswith("\r")
+
+
+def test_nothing_on_a_pipe_or_for_quick_work() -> None:
+    pipe = io.StringIO()
+    with Progress("loading", pipe, delay=0.0, interval=0.01):
+        time.sleep(0.05)
+    assert pipe.getvalue() == ""
+    term = FakeTerminal()
+    with Progress("loading", term, delay=5.0):
+        pass
+    assert term.getvalue() == ""
+
+
+def test_line_and_bar() -> None:
+    p = Progress("converting", FakeTerminal(), enabled=False)
+    p._started = 100.0
+    p.stage("tensors")
+    p.advance(9, 24)
+    assert p.line(now=103.0) == "tandem: converting (tensors)… [#########---------------]  37% 9/24 3 s"
+    assert bar(0, 0) == "[------------------------]   0% 0/0"
