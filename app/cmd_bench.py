@@ -93,16 +93,21 @@ def run(args: argparse.Namespace) -> int:
         draft_max=args.draft_max, workloads=args.workloads, configs=args.configs, threads=args.threads,
         ctx=args.ctx or 1024, peers=not args.no_peers,
         log=lambda line: print(line, file=sys.stderr, flush=True),
+        checkpoint=(lambda partial: _write_json(Path(args.json_file), partial)) if args.json_file else None,
     )
     report = run_bench(cfg)
     print(format_report(report))
     print()
     print(markdown_table(report))
     if args.json_file:
-        Path(args.json_file).write_text(json.dumps(report, indent=1, default=str))
+        _write_json(Path(args.json_file), report)
     if args.plot:
         plot_report(report, args.plot)
     return 0
+
+
+def _write_json(path: Path, report: dict) -> None:
+    path.write_text(json.dumps(report, indent=1, default=str))
 
 
 def _check_writable(path: Path) -> None:

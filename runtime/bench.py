@@ -66,6 +66,8 @@ class BenchConfig:
     peers: bool = True
     """Run llama-cpp-python plain and with prompt lookup."""
     log: Callable[[str], None] = print
+    checkpoint: Callable[[dict], None] | None = None
+    """Called with the report so far after each workload (the CLI writes --json then)."""
 
 
 @dataclass(frozen=True)
@@ -234,18 +236,15 @@ def run_bench(cfg: BenchConfig) -> dict:
                 f"load average {info['load_start'][0]:.2f}")
         cold_setup = warm_up(target, work, names, run_one, cfg.log)
         runs: list[Run] = []
-        for rep in range(cfg.reps):
-            for wl in work.values():
-                for pi, prompt in enumerate(wl.prompts):
-                    for name in rotated(names, rep * len(wl.prompts) + pi):
-                        res = run_one(name, prompt, None, wl.shared_suffix_cache)
-                        runs.append(Run(name, wl.name, pi, rep, res))
-                        cfg.log(f"rep {rep} {wl.name:10s} p{pi} {name:14s} {res.tokens_per_s:7.2f} tok/s "
-                                f"cpu {res.cpu_tokens_per_s:7.2f} calls {res.target_calls:4d} "
-                                f"acc {res.accepted}/{res.drafted}")
-        info["load_end"] = list(os.getloadavg())
-        report = summarize(runs, target, names)
-        report["config"] = {
+
+        def report() -> dict:
+            info["load_end"] = list(os.getloadavg())
+            out = summarize(runs, target, names)
+            out["config"] = settings
+            out["machine"] = info
+            return out
+
+        settings = {
             "target": str(cfg.target), "n_tokens": cfg.n_tokens, "prompts": cfg.prompts, "reps": cfg.reps,
             "threads": threads, "ctx": target.n_ctx, "lengths": list(cfg.lengths), "draft_max": cfg.draft_max,
             "drafters": {d.label: {"path": str(d.path), "same_vocab": d.same_vocab} for d in drafters},
@@ -253,8 +252,20 @@ def run_bench(cfg: BenchConfig) -> dict:
             "peers": PEER_NOTE if peers else None,
             "cold_setup_s": cold_setup,
         }
-        report["machine"] = info
-        return report
+        # workload by workload (repetitions alternate within one), so a long run that is
+        # stopped early still has whole workloads to show (``checkpoint``)
+        for wl in work.values():
+            for rep in range(cfg.reps):
+                for pi, prompt in enumerate(wl.prompts):
+                    for name in rotated(names, rep * len(wl.prompts) + pi):
+                        res = run_one(name, prompt, None, wl.shared_suffix_cache)
+                        runs.append(Run(name, wl.name, pi, rep, res))
+                        cfg.log(f"rep {rep} {wl.name:10s} p{pi} {name:14s} {res.tokens_per_s:7.2f} tok/s "
+                                f"cpu {res.cpu_tokens_per_s:7.2f} calls {res.target_calls:4d} "
+                                f"acc {res.accepted}/{res.drafted}")
+            if cfg.checkpoint is not None:
+                cfg.checkpoint(report())
+        return report()
     finally:
         for peer in peers.values():
             peer.close()
