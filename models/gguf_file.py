@@ -8,7 +8,9 @@ clear :class:`ModelFormatError` instead of a crash inside native code.
 
 from __future__ import annotations
 
+import math
 import os
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,22 +146,42 @@ def _tensor_nbytes(path: Path, name: str, shape: tuple[int, ...], ggml_type: int
 def inspect_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
     """Read and validate a GGUF file's header and tensor table (no tensor data is read)."""
     path = Path(path)
-    if not path.exists():
-        raise ModelNotFound(f"No such model file: {path}")
-    if path.is_dir():
-        raise ModelFormatError(f"{path} is a folder, not a GGUF file (convert it with `tandem convert`).")
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        if size < 24 or f.read(4) != MAGIC:
-            raise ModelFormatError(f"{path} is not a GGUF model file (no GGUF magic bytes at its start).")
+    size = check_regular_file(path)
     import mmap
 
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        view = memoryview(mm)
-        try:
-            return _parse(path, view, size)
-        finally:
-            view.release()
+    try:
+        with open(path, "rb") as f:
+            if size < 24 or f.read(4) != MAGIC:
+                raise ModelFormatError(f"{path} is not a GGUF model file (no GGUF magic bytes at its start).")
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)
+            try:
+                return _parse(path, view, size)
+            finally:
+                view.release()
+    except OSError as exc:
+        raise ModelFormatError(f"Cannot read {path}: {exc.strerror or exc}.") from None
+
+
+def check_regular_file(path: Path) -> int:
+    """The size of ``path`` if it is a readable regular file; a clear error otherwise.
+
+    Checked with ``stat`` before anything opens it: opening a FIFO blocks until a writer
+    appears, and a device can be endless.
+    """
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise ModelNotFound(f"No such model file: {path}") from None
+    except OSError as exc:
+        raise ModelFormatError(f"Cannot read {path}: {exc.strerror or exc}.") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ModelFormatError(f"{path} is a folder, not a GGUF file (convert it with `tandem convert`).")
+    if not stat.S_ISREG(st.st_mode):
+        raise ModelFormatError(f"{path} is not a regular file (a pipe, socket or device); a model must be a file.")
+    if not os.access(path, os.R_OK):
+        raise ModelFormatError(f"Cannot read {path}: permission denied.")
+    return st.st_size
 
 
 def _parse(path: Path, view: memoryview, size: int) -> GGUFInfo:
@@ -213,3 +235,79 @@ def check_runnable(info: GGUFInfo) -> None:
         raise UnsupportedModel(f"{info.path}: architecture {arch!r} is not supported by this runtime.")
     if not info.tensors:
         raise ModelFormatError(f"{info.path} holds a vocabulary only (no weights); it cannot generate text.")
+    check_hyperparameters(info)
+
+
+MAX_LAYERS = 1024
+MAX_CONTEXT = 1 << 24
+_EPS_KEYS = ("attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon")
+
+
+def _layer_indices(info: GGUFInfo) -> set[int]:
+    out = set()
+    for t in info.tensors:
+        parts = t.name.split(".")
+        if len(parts) > 2 and parts[0] == "blk" and parts[1].isdigit():
+            out.add(int(parts[1]))
+    return out
+
+
+def _int_key(info: GGUFInfo, key: str, lo: int, hi: int) -> int | None:
+    value = info.arch_value(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ModelFormatError(f"{info.path} is corrupted: {info.architecture}.{key} is {value!r} "
+                               f"(expected an integer in {lo}..{hi}).")
+    return value
+
+
+def check_hyperparameters(info: GGUFInfo) -> None:
+    """The metadata llama.cpp trusts without checking (it aborts the process, or
+    computes garbage, on a layer count, epsilon or head count that makes no sense),
+    checked against sane ranges and against the tensor table."""
+    path, arch = info.path, info.architecture
+    layers = _layer_indices(info)
+    n_layer = _int_key(info, "block_count", 1, MAX_LAYERS)
+    if n_layer is not None and layers and (max(layers) + 1 != n_layer or len(layers) != n_layer):
+        raise ModelFormatError(f"{path} is corrupted: {arch}.block_count says {n_layer} layers but the file "
+                               f"holds tensors for {len(layers)}.")
+    _int_key(info, "context_length", 1, MAX_CONTEXT)
+    n_embd = _int_key(info, "embedding_length", 1, 1 << 20)
+    n_head = _int_key(info, "attention.head_count", 1, 1 << 14)
+    n_head_kv = _int_key(info, "attention.head_count_kv", 1, 1 << 14)
+    if n_head is not None and n_head_kv is not None and n_head % n_head_kv:
+        raise ModelFormatError(f"{path} is corrupted: {n_head} attention heads cannot be shared by "
+                               f"{n_head_kv} KV heads.")
+    key_length = _int_key(info, "attention.key_length", 1, 1 << 16)
+    if n_embd is not None and n_head is not None and key_length is None and n_embd % n_head:
+        raise ModelFormatError(f"{path} is corrupted: an embedding of {n_embd} does not split into "
+                               f"{n_head} heads.")
+    for key in _EPS_KEYS:
+        eps = info.arch_value(key)
+        if eps is not None and (not isinstance(eps, int | float) or isinstance(eps, bool)
+                                or not math.isfinite(eps) or not 0 < eps < 1):
+            raise ModelFormatError(f"{path} is corrupted: {arch}.{key} is {eps!r} (expected a small positive number).")
+    _check_embeddings(info, n_embd)
+
+
+def _check_embeddings(info: GGUFInfo, n_embd: int | None) -> None:
+    """The token-embedding matrix must match the vocabulary and the embedding width."""
+    embd = next((t for t in info.tensors if t.name == "token_embd.weight"), None)
+    if embd is None or len(embd.shape) != 2:
+        return
+    width, rows = embd.shape
+    if n_embd is not None and width != n_embd:
+        raise ModelFormatError(f"{info.path} is corrupted: token_embd.weight is {width} wide but "
+                               f"{info.architecture}.embedding_length is {n_embd}.")
+    tokens = info.metadata.get("tokenizer.ggml.tokens")
+    n_vocab = tokens.length if isinstance(tokens, ArrayInfo) else len(tokens) if isinstance(tokens, list) else None
+    if n_vocab is not None and n_vocab != rows:
+        raise ModelFormatError(f"{info.path} is corrupted: the vocabulary has {n_vocab} tokens but "
+                               f"token_embd.weight has {rows} rows.")
+    declared = info.arch_value("vocab_size")
+    if declared is not None and declared != rows:
+        raise ModelFormatError(f"{info.path} is corrupted: {info.architecture}.vocab_size is {declared!r} but "
+                               f"token_embd.weight has {rows} rows.")
+    if any(d == 0 for t in info.tensors for d in t.shape):
+        raise ModelFormatError(f"{info.path} is corrupted: a tensor has a zero-sized dimension.")

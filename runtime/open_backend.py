@@ -33,4 +33,32 @@ def open_backend(path: str | Path, *, n_ctx: int | None = None, n_threads: int |
         return TorchBackend(path, TorchConfig(n_ctx=n_ctx, n_threads=n_threads))
     from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
 
-    return LlamaCppBackend(path, llama_config or LlamaConfig(n_ctx=n_ctx, n_threads=n_threads))
+    backend = LlamaCppBackend(path, llama_config or LlamaConfig(n_ctx=n_ctx, n_threads=n_threads))
+    try:
+        check_finite_logits(backend)
+    except BaseException:
+        backend.close()
+        raise
+    return backend
+
+
+PROBE_TEXT = " The quick brown fox jumps over the lazy dog."
+
+
+def check_finite_logits(backend: Backend) -> None:
+    """One short forward pass after loading: damaged weights (a NaN or infinite scale in
+    a quantized block) give NaN or infinite logits, which would otherwise be "generated"
+    as garbage. Reports them as a corrupted file instead; the cache is left empty."""
+    import numpy as np
+
+    from tandem.models.errors import ModelFormatError
+
+    bos = backend.special.bos
+    ids = ([] if bos is None else [bos]) + backend.tokenize(PROBE_TEXT)[: max(1, min(16, backend.n_ctx - 2))]
+    try:
+        logits = backend.evaluate(ids or [0], logits_for=range(len(ids or [0])))
+    finally:
+        backend.truncate(0)
+    if not np.isfinite(logits).all():
+        raise ModelFormatError(f"{backend.name}: the model computes NaN or infinite values on a test prompt; "
+                               "its weights are damaged (re-download or re-convert the file).")
