@@ -69,7 +69,7 @@ def test_llama_vim_session(qwen_server) -> None:
     assert _post(url, _request("llama_vim_warmup")) == {}  # response_fields [""]
     warmed = len(slot.target.tokens)
     assert warmed > 80  # the two extra files (93 tokens with their headers) are in the KV cache now
-    body = _post(url, _request("llama_vim_fim_first", n_predict=24))
+    body = _post(url, _request("llama_vim_fim_first", n_predict=16))
     assert set(body) == set(_request("llama_vim_fim")["response_fields"])
     assert body["content"].startswith(RIGHT_FILL), body["content"]
     assert body["tokens_cached"] == warmed - 2  # all but the warm-up's empty <|fim_suffix|><|fim_middle|>
@@ -81,7 +81,7 @@ def test_llama_vscode_session(qwen_server) -> None:
     url, _ = qwen_server
     warm = _post(url, _request("llama_vscode_warmup"))
     assert warm["content"] == "" and warm["timings"]["predicted_n"] == 0 and warm["stop_type"] == "limit"
-    body = _post(url, _request("llama_vscode_fim", n_predict=24))
+    body = _post(url, _request("llama_vscode_fim", n_predict=16))
     assert body["content"].startswith(RIGHT_FILL), body["content"]
     assert body["tokens_cached"] == body["tokens_evaluated"] - 1  # the warm-up had exactly this prompt
     assert body["timings"]["prompt_n"] == 1
@@ -95,11 +95,11 @@ def test_llama_vscode_session(qwen_server) -> None:
 
 def test_n_indent_and_stop_words(qwen_server) -> None:
     url, _ = qwen_server
-    body = _post(url, _request("llama_vscode_fim_no_extra", n_predict=24, stop=["shape"]))
+    body = _post(url, _request("llama_vscode_fim_no_extra", n_predict=8, stop=["shape"]))
     assert body["stop_type"] == "word" and body["stopping_word"] == "shape"
     assert body["content"] == "rectangle_area("
     # n_indent past the cursor's indentation: the first later line ends the suggestion
-    body = _post(url, _request("llama_vscode_fim_no_extra", n_predict=24, n_indent=40,
+    body = _post(url, _request("llama_vscode_fim_no_extra", n_predict=12, n_indent=40,
                                prompt="            total += rectangle_area(shape[\"width\"], shape[\"height\"])\n"))
     assert body["stop_type"] in ("limit", "eos")
     assert "\n" not in body["content"].rstrip("\n")
@@ -107,7 +107,7 @@ def test_n_indent_and_stop_words(qwen_server) -> None:
 
 def test_streamed_infill_matches_the_reply(qwen_server) -> None:
     url, _ = qwen_server
-    body = _request("llama_vscode_fim_no_extra", n_predict=12)
+    body = _request("llama_vscode_fim_no_extra", n_predict=8)
     full = _post(url, body)
     with httpx.stream("POST", f"{url}/infill", json=body | {"stream": True}, timeout=120) as r:
         events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
@@ -119,17 +119,17 @@ def test_seeded_sampling_repeats_under_default_drafting(qwen_server) -> None:
     """Three identical seeded requests (speculation on, its suffix tree learning from
     each) give one text; another seed may differ."""
     url, _ = qwen_server
-    body = _request("llama_vscode_fim_no_extra", n_predict=16, temperature=0.9, top_p=1.0, seed=1234,
+    body = _request("llama_vscode_fim_no_extra", n_predict=8, temperature=0.9, top_p=1.0, seed=1234,
                     cache_prompt=True)
     texts = {_post(url, body)["content"] for _ in range(3)}
     assert len(texts) == 1 and next(iter(texts))
 
 
 def test_n_choices_honour_temperature_and_seed(qwen_server) -> None:
+    """n sampled sequences at a temperature (superposed drafts at temperature 0 are
+    tested on stories260K in test_server.py)."""
     url, _ = qwen_server
-    base = {"prompt": "def fibonacci(n):\n", "max_tokens": 10, "n": 3}
-    greedy = httpx.post(f"{url}/v1/completions", json=base | {"temperature": 0}, timeout=120).json()
-    assert "superposed" in greedy["tandem"]
+    base = {"prompt": "def fibonacci(n):\n", "max_tokens": 6, "n": 3}
     hot = base | {"temperature": 1.2, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 99}
     first = httpx.post(f"{url}/v1/completions", json=hot, timeout=120).json()
     again = httpx.post(f"{url}/v1/completions", json=hot, timeout=120).json()
