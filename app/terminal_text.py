@@ -16,7 +16,7 @@ _COMPLETE = (
     r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI ... final byte
     r"|\x1b\][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)"  # OSC ... BEL or ST
     r"|\x1b[PX^_][^\x1b\x9c]*(?:\x1b\\|\x9c)"  # DCS, SOS, PM, APC ... ST
-    r"|\x1b[ -/]*[0-~]"  # other escapes (charset selection, keypad modes, RIS, ...)
+    r"|\x1b[ -/]*[0-OQ-WYZ\\`-~]"  # other escapes (charset selection, keypad modes, RIS, ...)
     r"|\x9b[0-?]*[ -/]*[@-~]"  # 8-bit CSI
     r"|[\x90\x98\x9d\x9e\x9f][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)"  # 8-bit DCS/SOS/OSC/PM/APC
 )
