@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         draft_len=args.draft_len,
         budget=args.budget,
         placement=args.placement,
+        fast_verify=args.fast_verify,
     )
     TandemApp(config).run()
     return 0

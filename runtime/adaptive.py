@@ -1,17 +1,19 @@
-"""Adaptive speculation: how many tokens to draft each round, or none at all.
+"""Adaptive speculation: which source drafts each round, how much, or none at all.
 
 On a CPU, verifying k drafted tokens is not free: one call over k+1 tokens costs c(k)
-times a one-token call (≈1.7x for k=1, ≈3x for k=8 on this class of machine). So the
-engine
+times a one-token call (≈1.6x for k=1, ≈3.5x for k=8 for the Qwen 1.5B on 2 cores). So
+the engine
 
-1. measures the verify-cost curve c(k) once per model file and machine and caches it
-   in the user cache dir (:func:`load_cost_curve`);
-2. keeps a running, decayed estimate of the conditional acceptance a_i of the i-th
-   drafted token (given the ones before it were accepted), plus the drafter's cost per
-   token and the per-round overhead, both relative to a one-token target call;
-3. picks the draft length maximising expected tokens per unit time,
+1. learns c(k) online from the run's own verify calls (:class:`OnlineCost`), starting
+   from what earlier runs learnt for this model on this machine (cached in the user
+   cache dir) or a generic CPU prior — nothing is measured before the first token;
+2. keeps, per draft source, a decayed estimate of the conditional acceptance a_i of the
+   i-th drafted token (given the ones before it were accepted), plus the model
+   drafter's cost per token and the per-round overhead, relative to a one-token call;
+3. picks, each round, the source and length maximising expected tokens per unit time,
    E(k) / T(k) with E(k) = 1 + sum_j prod_{i<=j} a_i and T(k) = c(k) + d k + o,
-   where k = 0 is plain decoding (E = T = 1);
+   where k = 0 is plain decoding (E = T = 1); model-free sources (d = 0) are asked
+   every round and judged by their draft's own confidence;
 4. when k = 0 wins, speculation is off; it probes again after a back-off that doubles
    while probes keep failing, so the worst case stays within a few percent of plain;
 5. passes a SpecDec++ threshold to drafters that can stop early: stop drafting when
@@ -28,6 +30,7 @@ import json
 import os
 import platform
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,10 +80,18 @@ class OnlineCost:
 
     prior: CostCurve
     chunk: int | None = None
-    decay: float = 0.8
+    window: int = 16
+    """Each size's time is the median of its last ``window`` calls: robust to the spikes
+    of a shared machine, and — unlike a minimum — not biased by how often a size is
+    seen (plain one-token calls are far more frequent than any one draft length, and a
+    minimum over more samples is lower, which would make every draft look dear)."""
+
+    sizes: int = 33
+    """Call sizes learnt (tokens), enough for the longest model-free draft plus one."""
 
     def __post_init__(self) -> None:
-        n = max(len(self.prior.c), (self.chunk or 0)) + 1
+        n = max(len(self.prior.c), self.chunk or 0, self.sizes)
+        self._recent = [deque(maxlen=self.window) for _ in range(n)]
         self._v = np.zeros(n)
         self._w = np.zeros(n)
 
@@ -88,8 +99,9 @@ class OnlineCost:
         """One verify call over ``k + 1`` tokens took ``seconds``."""
         if k >= len(self._v) or seconds <= 0:
             return
+        self._recent[k].append(seconds)
         self._w[k] += 1
-        self._v[k] = seconds if self._w[k] == 1 else self.decay * self._v[k] + (1 - self.decay) * seconds
+        self._v[k] = float(np.median(self._recent[k]))
 
     @property
     def learnt(self) -> bool:
@@ -116,7 +128,7 @@ class OnlineCost:
             return 1.0
         learnt = self._learnt(k)
         if learnt is not None:
-            return learnt
+            return min(learnt, k + 1.0)  # a batch is never dearer than its tokens one by one
         scales = [(x - 1.0) / (self.prior(j) - 1.0) for j in range(1, len(self._w))
                   if (x := self._learnt(j)) is not None and self.prior(j) > 1.0]
         scale = float(np.median(scales)) if scales else 1.0
@@ -413,8 +425,8 @@ class AdaptivePolicy:
         self._probe_gap = self.config.probe_every
         self.rounds_off = 0
         self.probes = 0
-        self._calib_acc = 0.0
-        self._calib_conf = 0.0
+        self._calib: dict[str, tuple[float, float]] = {}
+        """Per source: decayed (accepted tokens, summed confidence of the tokens tested)."""
         self._last_conf: np.ndarray | None = None
         self.model_budget: int | None = None
 
@@ -512,7 +524,7 @@ class AdaptivePolicy:
             return min(n, self.model_budget) if self.cheap_sources and self.model_budget is not None else n
         if confidence is not None:
             raw = np.asarray(confidence[:n], dtype=np.float64)
-            a = np.clip(raw * self.calibration(), 0.0, 0.999)
+            a = np.clip(raw * self.calibration(source), 0.0, 0.999)
             self._last_conf = raw
         else:
             a = self._free_stats(source).rates()[:n]
@@ -548,9 +560,11 @@ class AdaptivePolicy:
         saved = min((n + 1) * self.draft_cost, self.cost(n))
         return hit * saved > (1 - hit) * spill
 
-    def calibration(self) -> float:
-        """Observed acceptances per unit of predicted confidence (decayed)."""
-        return float(np.clip((self._calib_acc + 1.0) / (self._calib_conf + 1.0), 0.0, 1.5))
+    def calibration(self, source: str = "") -> float:
+        """Observed acceptances per unit of predicted confidence for ``source`` (decayed):
+        each source's confidence (suffix-tree frequencies, match lengths) is its own scale."""
+        acc, conf = self._calib.get(source, (0.0, 0.0))
+        return float(np.clip((acc + 1.0) / (conf + 1.0), 0.0, 1.5))
 
     def observe(
         self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float, source: str = "",
@@ -567,10 +581,10 @@ class AdaptivePolicy:
             return
         if self.is_free(source):
             self._free_stats(source).observe(drafted, accepted)
-            self._calibrate(drafted, accepted)
+            self._calibrate(drafted, accepted, source)
             return
         self._model.observe(drafted, accepted)
-        self._calibrate(drafted, accepted)
+        self._calibrate(drafted, accepted, source)
         if not timed:
             return
         t1 = self.cost.t1_s
@@ -579,9 +593,10 @@ class AdaptivePolicy:
             extra = max(0.0, round_s - draft_s - verify_s) / t1
             self.overhead = 0.8 * self.overhead + 0.2 * extra
 
-    def _calibrate(self, drafted: int, accepted: int) -> None:
+    def _calibrate(self, drafted: int, accepted: int, source: str) -> None:
         if self._last_conf is not None:
             tested = min(drafted, accepted + 1)
-            self._calib_acc = self.config.decay * self._calib_acc + accepted
-            self._calib_conf = self.config.decay * self._calib_conf + float(np.sum(self._last_conf[:tested]))
+            acc, conf = self._calib.get(source, (0.0, 0.0))
+            decay = self.config.decay
+            self._calib[source] = (decay * acc + accepted, decay * conf + float(np.sum(self._last_conf[:tested])))
             self._last_conf = None

@@ -2,18 +2,38 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from textual.app import App
 from textual.binding import Binding
 
-from tandem.app.history import History
+from tandem.app.history import History, HistoryDamaged, default_path
 from tandem.app.tui.chat_screen import ChatScreen
 from tandem.app.tui.modals import NoModelScreen
 from tandem.app.tui.session import ChatSettings, ModelChoice, restored_choice
 from tandem.models.paths import models_dir
 from tandem.models.store import list_models
+
+
+def open_history(path: Path | None) -> tuple[History, str | None]:
+    """The chat history, and a notice when a damaged file had to be set aside.
+
+    A damaged file (failed integrity check) is renamed, never deleted, with its WAL
+    files, and the app starts on a fresh one: a broken history costs a message on
+    screen, not the app. Everything else (a locked or unreadable file) stays an error.
+    """
+    try:
+        return History(path), None
+    except HistoryDamaged as exc:
+        bad = Path(path) if path is not None else default_path()
+        kept = bad.with_name(f"{bad.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+        for suffix in ("", "-wal", "-shm"):
+            src = bad.with_name(bad.name + suffix)
+            if src.exists():
+                src.rename(kept.with_name(kept.name + suffix))
+        return History(path), f"{exc} It was kept as {kept.name} and a new history was started."
 
 
 @dataclass
@@ -38,11 +58,12 @@ class AppConfig:
     """Host memory budget for the memory planner (``tandem chat --budget``)."""
     placement: str = "auto"
     """Where drafter and target run: ``auto`` (measured once, cached), ``gpu``, ``cpu`` or ``target-gpu``."""
+    fast_verify: bool = False
 
     def choice(self, model: Path) -> ModelChoice:
         return ModelChoice(model, self.drafter, self.n_ctx, self.threads, self.draft_mode,
                            self.draft_max, self.draft_len, self.measure_cost, self.budget,
-                           placement=self.placement)
+                           placement=self.placement, fast_verify=self.fast_verify)
 
 
 class TandemApp(App):
@@ -53,9 +74,11 @@ class TandemApp(App):
     def __init__(self, config: AppConfig | None = None) -> None:
         super().__init__()
         self.config = config or AppConfig()
-        self.history = History(self.config.history_path)
+        self.history, self.history_notice = open_history(self.config.history_path)
 
     def on_mount(self) -> None:
+        if self.history_notice:
+            self.notify(self.history_notice, severity="warning", timeout=20)
         choice = self.initial_choice()
         if choice is None:
             self.push_screen(NoModelScreen(models_dir()))

@@ -268,6 +268,9 @@ class ModelChoice:
     placement: str = "auto"
     """Where drafter and target run: ``auto`` (measured once per pair and machine, cached),
     ``gpu``/``cpu`` (the drafter there) or ``target-gpu`` (see runtime.placement)."""
+    fast_verify: bool = False
+    """llama.cpp's fastest kernels and long verify calls instead of the exact
+    configuration (``LlamaConfig.exact``): greedy replies may differ at near-ties."""
 
     @property
     def target_name(self) -> str:
@@ -359,7 +362,8 @@ def load_engine(choice: ModelChoice, progress: Callable[[str], None] | None = No
         if wants_drafter and drafter_path is None:
             choice.notes.append("memory planner: " + "; ".join(plan.reasons))
         say("loading the model")
-        target = open_backend(choice.target, llama_config=plan.target.llama_config())
+        target = open_backend(choice.target,
+                              llama_config=replace(plan.target.llama_config(), exact=not choice.fast_verify))
     if choice.mode == "off" or (drafter_path is None and choice.mode in ("model", "xvocab")):
         return ChatEngine(target)
     drafter = None

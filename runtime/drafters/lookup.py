@@ -12,12 +12,13 @@ from collections.abc import Sequence
 
 from tandem.kernels.sampling import Sampler
 from tandem.runtime.drafters.base import Draft
+from tandem.runtime.drafters.suffix import match_certainty
 
 
 class PromptLookupDrafter:
     """Longest n-gram match first (``max_ngram`` down to ``min_ngram``)."""
 
-    def __init__(self, *, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(self, *, max_ngram: int = 6, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError("need 1 <= min_ngram <= max_ngram")
         self.name = "lookup"
@@ -48,7 +49,8 @@ class PromptLookupDrafter:
         for n in range(min(self.max_ngram, len(seq)), self.min_ngram - 1, -1):
             pos = self._index.get(tuple(seq[-n:]))
             if pos is not None:
-                return Draft(seq[pos : pos + max_tokens], None, self.name)
+                tokens = seq[pos : pos + max_tokens]
+                return Draft(tokens, None, self.name, [match_certainty(n)] * len(tokens))
         return Draft([], None, self.name)
 
     def commit(self, context: Sequence[int], n_accepted: int) -> None:

@@ -120,6 +120,13 @@ def speculate(node: _Node, match_len: int, max_tokens: int, params: SuffixParams
     return tokens, probs, score
 
 
+def match_certainty(match_len: int) -> float:
+    """How much a continuation found after ``match_len`` matching tokens is to be trusted
+    (0.5 after one token, 0.94 after four); adaptive policies calibrate it per source
+    against what is accepted."""
+    return 1.0 - 0.5 ** max(match_len, 0)
+
+
 class GlobalSuffixCache:
     """Sequences of finished requests, in one trie, FIFO-evicted. Thread-safe."""
 
@@ -199,13 +206,14 @@ class SuffixDrafter:
             return Draft([], None, self.name)
         self._sync(context)
         best: tuple[list[int], list[float], float] = ([], [], 0.0)
+        matched = 0
         # Local: the active nodes are the context's own suffixes; the longest one that
         # occurred earlier with a continuation is the match.
         limit = min(self.params.max_match, len(self._active) - 1)
         for j in range(limit, 0, -1):
             node = self._active[j]
             if node.children:
-                best = speculate(node, j, max_tokens, self.params)
+                best, matched = speculate(node, j, max_tokens, self.params), j
                 break
         if self.global_cache is not None:
             with self.global_cache.lock:
@@ -213,9 +221,12 @@ class SuffixDrafter:
                 if node is not None:
                     cand = speculate(node, j, max_tokens, self.params)
                     if cand[2] > best[2]:
-                        best = cand
+                        best, matched = cand, j
         tokens, probs, _ = best
-        return Draft(tokens, None, self.name, probs or None)
+        # A continuation seen once after a 1-token match is a guess; after 12 matching
+        # tokens it is near certain: the frequency alone cannot tell them apart.
+        sure = match_certainty(matched)
+        return Draft(tokens, None, self.name, [p * sure for p in probs] or None)
 
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         """Committed tokens are added lazily at the next proposal."""
