@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from tandem.app.history import HIT_END, HIT_START, MIGRATIONS, History, fts_query
+from tandem.app.history import (
+    COMPLETE,
+    HIT_END,
+    HIT_START,
+    INTERRUPTED,
+    MIGRATIONS,
+    History,
+    fts_query,
+)
 
 
 def test_search_finds_words_across_chats_and_follows_streamed_text(tmp_path: Path) -> None:
@@ -16,7 +24,9 @@ def test_search_finds_words_across_chats_and_follows_streamed_text(tmp_path: Pat
         h.add_message(poems.id, "user", "Write a haiku about code")
         reply = h.start_reply(poems.id)
         for fragment in ["Code is ", "a mirror,\nReflecting ", "light"]:
-            h.append(reply.id, fragment)  # streamed: indexed as it is written
+            h.append(reply.id, fragment)  # streamed: indexed once, when the reply finishes
+        assert h.search("mirror") == []
+        h.finish_reply(reply.id, COMPLETE, {"generated_tokens": 8})
         other = h.create_chat("Shopping")
         h.add_message(other.id, "user", "eggs, milk and a mirror for the hall")
 
@@ -82,3 +92,21 @@ def test_chat_engine_record_round_trips(tmp_path: Path) -> None:
         assert h.update_chat(chat.id, engine=engine).engine == engine
     with History(tmp_path / "h.sqlite3") as h:
         assert h.get_chat(chat.id).engine == engine
+
+
+def test_a_reply_cut_by_esc_or_a_crash_is_searchable(tmp_path: Path) -> None:
+    path = tmp_path / "h.sqlite3"
+    with History(path) as h:
+        chat = h.create_chat("x")
+        stopped = h.start_reply(chat.id)
+        h.append(stopped.id, "stopped by escape")
+        h.finish_reply(stopped.id, INTERRUPTED, {"finish_reason": "cancelled"})
+        crashed = h.start_reply(chat.id)
+        h.append(crashed.id, "the process died here")  # no finish_reply: kill -9
+        assert [x.message_id for x in h.search("escape")] == [stopped.id]
+    with History(path) as h:  # the next open indexes what the dead writer left
+        assert [x.message_id for x in h.search("died")] == [crashed.id]
+        h.finish_reply(crashed.id, COMPLETE, None)
+        h.set_content(crashed.id, "edited afterwards")  # an edit of a finished message
+        assert h.search("died") == [] and [x.message_id for x in h.search("edited")] == [crashed.id]
+        assert h.integrity_ok()

@@ -199,7 +199,7 @@ async def test_each_chat_reopens_with_its_own_model(stories260k: Path, tmp_path:
         chat_list.highlighted = chat_list.get_option_index(str(first))
         chat_list.action_select()
         await until(pilot, lambda: screen.chat.id == first and screen.engine is not None
-                    and screen.choice.target == other)
+                    and screen.choice.target == other, timeout=90)  # a model load on a busy machine
         await send(pilot, screen, "Once upon a time")
         assert app.history.get_chat(first).engine["target"] == str(other)
 

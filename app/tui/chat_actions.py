@@ -116,6 +116,7 @@ class ChatActions:
                 self.tandem.history.delete_chat(chat.id)
                 chats = self.tandem.history.list_chats()
                 await self.open_chat(chats[0].id if chats else None)
+                self.restore_model()
                 self.refresh_chat_list()
                 self.notify(f"Deleted “{chat.title}”")
 
