@@ -6,6 +6,10 @@ output; the fast one lets llama.cpp repack weights for its batched CPU kernels. 
 opened once and run alternately, so machine load hits both alike.
 
     .venv/bin/python benchmarks/exact_cost.py MODEL.gguf [--threads 1] [--reps 5] [-n 64]
+    .venv/bin/python benchmarks/exact_cost.py MODEL.gguf --batch-vs-steps [--fast]
+
+``--batch-vs-steps``: max |logit difference| between a batch of m tokens and m one-token
+steps over the same context, for m = 1..64 (0 means bit-identical).
 """
 
 from __future__ import annotations
@@ -34,13 +38,33 @@ def one_run(backend: LlamaCppBackend, ids: list[int], n: int) -> tuple[float, fl
     return prefill_tps, n / (time.perf_counter() - start)
 
 
+def batch_vs_steps(backend: LlamaCppBackend, ids: list[int]) -> dict[int, float]:
+    out = {}
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 64):
+        head, tail = ids[:-m], ids[-m:]
+        backend.truncate(0)
+        backend.evaluate(head)
+        batch = backend.evaluate(tail, logits_for=range(m))
+        backend.truncate(len(head))
+        steps = np.stack([backend.evaluate([t])[0] for t in tail])
+        out[m] = float(np.abs(batch - steps).max())
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("-n", type=int, default=64)
+    ap.add_argument("--batch-vs-steps", action="store_true")
+    ap.add_argument("--fast", action="store_true", help="with --batch-vs-steps: the fast configuration")
     args = ap.parse_args()
+    if args.batch_vs_steps:
+        with LlamaCppBackend(args.model, LlamaConfig(n_ctx=1024, n_threads=args.threads, exact=not args.fast)) as b:
+            diffs = batch_vs_steps(b, b.tokenize(PROMPT, special=True))
+        print({m: round(d, 6) for m, d in diffs.items()})
+        return
     backends = {name: LlamaCppBackend(args.model, LlamaConfig(n_ctx=1024, n_threads=args.threads, exact=exact))
                 for name, exact in (("exact", True), ("fast", False))}
     ids = backends["exact"].tokenize(PROMPT, special=True)
