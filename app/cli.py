@@ -54,6 +54,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # a read-only or missing data folder, a full disk: one line, no traceback
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"tandem: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

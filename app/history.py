@@ -195,19 +195,35 @@ def default_path() -> Path:
     return data_dir() / "chats.sqlite3"
 
 
+class HistoryDamaged(TandemError):
+    """The history file fails SQLite's integrity check or cannot be read as a database."""
+
+
+def _json_dict(raw: Any) -> dict | None:
+    """A stored JSON object, or ``None`` when the column is empty or damaged: a bad
+    ``params`` or ``stats`` value costs that value, never the chat."""
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def _chat(row: sqlite3.Row) -> ChatRecord:
     return ChatRecord(
-        id=row["id"], title=row["title"], system_prompt=row["system_prompt"],
-        params=json.loads(row["params"] or "{}"), model=row["model"], drafter=row["drafter"],
+        id=row["id"], title=str(row["title"] or ""), system_prompt=str(row["system_prompt"] or ""),
+        params=_json_dict(row["params"]) or {}, model=row["model"], drafter=row["drafter"],
         created_at=row["created_at"], updated_at=row["updated_at"],
-        engine=json.loads(row["engine"]) if row["engine"] else None,
+        engine=_json_dict(row["engine"]),
     )
 
 
 def _message(row: sqlite3.Row) -> MessageRecord:
     return MessageRecord(
-        id=row["id"], chat_id=row["chat_id"], role=row["role"], content=row["content"],
-        stats=json.loads(row["stats"]) if row["stats"] else None, status=row["status"],
+        id=row["id"], chat_id=row["chat_id"], role=row["role"], content=str(row["content"] or ""),
+        stats=_json_dict(row["stats"]), status=row["status"],
         created_at=row["created_at"],
     )
 
@@ -217,19 +233,33 @@ class History:
 
     def __init__(self, path: Path | str | None = None) -> None:
         self.path = Path(path) if path is not None else default_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TandemError(f"Cannot create the folder for the chat history {self.path}: {exc.strerror}. "
+                              "Set TANDEM_HOME to a writable folder or pass --history FILE.") from None
         self._lock = threading.RLock()
         try:
             self._db = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=10.0
             )
             self._db.row_factory = sqlite3.Row
+            # structure only: rows that break a CHECK (an unknown role) are still readable
+            damage = [r[0] for r in self._db.execute("PRAGMA quick_check").fetchall()
+                      if r[0] != "ok" and not r[0].startswith(("CHECK constraint failed", "NULL value in"))]
+            if damage:
+                self._db.close()
+                raise HistoryDamaged(f"The chat history at {self.path} is damaged ({damage[0].splitlines()[-1]}).")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._migrate()
             self._reindex_unfinished()
         except sqlite3.DatabaseError as exc:
+            if hasattr(self, "_db"):  # connect itself may have failed
+                self._db.close()
+            if "malformed" in str(exc):  # a file that is no database at all is left alone
+                raise HistoryDamaged(f"The chat history at {self.path} is damaged ({exc}).") from None
             raise TandemError(f"The chat history at {self.path} cannot be opened: {exc}.") from None
 
     # -- plumbing -----------------------------------------------------------------

@@ -8,8 +8,10 @@ waits for the worker to store the partial reply before the app exits.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from textual import on, work
@@ -21,7 +23,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Label, OptionList
 from textual.worker import Worker
 
-from tandem.app.history import ChatRecord, MessageRecord
+from tandem.app.history import INTERRUPTED, ChatRecord, MessageRecord
 from tandem.app.tui.chat_actions import ChatActions
 from tandem.app.tui.reply_actions import ReplyActions
 from tandem.app.tui.session import (
@@ -50,6 +52,12 @@ class ReplyStarted(Message):
     def __init__(self, record: MessageRecord) -> None:
         super().__init__()
         self.record = record
+
+
+def failure_text(exc: BaseException) -> str:
+    """One line for an unexpected failure: its kind and message, never a traceback."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class ReplyDone(Message):
@@ -264,6 +272,18 @@ class ChatScreen(ChatActions, ReplyActions, Screen):
         if self.engine is None:
             self.notify("The model is still loading (or failed to load).", severity="warning")
             return
+        try:
+            record = await self._store_user_message(text)
+        except sqlite3.Error as exc:  # the typed text stays in the input: nothing is lost
+            self.notify(f"Your message could not be saved ({failure_text(exc)}); it is still in the input. "
+                        "Try again when the disk or the database is free.", severity="error", timeout=12)
+            return
+        self.input.clear()
+        await self.query_one("#messages").mount(self._view(record))
+        self.refresh_chat_list()
+        await self.start_reply()
+
+    async def _store_user_message(self, text: str) -> MessageRecord:
         history = self.tandem.history
         if self.editing is not None and self.chat is not None:
             history.delete_from(self.chat.id, self.editing)
@@ -276,11 +296,7 @@ class ChatScreen(ChatActions, ReplyActions, Screen):
         if (chat.model, chat.drafter, chat.engine) != (self.choice.target_name, self.choice.drafter_name, engine):
             chat = self.chat = history.update_chat(
                 chat.id, model=self.choice.target_name, drafter=self.choice.drafter_name, engine=engine)
-        record = history.add_message(chat.id, "user", text)
-        self.input.clear()
-        await self.query_one("#messages").mount(self._view(record))
-        self.refresh_chat_list()
-        await self.start_reply()
+        return history.add_message(chat.id, "user", text)
 
     async def start_reply(self, resume: MessageRecord | None = None) -> None:
         """Generate the next reply, or with ``resume`` continue that interrupted one."""
@@ -303,6 +319,8 @@ class ChatScreen(ChatActions, ReplyActions, Screen):
             error = None
         except TandemError as exc:
             record, error = None, str(exc)
+        except Exception as exc:  # a locked or full database, a native failure: never a wedged app
+            record, error = None, f"The reply stopped: {failure_text(exc)}"
         self.post_message(ReplyDone(record, error))
 
     async def on_reply_started(self, message: ReplyStarted) -> None:
@@ -347,12 +365,17 @@ class ChatScreen(ChatActions, ReplyActions, Screen):
         view, self.reply_view = self.reply_view, None
         self.worker, self.cancel = None, None
         if message.error:
-            self.notify(message.error, severity="error", timeout=8)
+            self.notify(message.error, severity="error", timeout=12)
         if view is not None and message.record is not None:
             await view.finish(message.record)  # stored content, status and stats
+        elif view is not None:  # failed mid-reply: keep what was shown, marked interrupted
+            await view.finish(replace(view.record, status=INTERRUPTED))
         elif self.chat is not None:
-            await self.open_chat(self.chat.id)
-        self.set_status(self._model_line())
+            try:
+                await self.open_chat(self.chat.id)
+            except sqlite3.Error as exc:
+                self.notify(f"The chat could not be reloaded ({failure_text(exc)}).", severity="error")
+        self.set_status(self._model_line() + (f" · {message.error}" if message.error else ""))
         self.refresh_chat_list()
         self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
         self.replies_done += 1

@@ -169,7 +169,7 @@ class MessageView(Vertical):
         self._apply_mode()
 
     def _role_line(self) -> str:
-        role = {"user": "You", "assistant": "Assistant", "system": "System"}[self.record.role]
+        role = {"user": "You", "assistant": "Assistant", "system": "System"}.get(self.record.role, str(self.record.role))
         model = (self.record.stats or {}).get("model")
         if self.record.role == "assistant" and model:
             role += f" · {model}"
