@@ -50,5 +50,6 @@ def run(args: argparse.Namespace) -> int:
         placement=args.placement,
         fast_verify=args.fast_verify,
     )
-    TandemApp(config).run()
-    return 0
+    app = TandemApp(config)
+    app.run()
+    return app.return_code or 0  # 1 after a crash, not a silent 0

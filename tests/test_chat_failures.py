@@ -210,3 +210,21 @@ def test_unusable_data_folder_is_one_error_line(tmp_path: Path, argv: list[str])
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tandem: error:"), p.stderr
     assert json.dumps(p.stderr)  # printable
+
+
+def _crash() -> None:
+    typed_prompt = "my secret ".upper() + "prompt"  # a local the crash report must not show
+    raise ValueError(f"boom ({len(typed_prompt)})")
+
+
+async def test_crash_report_shows_no_locals(stories260k: Path, tmp_path: Path, capsys) -> None:
+    app = make_app(stories260k, tmp_path)
+    with pytest.raises(ValueError, match="boom"):
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(app, pilot)
+            app.call_later(_crash)
+            await pilot.pause()
+    report = capsys.readouterr().err  # Textual prints the crash report when the app exits
+    assert "boom" in report and "Traceback" in report
+    assert "MY SECRET prompt" not in report
+    assert app.return_code == 1

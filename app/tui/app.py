@@ -111,6 +111,17 @@ class TandemApp(App):
             await screen.stop_generation(wait=True)
         self.exit()
 
+    def _fatal_error(self) -> None:
+        """Textual's crash report without local variables (it shows them by default, and
+        they can hold the user's prompt or replies): the traceback alone."""
+        from rich.segment import Segments
+        from rich.traceback import Traceback
+
+        self.bell()
+        report = Traceback(show_locals=False, width=None)
+        self._exit_renderables.append(Segments(self.console.render(report, self.console.options)))
+        self._close_messages_no_wait()
+
     def on_unmount(self) -> None:
         from tandem.app.tui.session import close_engine
 
