@@ -13,12 +13,14 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from tandem.models.errors import TandemError
-from tandem.models.moefy import MoefyConfig, moefy_layer, read_dense_ffns, write_moe_gguf
+
+if TYPE_CHECKING:  # torch is imported where moefy runs: `tandem` loads every command module
+    import torch
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ def _record_ffn_inputs(n_layers: int) -> Iterator[list[list[torch.Tensor]]]:
 
 def calibration_inputs(src: Path, text: str | None, n_tokens: int, seed: int = 0) -> list[np.ndarray]:
     """Per layer (N, d) FFN inputs from running the dense model on ``text`` or its own samples."""
+    import torch
+
     from tandem.runtime.torch_engine.backend import TorchBackend, TorchConfig
 
     threads = torch.get_num_threads()
@@ -95,6 +99,8 @@ def calibration_inputs(src: Path, text: str | None, n_tokens: int, seed: int = 0
 def moefy_file(
     src: Path, out: Path, n_experts: int, top_k: int, *, text: str | None = None, n_tokens: int = 2048, seed: int = 0
 ) -> MoefyReport:
+    from tandem.models.moefy import MoefyConfig, moefy_layer, read_dense_ffns, write_moe_gguf
+
     if n_experts < 2:
         raise TandemError("moefy needs at least 2 experts.")
     if not 1 <= top_k <= n_experts:

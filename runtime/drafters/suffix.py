@@ -93,8 +93,10 @@ class SuffixParams:
     max_spec_factor: float = 1.0
     min_token_prob: float = 0.1
     max_cached_requests: int = 10_000
-    max_cached_tokens: int = 200_000
-    """Bound on the global trie's memory (roughly ``depth`` nodes per token)."""
+    max_cached_tokens: int = 16_384
+    """Bound on the global trie's memory: about 7 kB per token that never repeats
+    (``depth`` nodes of Python objects), so at most ~120 MB — a cost the memory planner's
+    budget must leave room for (200,000 tokens, the old bound, reached 1.4 GB)."""
     max_request_tokens: int = 4096
     """Only the last this-many tokens of a finished request go to the global trie."""
 
