@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -27,7 +28,9 @@ def tmux() -> Iterator[Callable[..., str]]:
         if IN_CI:
             pytest.fail(message)
         pytest.skip(message)
-    socket = f"tandem-test-{os.getpid()}"
+    # one server per test: a name reused right after the previous test's kill-server can
+    # reach the dying server ("server exited unexpectedly")
+    socket = f"tandem-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
     def run(*args: str, check: bool = True) -> str:
         out = subprocess.run(["tmux", "-L", socket, *args], capture_output=True, text=True, timeout=30)
