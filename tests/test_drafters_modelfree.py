@@ -13,7 +13,7 @@ from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.drafters.base import Draft
 from tandem.runtime.drafters.chain import ChainDrafter
 from tandem.runtime.drafters.lookup import PromptLookupDrafter
-from tandem.runtime.drafters.suffix import (
+from tandem.runtime.drafters.suffix import match_certainty, (
     GlobalSuffixCache,
     SuffixDrafter,
     SuffixParams,
@@ -85,7 +85,9 @@ def test_suffix_proposes_most_frequent_continuation() -> None:
     context = [1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 1, 2, 3, 9, 6, 1, 2, 3]
     draft = SuffixDrafter(SuffixParams(min_token_prob=0.1)).propose(context, 4, GREEDY)
     assert draft.tokens[0] == 4
-    assert draft.confidence is not None and draft.confidence[0] == pytest.approx(2 / 3)
+    # frequency 2/3, scaled by how much a 3-token match is worth (1 - 0.5^3)
+    assert draft.confidence is not None and draft.confidence[0] == pytest.approx(2 / 3 * match_certainty(3))
+    assert match_certainty(1) == 0.5 and match_certainty(12) > 0.99
 
 
 def test_suffix_respects_spec_factor_and_min_prob() -> None:
