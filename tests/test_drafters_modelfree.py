@@ -13,11 +13,12 @@ from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.drafters.base import Draft
 from tandem.runtime.drafters.chain import ChainDrafter
 from tandem.runtime.drafters.lookup import PromptLookupDrafter
-from tandem.runtime.drafters.suffix import match_certainty, (
+from tandem.runtime.drafters.suffix import (
     GlobalSuffixCache,
     SuffixDrafter,
     SuffixParams,
     SuffixTrie,
+    match_certainty,
 )
 
 GREEDY = Sampler(SamplingParams.greedy_params())
