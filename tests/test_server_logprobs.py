@@ -113,11 +113,13 @@ def test_every_request_is_one_log_line(served) -> None:
                       json={"prompt": PROMPT, "max_tokens": 4, "temperature": 0, "stream": True}) as r:
         assert _sse(r.iter_lines())[-1] == "[DONE]"
     httpx.post(f"{url}/v1/completions", json={"prompt": PROMPT, "max_tokens": "x"}, timeout=60)
+    httpx.post(f"{url}/infill", json={"input_prefix": "Once upon", "input_suffix": "", "n_predict": 3}, timeout=60)
     deadline = time.monotonic() + 10
-    while len(log.read_text().splitlines()) < len(before) + 3:  # the stream's line lands as it closes
+    while len(log.read_text().splitlines()) < len(before) + 4:  # the stream's line lands as it closes
         assert time.monotonic() < deadline, log.read_text()
         time.sleep(0.05)
-    whole, stream, bad = [json.loads(line) for line in log.read_text().splitlines()[len(before):]]
+    whole, stream, bad, infill = [json.loads(line) for line in log.read_text().splitlines()[len(before):]]
+    assert infill["route"] == "/infill" and infill["model"] == "stories" and infill["status"] == 200
     assert whole["route"] == "/v1/completions" and whole["status"] == 200 and whole["model"] == "stories"
     assert whole["completion_tokens"] == 5 and whole["prompt_tokens"] > 0 and whole["ttft_ms"] >= 0
     assert "tokens_per_call" in whole and "acceptance_rate" in whole and not whole["stream"]

@@ -176,6 +176,7 @@ class Server:
         """llama-server's /infill (see :mod:`.infill`)."""
         req = infill_api.parse_infill(await self.body(request))
         slot = self.slot(req.gen.model)
+        request.state.model = slot.name
         built = await asyncio.to_thread(infill_api.build_prompt, slot, req)
         ids = built.tokens
         self.check_fits(slot, ids)
