@@ -146,6 +146,37 @@ async def test_locked_database_at_send_keeps_the_typed_message(stories260k: Path
         assert screen.input.text == ""
 
 
+def _fill_disk(history: History) -> None:
+    """SQLite's own "database or disk is full": no page may be added to the file any more."""
+    db = history._db
+    db.execute("CREATE TABLE IF NOT EXISTS filler (x BLOB)")
+    pages = db.execute("PRAGMA page_count").fetchone()[0]
+    db.execute(f"PRAGMA max_page_count={pages}")
+    for size in (512, 64, 8, 1):  # use up the free space left in the last pages too
+        try:
+            while True:
+                db.execute(f"INSERT INTO filler VALUES (randomblob({size}))")
+        except sqlite3.OperationalError as exc:
+            assert "full" in str(exc)
+
+
+async def test_disk_full_at_send_keeps_the_typed_message(stories260k: Path, tmp_path: Path) -> None:
+    app = make_app(stories260k, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(app, pilot)
+        _fill_disk(app.history)
+        screen.input.load_text("a question " * 400)  # needs new pages
+        await pilot.press("enter")
+        await pilot.pause()
+        assert screen.input.text == "a question " * 400 and not screen.generating
+        app.history._db.execute("PRAGMA max_page_count=1073741823")  # room again: the same text goes through
+        app.history._db.execute("DELETE FROM filler")
+        done = screen.replies_done
+        await pilot.press("enter")
+        await until(pilot, lambda: screen.replies_done > done)
+        assert app.history.messages(screen.chat.id)[0].content == "a question " * 400
+
+
 def _damage_page(path: Path, page: int) -> None:
     with open(path, "r+b") as f:
         f.seek(4096 * (page - 1))  # the b-tree page header
