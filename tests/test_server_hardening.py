@@ -369,10 +369,11 @@ def test_no_suffix_cache_shared_between_clients(slot) -> None:
     assert suffix_of(model_free_drafter(slot.target)).global_cache is not None  # the CLI default is shared
 
 
-def test_sigterm_ends_a_stream_with_a_final_event(real_models) -> None:
-    """SIGTERM mid-stream: the client still gets a finish_reason chunk and [DONE]."""
+def _sigterm_mid_stream(model, path: str, body: dict) -> list:
+    """Start `tandem serve`, open a stream, SIGTERM the server after three events, and
+    return every event the client got (the server must then exit cleanly)."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tandem.app.cli", "serve", "-m", str(real_models.smollm2),
+    proc = subprocess.Popen([sys.executable, "-m", "tandem.app.cli", "serve", "-m", str(model),
                              "--port", str(port), "--ctx", "2048", "--threads", "1", "--no-spec"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -386,9 +387,7 @@ def test_sigterm_ends_a_stream_with_a_final_event(real_models) -> None:
                 assert time.monotonic() < deadline, "tandem serve did not come up"
                 time.sleep(0.1)
         events = []
-        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60, json={
-                "messages": [{"role": "user", "content": "Count from 1 to 1000, one number per line."}],
-                "max_tokens": 1900, "stream": True, "temperature": 0}) as r:
+        with httpx.stream("POST", f"http://127.0.0.1:{port}{path}", timeout=60, json=body) as r:
             for line in r.iter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -403,7 +402,23 @@ def test_sigterm_ends_a_stream_with_a_final_event(real_models) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    return events
+
+
+def test_sigterm_ends_a_stream_with_a_final_event(real_models) -> None:
+    """SIGTERM mid-stream: the client still gets a finish_reason chunk and [DONE]."""
+    events = _sigterm_mid_stream(real_models.smollm2, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Count from 1 to 1000, one number per line."}],
+        "max_tokens": 1900, "stream": True, "temperature": 0})
     assert events[-1] == "[DONE]"
     final = [e for e in events[:-1] if e["choices"] and e["choices"][0]["finish_reason"]]
     assert len(final) == 1
     assert sum(1 for e in events[:-1] if e["choices"] and e["choices"][0]["delta"].get("content")) < 1800
+
+
+def test_sigterm_ends_an_infill_stream_with_a_last_event(real_models) -> None:
+    events = _sigterm_mid_stream(real_models.smollm2, "/infill", {
+        "input_prefix": "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,", "n_predict": 1900, "stream": True,
+        "t_max_predict_ms": 600_000})
+    assert events[-1]["stop"] is True
+    assert events[-1]["tandem"]["stopped"] == "server shutting down"

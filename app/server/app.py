@@ -192,18 +192,31 @@ class Server:
         if req.gen.stream:
             watcher.cancel()
 
+            shutdown = anyio.Event()
+
             async def events():
+                stopper = asyncio.create_task(_cancel_on(shutdown, job))
                 try:
+                    ended = False
                     async for ev in _chain(first, items):
                         if isinstance(ev, InfillChunk):
                             yield {"data": json.dumps({"content": ev.text, "stop": False})}
                         elif isinstance(ev, InfillDone):
                             final = infill_api.done_body(ev, req, slot.name, built, fmt) | {"content": ""}
                             yield {"data": json.dumps(final)}
+                            ended = True
+                    if not ended:  # stopped early (the server is shutting down): still a last event
+                        yield {"data": json.dumps({"content": "", "stop": True, "stop_type": "none", "model": slot.name,
+                                                   "tandem": {"stopped": "server shutting down"
+                                                              if shutdown.is_set() else "cancelled"}})}
+                except Exception as exc:  # the response has started: the error goes in the stream
+                    yield {"data": json.dumps(_stream_error(exc))}
                 finally:
                     job.cancel.set()
+                    stopper.cancel()
 
-            return EventSourceResponse(events(), ping=15)
+            return EventSourceResponse(events(), ping=15, shutdown_event=shutdown,
+                                       shutdown_grace_period=self.config.shutdown_grace_s)
         try:
             done = None
             async for ev in _chain(first, items):
