@@ -18,7 +18,8 @@ CHILD = r"""
 import sys, time
 from pathlib import Path
 from tandem.app.history import History
-from tandem.app.tui.session import ChatSettings, ModelChoice, load_engine, run_reply
+from tandem.app.tui.engine import ModelChoice, load_engine
+from tandem.app.tui.session import ChatSettings, run_reply
 from tandem.kernels.sampling import SamplingParams
 from tandem.runtime.generate import TokenEvent
 

@@ -300,7 +300,7 @@ async def test_continue_refuses_a_complete_reply(stories260k: Path, tmp_path: Pa
 
 # -- progress -----------------------------------------------------------------------------
 def test_loading_reports_its_stages(stories260k: Path) -> None:
-    from tandem.app.tui.session import LoadProgress, ModelChoice, close_engine, load_engine
+    from tandem.app.tui.engine import LoadProgress, ModelChoice, close_engine, load_engine
 
     stages: list[str] = []
     close_engine(load_engine(ModelChoice(stories260k, draft_mode="ngram", measure_cost=False),

@@ -11,8 +11,9 @@ from textual.binding import Binding
 
 from tandem.app.history import History, HistoryDamaged, default_path
 from tandem.app.tui.chat_screen import ChatScreen
+from tandem.app.tui.engine import ModelChoice, restored_choice
 from tandem.app.tui.modals import NoModelScreen
-from tandem.app.tui.session import ChatSettings, ModelChoice, restored_choice
+from tandem.app.tui.session import ChatSettings
 from tandem.models.paths import models_dir
 from tandem.models.store import list_models
 
@@ -123,7 +124,7 @@ class TandemApp(App):
         self._close_messages_no_wait()
 
     def on_unmount(self) -> None:
-        from tandem.app.tui.session import close_engine
+        from tandem.app.tui.engine import close_engine
 
         screen = self.chat_screen()
         if screen is not None and screen.cancel is not None:

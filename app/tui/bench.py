@@ -15,7 +15,8 @@ from pathlib import Path
 
 from tandem.app.history import History
 from tandem.app.tui.app import AppConfig, TandemApp
-from tandem.app.tui.session import ChatSettings, ModelChoice, load_engine, run_reply
+from tandem.app.tui.engine import ModelChoice, load_engine
+from tandem.app.tui.session import ChatSettings, run_reply
 from tandem.kernels.sampling import SamplingParams
 
 PROMPT = "Once upon a time"

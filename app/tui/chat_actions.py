@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from textual.binding import Binding
 
+from tandem.app.tui.engine import speculative_available
 from tandem.app.tui.modals import Confirm, HelpScreen, ModelPicker, SettingsScreen, TextPrompt
-from tandem.app.tui.session import ChatSettings, speculative_available
+from tandem.app.tui.session import ChatSettings
 from tandem.app.tui.widgets import NEWLINE_KEYS, MessageView
 from tandem.models.store import ModelEntry, file_identity, list_models
 

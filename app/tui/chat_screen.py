@@ -25,18 +25,10 @@ from textual.worker import Worker
 
 from tandem.app.history import INTERRUPTED, ChatRecord, MessageRecord
 from tandem.app.tui.chat_actions import ChatActions
+from tandem.app.tui.engine import LoadProgress, ModelChoice, engine_record
+from tandem.app.tui.model_loading import ModelLoading
 from tandem.app.tui.reply_actions import ReplyActions
-from tandem.app.tui.session import (
-    LoadProgress,
-    ModelChoice,
-    ReplyBuffer,
-    close_engine,
-    engine_record,
-    load_engine,
-    restored_choice,
-    run_reply,
-    title_from,
-)
+from tandem.app.tui.session import ReplyBuffer, run_reply, title_from
 from tandem.app.tui.widgets import ChatInput, ChatList, MessageView
 from tandem.models.errors import TandemError
 
@@ -66,13 +58,7 @@ class ReplyDone(Message):
         self.record, self.error = record, error
 
 
-class EngineReady(Message):
-    def __init__(self, engine: Any, choice: ModelChoice, error: str | None) -> None:
-        super().__init__()
-        self.engine, self.choice, self.error = engine, choice, error
-
-
-class ChatScreen(ChatActions, ReplyActions, Screen):
+class ChatScreen(ChatActions, ReplyActions, ModelLoading, Screen):
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
     # The footer shows short labels (all fit at 80 columns: test_tui_daily checks it in the
     # Pilot); the tooltip is the full description F1 lists, with the keys not in the footer.
@@ -157,52 +143,6 @@ class ChatScreen(ChatActions, ReplyActions, Screen):
         self.set_interval(1 / 15, self._drain)
         self.set_interval(1.0, self._tick)
 
-    # -- model --------------------------------------------------------------------
-    def load_model(self, choice: ModelChoice) -> None:
-        old, self.engine = self.engine, None
-        self.load_progress = LoadProgress(choice.target_name)
-        self.set_status(self.load_progress.line())
-        self._load(choice, old)
-
-    def _loading_stage(self, stage: str) -> None:
-        if self.load_progress is not None:
-            self.load_progress.stage = stage
-            self.set_status(self.load_progress.line())
-
-    def _tick(self) -> None:
-        """Once a second while a model loads: the status line shows the time so far."""
-        if self.load_progress is not None:
-            self.set_status(self.load_progress.line())
-
-    @work(thread=True, group="load", exclusive=True, exit_on_error=False)
-    def _load(self, choice: ModelChoice, old: Any) -> None:
-        close_engine(old)
-        try:
-            engine = load_engine(choice, progress=lambda stage: self.app.call_from_thread(self._loading_stage, stage))
-            error = None
-        except TandemError as exc:
-            engine, error = None, str(exc)
-        except Exception as exc:  # a model llama.cpp cannot load: say so, never a traceback
-            engine, error = None, f"{type(exc).__name__}: {exc}"
-        self.post_message(EngineReady(engine, choice, error))
-
-    def on_engine_ready(self, message: EngineReady) -> None:
-        self.load_progress = None
-        if message.error:
-            self.set_status(f"Could not load {message.choice.target_name}: {message.error}")
-            self.notify(message.error, severity="error", timeout=8)
-            return
-        self.engine, self.choice = message.engine, message.choice
-        self.set_status(self._model_line())
-        for note in message.choice.notes:
-            self.notify(note, severity="warning", timeout=8)
-
-    def _model_line(self) -> str:
-        line = f"Model {self.choice.target_name}"
-        drafter = self.choice.drafter_name
-        line += f" · drafter {drafter} ({self.choice.mode})" if drafter else " · no drafter"
-        return line
-
     def set_status(self, text: str) -> None:
         self.query_one("#status", Label).update(text)
 
@@ -247,19 +187,6 @@ class ChatScreen(ChatActions, ReplyActions, Screen):
             await self.open_chat(int(event.option.id))
             self.restore_model()
             self.input.focus()
-
-    def restore_model(self) -> None:
-        """Load the model and drafter the open chat last used, if they differ from the
-        current ones; a file that has gone is reported and the current model kept."""
-        if self.chat is None or not self.chat.engine:
-            return
-        choice = restored_choice(self.choice, self.chat.engine)
-        if choice is None:
-            self.notify(f"This chat used {self.chat.model}, which is no longer at "
-                        f"{self.chat.engine.get('target')}: keeping {self.choice.target_name}.",
-                        severity="warning", timeout=8)
-        elif engine_record(choice) != engine_record(self.choice):
-            self.load_model(choice)
 
     # -- sending and generation ----------------------------------------------------
     @on(ChatInput.Submitted)
