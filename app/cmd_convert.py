@@ -32,8 +32,9 @@ def _report(out: Path, start: float) -> None:
 
 def run_convert(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    with Progress(f"converting {args.src}"):
-        out = convert_hf(args.src, args.output, args.type)
+    with Progress(f"converting {args.src}") as progress:
+        progress.stage("tensors")
+        out = convert_hf(args.src, args.output, args.type, progress=progress.advance)
     _report(out, start)
     return 0
 

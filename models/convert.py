@@ -60,8 +60,10 @@ class PlannedTensor:
     make: Callable[[], np.ndarray]
 
 
-def write_streaming(writer: gguf.GGUFWriter, tensors: Iterable[PlannedTensor]) -> None:
-    """Write all planned tensors, materialising one at a time (header first, then data)."""
+def write_streaming(writer: gguf.GGUFWriter, tensors: Iterable[PlannedTensor],
+                    progress: Callable[[int, int], None] | None = None) -> None:
+    """Write all planned tensors, materialising one at a time (header first, then data);
+    ``progress(done, total)`` is called after each tensor."""
     tensors = list(tensors)
     for t in tensors:
         nbytes = int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize
@@ -69,11 +71,13 @@ def write_streaming(writer: gguf.GGUFWriter, tensors: Iterable[PlannedTensor]) -
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for t in tensors:
+    for done, t in enumerate(tensors, 1):
         data = np.ascontiguousarray(t.make(), dtype=t.dtype)
         if data.shape != t.shape:
             raise ModelFormatError(f"tensor {t.name}: made shape {data.shape}, planned {t.shape}")
         writer.write_tensor_data(data)
+        if progress is not None:
+            progress(done, len(tensors))
     writer.close()
 
 
@@ -219,7 +223,7 @@ def add_llama_hparams(writer: gguf.GGUFWriter, hp: LlamaHParams) -> None:
     writer.add_vocab_size(hp.vocab_size)
 
 
-def _write_float(src: Path, out: Path, f16: bool) -> None:
+def _write_float(src: Path, out: Path, f16: bool, progress: Callable[[int, int], None] | None = None) -> None:
     config = _read_config(src)
     hp = read_hparams(config)
     st = _SafetensorsIndex(src)
@@ -234,11 +238,13 @@ def _write_float(src: Path, out: Path, f16: bool) -> None:
     writer.add_file_type(1 if f16 else 0)
     add_llama_hparams(writer, hp)
     add_vocab(writer, vocab)
-    write_streaming(writer, plan)
+    write_streaming(writer, plan, progress)
 
 
-def convert_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], qtype: str = "f32") -> Path:
-    """Convert the checkpoint folder ``src`` to the GGUF file ``out`` of type ``qtype``.
+def convert_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], qtype: str = "f32",
+               progress: Callable[[int, int], None] | None = None) -> Path:
+    """Convert the checkpoint folder ``src`` to the GGUF file ``out`` of type ``qtype``;
+    ``progress(done, total)`` follows the tensors written.
 
     The file is written under a temporary name and renamed when complete, so an
     interrupted conversion never leaves a truncated GGUF behind.
@@ -251,10 +257,10 @@ def convert_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], qtype: 
         staged = Path(tmp) / "model.gguf"
         if qtype in QUANTIZED:
             f32 = Path(tmp) / "f32.gguf"
-            _write_float(src, f32, f16=False)
+            _write_float(src, f32, f16=False, progress=progress)
             quantize_gguf(f32, staged, qtype)
         else:
-            _write_float(src, staged, f16=qtype == "f16")
+            _write_float(src, staged, f16=qtype == "f16", progress=progress)
         os.replace(staged, out)
     return out
 

@@ -47,3 +47,12 @@ def test_line_and_bar() -> None:
     p.advance(9, 24)
     assert p.line(now=103.0) == "tandem: converting (tensors)… [#########---------------]  37% 9/24 3 s"
     assert bar(0, 0) == "[------------------------]   0% 0/0"
+
+
+def test_convert_reports_each_tensor(tinystories656k_dir, tmp_path) -> None:
+    from tandem.models.convert import convert_hf
+
+    calls: list[tuple[int, int]] = []
+    convert_hf(tinystories656k_dir, tmp_path / "m.gguf", "f32", progress=lambda done, total: calls.append((done, total)))
+    total = calls[-1][1]
+    assert total > 1 and calls == [(i, total) for i in range(1, total + 1)]
