@@ -47,7 +47,7 @@ def token_logprobs(rows: np.ndarray, tokens: Sequence[int], top: int = 0) -> lis
         lp = log_softmax(row)
         best: list[TopLogprob] = []
         if top:
-            ids = np.argpartition(-lp, min(top, lp.shape[-1] - 1))[:top]
+            ids = np.argpartition(lp, -top)[-top:] if top < lp.shape[-1] else np.arange(lp.shape[-1])
             ids = ids[np.argsort(-lp[ids], kind="stable")]
             best = [TopLogprob(int(i), float(lp[i])) for i in ids]
         out.append(TokenLogprob(int(token), float(lp[token]), best))
