@@ -83,10 +83,10 @@ def shape_from_gguf(path_or_info, as_type: str | None = None) -> ModelShape:
     """A :class:`ModelShape` from a GGUF header (no tensor data is read); with
     ``as_type`` (one of :data:`QUANT_COPY_TYPES`), the shape of the copy llama.cpp's
     quantizer would make, so the planner can price a quantized drafter before making it."""
-    from tandem.models.gguf_file import GGUFInfo, check_hyperparameters, inspect_gguf
+    from tandem.models.gguf_file import GGUFInfo, check_runnable, inspect_gguf
 
     info: GGUFInfo = path_or_info if isinstance(path_or_info, GGUFInfo) else inspect_gguf(path_or_info)
-    check_hyperparameters(info)  # metadata that would make llama.cpp abort while the planner sizes it
+    check_runnable(info)  # an unknown architecture or metadata that would make llama.cpp's size probe abort
     if as_type is not None and as_type not in QUANT_COPY_TYPES:
         raise TandemError(f"Cannot price a {as_type} copy; choose one of {', '.join(QUANT_COPY_TYPES)}.")
     n_layer = int(info.arch_value("block_count", 0) or 0)
