@@ -10,23 +10,25 @@ cheap.
 A reply is inserted with status ``interrupted`` and only marked ``complete`` when the
 generation finishes, so whatever kills the process, what is on disk is labelled honestly.
 
-The schema carries a version (``PRAGMA user_version``); :data:`MIGRATIONS` upgrades an
-older file step by step, and a file from a newer Tandem is refused with a clear error.
+The schema carries a version (``PRAGMA user_version``); the migrations of
+:mod:`tandem.app.history_schema` upgrade an older file step by step, and a file from a
+newer Tandem is refused with a clear error. Search is :mod:`tandem.app.history_search`.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tandem.app.history_schema import MIGRATIONS, SCHEMA_VERSION
+from tandem.app.history_search import SearchHit, search_messages
 from tandem.models.errors import TandemError
 from tandem.models.paths import data_dir
 
@@ -34,106 +36,6 @@ COMPLETE = "complete"
 INTERRUPTED = "interrupted"
 STATUSES = (COMPLETE, INTERRUPTED)
 ROLES = ("system", "user", "assistant")
-
-
-def _run_script(db: sqlite3.Connection, script: str) -> None:
-    """Run statements one by one: ``executescript`` would commit the open migration transaction."""
-    for statement in script.split(";"):
-        if statement.strip():
-            db.execute(statement)
-
-
-def _schema_v1(db: sqlite3.Connection) -> None:
-    _run_script(
-        db,
-        """
-        CREATE TABLE chats (
-            id INTEGER PRIMARY KEY,
-            title TEXT NOT NULL,
-            system_prompt TEXT NOT NULL DEFAULT '',
-            params TEXT NOT NULL DEFAULT '{}',
-            model TEXT,
-            drafter TEXT,
-            created_at REAL NOT NULL,
-            updated_at REAL NOT NULL
-        );
-        CREATE TABLE messages (
-            id INTEGER PRIMARY KEY,
-            chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
-            role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
-            content TEXT NOT NULL DEFAULT '',
-            stats TEXT,
-            status TEXT NOT NULL DEFAULT 'complete' CHECK (status IN ('complete', 'interrupted')),
-            created_at REAL NOT NULL
-        );
-        CREATE INDEX messages_by_chat ON messages(chat_id, id);
-        """
-    )
-
-
-def _schema_v2(db: sqlite3.Connection) -> None:
-    """Full-text search over messages (FTS5, kept in sync by triggers) and the model,
-    drafter and draft mode a chat last used, as paths, so reopening it can restore them.
-
-    The index is an external-content FTS5 table: it stores only the index, the text stays
-    in ``messages``. Every write to ``messages`` (streamed fragments included) updates it
-    in the same transaction, so search never disagrees with what is stored.
-    """
-    for statement in (
-        "CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='messages', content_rowid='id',"
-        " tokenize='unicode61 remove_diacritics 2')",
-        "CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN"
-        " INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content); END",
-        "CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN"
-        " INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content); END",
-        "CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN"
-        " INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);"
-        " INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content); END",
-        "INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')",
-        "ALTER TABLE chats ADD COLUMN engine TEXT",
-    ):
-        db.execute(statement)
-
-
-def _schema_v3(db: sqlite3.Connection) -> None:
-    """The search index rebuilt for streaming and typing.
-
-    * Its own copy of the text (not external content), so a row can be dropped without
-      handing FTS5 the exact text it indexed. That lets a streaming reply skip
-      re-indexing on every fragment: it is indexed when it finishes (its status is
-      set) and at the next open if a crash came first (:meth:`History._reindex_unfinished`).
-      Re-indexing per fragment cost ~2 ms per token late in a 2,000-token reply.
-    * Prefix indexes for 1-3 characters: search runs on every keystroke, and a short
-      prefix (``t*``) otherwise expands to most of the vocabulary (3.3 s on 10,000
-      messages; 73 ms with the prefix index).
-    """
-    for statement in (
-        "DROP TRIGGER messages_fts_insert",
-        "DROP TRIGGER messages_fts_delete",
-        "DROP TRIGGER messages_fts_update",
-        "DROP TABLE messages_fts",
-        "CREATE VIRTUAL TABLE messages_fts USING fts5(content, tokenize='unicode61 remove_diacritics 2',"
-        " prefix='1 2 3')",
-        "INSERT INTO messages_fts(rowid, content) SELECT id, content FROM messages",
-        "CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN"
-        " INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content); END",
-        "CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN"
-        " DELETE FROM messages_fts WHERE rowid = old.id; END",
-        # an edit of a finished message; streamed fragments land on 'interrupted' rows
-        "CREATE TRIGGER messages_fts_edit AFTER UPDATE OF content ON messages WHEN new.status = 'complete' BEGIN"
-        " DELETE FROM messages_fts WHERE rowid = old.id;"
-        " INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content); END",
-        # a reply finishing (complete, or interrupted by Esc): index what it holds now
-        "CREATE TRIGGER messages_fts_finish AFTER UPDATE OF status ON messages BEGIN"
-        " DELETE FROM messages_fts WHERE rowid = old.id;"
-        " INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content); END",
-    ):
-        db.execute(statement)
-
-
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_schema_v1, _schema_v2, _schema_v3]
-"""``MIGRATIONS[i]`` upgrades a database at version ``i`` to ``i + 1``; append, never edit."""
-SCHEMA_VERSION = len(MIGRATIONS)
 
 
 @dataclass
@@ -161,34 +63,6 @@ class MessageRecord:
     stats: dict[str, Any] | None = None
     status: str = COMPLETE
     created_at: float = 0.0
-
-
-HIT_START, HIT_END = "\x02", "\x03"
-"""Marks around the matched words in :attr:`SearchHit.snippet` (never in chat text)."""
-
-
-@dataclass
-class SearchHit:
-    chat_id: int
-    message_id: int
-    chat_title: str
-    role: str
-    snippet: str
-    """The text around the match, matched words between :data:`HIT_START` and :data:`HIT_END`."""
-    created_at: float
-
-
-def fts_query(text: str) -> str:
-    """An FTS5 query for what a user typed: every word must occur, the last one as a
-    prefix. Words are quoted, so FTS5 syntax (``AND``, ``"``, ``*``, ``:``) in the text
-    is searched for literally rather than failing as a malformed query."""
-    words = re.findall(r"\w+", text)
-    if not words:
-        return ""
-    quoted = [f'"{w}"' for w in words]
-    if not text[-1:].isspace():
-        quoted[-1] += "*"
-    return " ".join(quoted)
 
 
 def default_path() -> Path:
@@ -448,21 +322,8 @@ class History:
     def search(self, query: str, limit: int = 50) -> list[SearchHit]:
         """Messages of every chat that hold all the words of ``query`` (the last one as a
         prefix, so results follow typing), best match first."""
-        match = fts_query(query)
-        if not match:
-            return []
         with self._lock:
-            # rank and cut inside the index first, then join only the hits kept
-            rows = self._db.execute(
-                "SELECT m.id, m.chat_id, m.role, m.created_at, c.title, f.snippet FROM"
-                f" (SELECT rowid, rank, snippet(messages_fts, 0, '{HIT_START}', '{HIT_END}', '…', 12) AS snippet"
-                "  FROM messages_fts WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?) f"
-                " JOIN messages m ON m.id = f.rowid JOIN chats c ON c.id = m.chat_id"
-                " ORDER BY f.rank, m.id DESC",
-                (match, limit),
-            ).fetchall()
-        return [SearchHit(r["chat_id"], r["id"], r["title"], r["role"], r["snippet"], r["created_at"])
-                for r in rows]
+            return search_messages(self._db, query, limit)
 
     # -- export -------------------------------------------------------------------
     def export_markdown(self, chat_id: int) -> str:

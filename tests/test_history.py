@@ -10,12 +10,11 @@ import pytest
 from tandem.app.history import (
     COMPLETE,
     INTERRUPTED,
-    MIGRATIONS,
-    SCHEMA_VERSION,
     History,
     chat_markdown,
     default_path,
 )
+from tandem.app.history_schema import MIGRATIONS, SCHEMA_VERSION
 from tandem.app.tui.session import ChatSettings, LiveStats, conversation, drafted_chars, title_from
 from tandem.kernels.sampling import SamplingParams
 from tandem.models.errors import TandemError

@@ -7,15 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tandem.app.history import (
-    COMPLETE,
-    HIT_END,
-    HIT_START,
-    INTERRUPTED,
-    MIGRATIONS,
-    History,
-    fts_query,
-)
+from tandem.app.history import COMPLETE, INTERRUPTED, History
+from tandem.app.history_schema import MIGRATIONS
+from tandem.app.history_search import HIT_END, HIT_START, fts_query
 
 
 def test_search_finds_words_across_chats_and_follows_streamed_text(tmp_path: Path) -> None:
