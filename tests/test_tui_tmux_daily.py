@@ -81,3 +81,31 @@ def test_ctrl_bracket_and_function_keys_cycle_drafts_under_tmux(tmux, stories260
     tmux("send-keys", "-t", "chat", "Escape")
     wait_gone(tmux, "drafts in")
     quit_chat(tmux)
+
+
+def test_multi_turn_chat_on_a_real_model_at_80x24(tmux, real_models, isolated_home: Path) -> None:  # noqa: F811
+    """Three turns with the real SmolLM2 chat model: every reply stored complete, its label
+    and stats on screen, the footer whole, no escape sequences printed as text."""
+    from tandem.app.history import COMPLETE, History
+    from tandem.models.paths import data_dir
+
+    start_chat(tmux, isolated_home, real_models.smollm2, "-n", "8")
+    wait_for(tmux, "Model smollm2", timeout=120)
+    for turn, question in enumerate(["Hi!", "Name a colour.", "Thanks."], 1):
+        tmux("send-keys", "-t", "chat", "-l", question)
+        tmux("send-keys", "-t", "chat", "Enter")
+        deadline = time.monotonic() + 120
+        while True:  # until this turn's reply is stored
+            with History(data_dir() / "chats.sqlite3") as h:
+                chats = h.list_chats()
+                replies = [m for m in h.messages(chats[0].id) if m.role == "assistant"] if chats else []
+            if len(replies) == turn and replies[-1].status == COMPLETE:
+                break
+            assert time.monotonic() < deadline, tmux("capture-pane", "-p", "-t", "chat")
+            time.sleep(0.2)
+        pane = wait_gone(tmux, "streaming")
+        assert "Assistant · smollm2" in pane and "tokens" in pane
+        footer = pane.rstrip("\n").splitlines()[-1]
+        assert "^f Find" in footer and "f1 Help" in footer and "^q Quit" in footer, footer
+        assert "\x1b" not in pane and "^[" not in pane and "[0m" not in pane
+    quit_chat(tmux)
