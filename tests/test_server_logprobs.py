@@ -141,6 +141,39 @@ def test_models_lists_the_store_with_context_and_memory(served, stories260k: Pat
     plan = spare["memory_plan"]
     assert plan["n_ctx"] == 2048 and plan["kv_cache_bytes"] > 0
     assert plan["total_bytes"] == plan["weights_bytes"] + plan["kv_cache_bytes"]
+    assert spare["planner"]["status"] in ("pending", "ready")  # the planner runs in the background
+    deadline = time.monotonic() + 120
+    while spare["planner"]["status"] == "pending":
+        assert time.monotonic() < deadline, "the planner's plan never arrived"
+        time.sleep(0.1)
+        spare = httpx.get(f"{url}/v1/models", timeout=60).json()["data"][1]["meta"]
+    planner = spare["planner"]
+    assert planner["status"] == "ready" and planner["fits"] is True and planner["n_ctx"] > 0
+    assert planner["host_bytes"] > plan["weights_bytes"]
+
+
+def test_plan_cache_makes_each_file_version_once(tmp_path: Path) -> None:
+    from tandem.app.server.catalog import PENDING, PlanCache
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x")
+    calls: list[Path] = []
+    cache = PlanCache(make=lambda p: calls.append(p) or {"status": "ready"})
+    try:
+        first = cache.get(model)
+        deadline = time.monotonic() + 10
+        while cache.get(model) == PENDING:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert first in (PENDING, {"status": "ready"}) and cache.get(model) == {"status": "ready"}
+        assert calls == [model]
+        model.write_bytes(b"xy")  # a new version of the file: planned again
+        while cache.get(model) == PENDING or len(calls) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert len(calls) == 2
+    finally:
+        cache.close()
 
 
 @pytest.mark.parametrize("flag,expected", [([], "default"), (["--request-log", "off"], None),

@@ -29,7 +29,7 @@ from starlette.routing import Route
 
 from tandem.app.server import infill as infill_api
 from tandem.app.server import jobs
-from tandem.app.server.catalog import store_models
+from tandem.app.server.catalog import PlanCache, store_models
 from tandem.app.server.guard import Guard, GuardConfig
 from tandem.app.server.logprobs import parse_logprobs, shape
 from tandem.app.server.models import ModelSlot
@@ -73,6 +73,7 @@ class Server:
         self.slots = {s.name: s for s in slots}
         self.config = config
         self.request_log = RequestLog(config.request_log) if config.request_log is not None else None
+        self.plans = PlanCache()
 
     # -- helpers --------------------------------------------------------------------
     def slot(self, name: str | None) -> ModelSlot:
@@ -133,7 +134,7 @@ class Server:
                  "meta": {"served": True, "n_ctx": s.target.n_ctx, "n_vocab": s.target.n_vocab,
                           "speculative": s.speculative, "ngram": s.ngram is not None}} for s in self.slots.values()]
         # and the local store's other models (reading their headers: off the event loop)
-        data += await asyncio.to_thread(store_models, set(self.slots))
+        data += await asyncio.to_thread(store_models, set(self.slots), self.plans)
         return JSONResponse({"object": "list", "data": data})
 
     async def health(self, request: Request) -> JSONResponse:
@@ -406,6 +407,7 @@ def create_app(slots: Sequence[ModelSlot], config: ServerConfig | None = None) -
     @asynccontextmanager
     async def lifespan(app: Starlette):
         yield
+        server.plans.close()
         for s in server.slots.values():
             s.worker.close()
 

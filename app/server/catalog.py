@@ -2,13 +2,17 @@
 
 Each comes with what a client needs to pick one — architecture, file size, trained
 context length — and a memory estimate read from the GGUF header alone: weights plus
-an f16 KV cache at a given context. The full memory planner (``tandem plan``) prices
-more (compute buffers, the drafter, this machine's budget) but takes seconds per model,
-too slow for a listing that clients fetch at start-up.
+an f16 KV cache at a given context. The memory planner's own plan for this machine
+(``tandem plan``: budget, KV type, compute buffers, whether it fits) takes seconds per
+model, too slow for a listing clients fetch at start-up, so :class:`PlanCache` makes it
+in the background, once per file version, and the listing shows it when it is ready.
 """
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from tandem.models.errors import TandemError
@@ -31,7 +35,60 @@ def kv_bytes(info: GGUFInfo, n_ctx: int) -> int | None:
     return 2 * 2 * n_layer * n_ctx * n_head_kv * head_dim
 
 
-def store_model(entry: ModelEntry) -> dict[str, Any]:
+PENDING = {"status": "pending"}
+
+
+def plan_summary(path: Path) -> dict[str, Any]:
+    """The planner's plan for ``path`` alone on this machine, as the listing shows it."""
+    from tandem.runtime.hardware import resolve_machine
+    from tandem.runtime.planner import PlanRequest, make_plan
+
+    try:
+        plan = make_plan(PlanRequest(path, None, None, resolve_machine(None, None, None, measure_bandwidth=False)))
+    except TandemError as exc:
+        return {"status": "error", "error": str(exc)}
+    return {"status": "ready", "fits": plan.fits, "n_ctx": plan.target.n_ctx, "type_k": plan.target.type_k,
+            "type_v": plan.target.type_v, "n_gpu_layers": plan.target.n_gpu_layers,
+            "host_bytes": plan.host_total, "host_budget_bytes": plan.host_budget,
+            "predicted_tokens_per_s": round(plan.tokens_per_s, 1)}
+
+
+class PlanCache:
+    """Planner results per file version ``(path, mtime, size)``, made one at a time on a
+    background thread; :meth:`get` never waits."""
+
+    def __init__(self, make: Any = plan_summary) -> None:
+        self._make = make
+        self._done: dict[tuple, dict[str, Any]] = {}
+        self._pending: set[tuple] = set()
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-plans")
+
+    def get(self, path: Path) -> dict[str, Any]:
+        st = path.stat()
+        key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+        with self._lock:
+            if key in self._done:
+                return self._done[key]
+            if key not in self._pending:
+                self._pending.add(key)
+                self._pool.submit(self._run, key, path)
+        return PENDING
+
+    def _run(self, key: tuple, path: Path) -> None:
+        try:
+            result = self._make(path)
+        except Exception as exc:  # a planner failure is shown, never raised into a request
+            result = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+        with self._lock:
+            self._done[key] = result
+            self._pending.discard(key)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def store_model(entry: ModelEntry, plans: PlanCache | None = None) -> dict[str, Any]:
     """One ``/v1/models`` item for a store file that this server does not serve."""
     meta: dict[str, Any] = {"served": False, "source": entry.source.split(":")[0], "architecture": entry.architecture,
                             "size_bytes": entry.size_bytes}
@@ -46,9 +103,11 @@ def store_model(entry: ModelEntry) -> dict[str, Any]:
     meta.update(context_length=trained, memory_plan={
         "n_ctx": ctx, "weights_bytes": info.weights_bytes, "kv_cache_bytes": kv,
         "total_bytes": info.weights_bytes + kv if kv is not None else None})
+    if plans is not None:
+        meta["planner"] = plans.get(entry.path)
     return {"id": entry.name, "object": "model", "owned_by": "tandem", "meta": meta}
 
 
-def store_models(served: set[str]) -> list[dict[str, Any]]:
+def store_models(served: set[str], plans: PlanCache | None = None) -> list[dict[str, Any]]:
     """Store models not among ``served`` (their ids), in store order."""
-    return [store_model(e) for e in list_models() if e.name not in served]
+    return [store_model(e, plans) for e in list_models() if e.name not in served]
