@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         slot, app = open_server(args)
         try:
-            server = uvicorn_server(app, ListenConfig(args.host, args.port))
+            server = uvicorn_server(app, ListenConfig(args.host, args.port), on_shutdown=[slot.worker.stop_all])
             print(f"Serving {slot.name} on http://{args.host}:{args.port}/v1 (Ctrl+C to stop)", file=sys.stderr,
                   flush=True)
             server.run(sockets=[sock])

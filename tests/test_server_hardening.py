@@ -369,9 +369,9 @@ def test_no_suffix_cache_shared_between_clients(slot) -> None:
     assert suffix_of(model_free_drafter(slot.target)).global_cache is not None  # the CLI default is shared
 
 
-def _sigterm_mid_stream(model, path: str, body: dict) -> list:
-    """Start `tandem serve`, open a stream, SIGTERM the server after three events, and
-    return every event the client got (the server must then exit cleanly)."""
+@contextlib.contextmanager
+def _tandem_serve(model) -> Iterator[tuple[int, subprocess.Popen]]:
+    """`tandem serve` in a subprocess; on leaving, it must have exited cleanly."""
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "tandem.app.cli", "serve", "-m", str(model),
                              "--port", str(port), "--ctx", "2048", "--threads", "1", "--no-spec"],
@@ -386,6 +386,19 @@ def _sigterm_mid_stream(model, path: str, body: dict) -> list:
             except httpx.TransportError:
                 assert time.monotonic() < deadline, "tandem serve did not come up"
                 time.sleep(0.1)
+        yield port, proc
+        # uvicorn re-raises the signal after its graceful shutdown, so the status says "terminated"
+        assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _sigterm_mid_stream(model, path: str, body: dict) -> list:
+    """Open a stream, SIGTERM the server after three events, return every event the client got."""
+    with _tandem_serve(model) as (port, proc):
         events = []
         with httpx.stream("POST", f"http://127.0.0.1:{port}{path}", timeout=60, json=body) as r:
             for line in r.iter_lines():
@@ -395,13 +408,6 @@ def _sigterm_mid_stream(model, path: str, body: dict) -> list:
                 events.append(data if data == "[DONE]" else json.loads(data))
                 if len(events) == 3:
                     proc.terminate()
-        # uvicorn re-raises the signal after its graceful shutdown, so the status says "terminated"
-        assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
-        assert "Traceback" not in proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     return events
 
 
@@ -421,4 +427,31 @@ def test_sigterm_ends_an_infill_stream_with_a_last_event(real_models) -> None:
         "input_prefix": "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,", "n_predict": 1900, "stream": True,
         "t_max_predict_ms": 600_000})
     assert events[-1]["stop"] is True
-    assert events[-1]["tandem"]["stopped"] == "server shutting down"
+    assert len(events) < 1800
+
+
+def test_sigterm_answers_a_waiting_non_streaming_request(real_models) -> None:
+    """A whole-reply request in flight at SIGTERM is answered at once with what was
+    generated so far, not cut off after the graceful-shutdown timeout."""
+    with _tandem_serve(real_models.smollm2) as (port, proc):
+        result: dict = {}
+
+        def ask() -> None:
+            result["r"] = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=120, json={
+                "messages": [{"role": "user", "content": "Count from 1 to 1000, one number per line."}],
+                "max_tokens": 1900, "temperature": 0})
+
+        t = threading.Thread(target=ask)
+        t.start()
+        deadline = time.monotonic() + 60
+        while not any(m["busy"] for m in httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()["models"]
+                      .values()):
+            assert time.monotonic() < deadline, "the request never started"
+            time.sleep(0.05)
+        proc.terminate()
+        t.join(60)
+    r = result["r"]
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["usage"]["completion_tokens"] < 1900
+    assert body["tandem"]["stats"]["finish_reason"] == "cancelled"  # stopped by the shutdown, then answered

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import h11
@@ -86,11 +87,25 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def uvicorn_server(app, listen: ListenConfig) -> uvicorn.Server:
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server, calling ``on_shutdown`` hooks as soon as shutdown begins (before
+    it waits for open requests), so in-flight generations stop and answer at once."""
+
+    def __init__(self, config: uvicorn.Config, on_shutdown: Sequence[Callable[[], None]] = ()) -> None:
+        super().__init__(config)
+        self.on_shutdown = list(on_shutdown)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for hook in self.on_shutdown:
+            hook()
+        await super().shutdown(sockets)
+
+
+def uvicorn_server(app, listen: ListenConfig, on_shutdown: Sequence[Callable[[], None]] = ()) -> GracefulServer:
     config = uvicorn.Config(app, host=listen.host, port=listen.port, log_level="warning", lifespan="on",
                             http=protocol_with_timeout(listen.header_timeout_s), ws="none",
                             timeout_keep_alive=max(1, min(5, int(listen.header_timeout_s))),
                             timeout_graceful_shutdown=int(listen.graceful_s),
                             limit_concurrency=listen.max_connections,
                             h11_max_incomplete_event_size=64 * 1024)
-    return uvicorn.Server(config)
+    return GracefulServer(config, on_shutdown)

@@ -70,6 +70,9 @@ class ModelWorker:
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self.stats = WorkerStats()
         self.busy = False
+        self.stopping = False
+        """Set by :meth:`stop_all`: stopped jobs run on to their final item."""
+        self._current: Job | None = None
         self._thread = threading.Thread(target=self._run, name=f"tandem-worker-{name}", daemon=True)
         self._thread.start()
 
@@ -94,13 +97,14 @@ class ModelWorker:
                 job.emit(END)
                 continue
             self.busy = True
+            self._current = job
             items = None
             try:
                 items = job.fn(job.cancel)
                 for item in items:
                     job.emit(item)
-                    if job.cancel.is_set():
-                        break
+                    if job.cancel.is_set() and not self.stopping:
+                        break  # the client left: nobody wants the rest
                 if job.cancel.is_set():
                     self.stats.cancelled += 1
                 else:
@@ -112,7 +116,20 @@ class ModelWorker:
                 if items is not None and hasattr(items, "close"):
                     items.close()  # run the generation's cleanup (KV rollback) now, not at GC
                 self.busy = False
+                self._current = None
                 job.emit(END)
+
+    def stop_all(self) -> None:
+        """Server shutdown: stop every job. A generation sees its cancel event at the next
+        step and ends with its final event (``finish_reason`` cancelled), so the client
+        still gets a whole reply with what was generated; queued jobs are skipped."""
+        self.stopping = True
+        current = self._current
+        if current is not None:
+            current.cancel.set()
+        for job in list(self._queue.queue):
+            if job is not None:
+                job.cancel.set()
 
     def close(self) -> None:
         self._queue.put(None)
