@@ -118,8 +118,39 @@ def _stream(client, url: str, body: dict) -> tuple[float, float, dict, str]:
     return ((first or end) - t0) * 1000, (end - t0) * 1000, final, "".join(parts)
 
 
+def _superposed(client, url: str, reqs: list[dict], corpus: list[Hole], k: int, log) -> Run:
+    """The same requests with ``n = k`` at temperature 0: k superposed drafts, judged
+    exact when any of them matches (the editor shows them to pick from)."""
+    run = Run()
+    for req in reqs:
+        body = {key: v for key, v in req.items() if key != "_hole"} | {"n": k, "stream": False, "temperature": 0}
+        t0 = time.perf_counter()
+        r = client.post(f"{url}/infill", json=body, timeout=300)
+        r.raise_for_status()
+        run.total_ms.append((time.perf_counter() - t0) * 1000)
+        drafts = r.json().get("drafts", [])
+        run.ttft_ms.append(run.total_ms[-1])
+        run.tokens.append(int(r.json().get("tokens_predicted", 0)))
+        run.exact.append(any(fill_matches(corpus[req["_hole"]], d) for d in drafts))
+        run.multi.append(corpus[req["_hole"]].multi_line)
+    log(f"  superposed k={k}: {len(reqs)} requests")
+    return run
+
+
+def typing_requests(corpus: list[Hole], n_holes: int = 10, step: int = 4) -> list[dict]:
+    """An editor session: for each hole, a request every ``step`` typed characters of its
+    first line (the cursor line grows, the rest of the file stays), llama.vim-shaped."""
+    base = requests_for(corpus)
+    out = []
+    for req in base[:n_holes]:
+        first_line = corpus[req["_hole"]].answer.split("\n")[0]
+        for j in range(0, len(first_line), step):
+            out.append(req | {"prompt": req["prompt"] + first_line[:j], "input_suffix": req["input_suffix"]})
+    return out
+
+
 def run_server_mode(model: str, threads: int, extra_args: list[str], reqs: list[dict], corpus: list[Hole],
-                    log) -> tuple[Run, list[dict]]:
+                    log, superposed_k: int = 0, typing_session: bool = False) -> tuple[Run, list[dict], Run | None, Run]:
     import httpx
 
     port = _free_port()
@@ -154,10 +185,19 @@ def run_server_mode(model: str, threads: int, extra_args: list[str], reqs: list[
                 run.cached.append(int(final.get("tokens_cached", 0)))
                 run.prompt_n.append(int(final.get("timings", {}).get("prompt_n", 0)))
                 run.contents.append(content)
+            sup = _superposed(client, url, reqs, corpus, superposed_k, log) if superposed_k else None
+            typing = Run()
+            for req in typing_requests(corpus) if typing_session else []:
+                ttft, total, final, _ = _stream(client, url, {k: v for k, v in req.items() if k != "_hole"})
+                typing.ttft_ms.append(ttft)
+                typing.total_ms.append(total)
+                typing.tokens.append(int(final.get("timings", {}).get("predicted_n", 0)))
+                typing.cached.append(int(final.get("tokens_cached", 0)))
+                typing.prompt_n.append(int(final.get("timings", {}).get("prompt_n", 0)))
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    return run, finals
+    return run, finals, sup, typing
 
 
 def run_baseline(model: str, threads: int, reqs: list[dict], token_counts: list[int], log) -> Run:
@@ -212,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--baseline", action="store_true", help="also llama-cpp-python on the same prompts")
     ap.add_argument("--no-plain", action="store_true", help="skip the --no-spec (plain greedy) server")
+    ap.add_argument("--superposed", type=int, default=0, metavar="K",
+                    help="also the requests with n=K at temperature 0 (superposed drafts) on the default server")
+    ap.add_argument("--typing", action="store_true",
+                    help="also an editor session on the default server: a request every 4 typed characters")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
 
@@ -228,11 +272,18 @@ def main(argv: list[str] | None = None) -> int:
     token_counts: list[int] = []
     for name, extra in modes:
         log(f"{name} ...")
-        run, finals = run_server_mode(args.model, args.threads, extra, reqs, corpus, log)
+        first_mode = not token_counts
+        run, finals, sup, typing = run_server_mode(args.model, args.threads, extra, reqs, corpus, log,
+                                                   superposed_k=args.superposed if first_mode else 0,
+                                                   typing_session=args.typing and first_mode)
+        if typing.total_ms:
+            results["modes"]["typing session (prompt grows, cache reused)"] = typing.summary()
         run.exact = [fill_matches(corpus[r["_hole"]], c) for r, c in zip(reqs, run.contents, strict=True)]
         run.multi = [corpus[r["_hole"]].multi_line for r in reqs]
         results["modes"][name] = run.summary()
         log(json.dumps({name: results["modes"][name]}))
+        if sup is not None:
+            results["modes"][f"superposed k={args.superposed} (any of k; full time)"] = sup.summary()
         if not token_counts:
             token_counts = run.tokens
     if args.baseline:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tandem.runtime.bench_infill import percentile, requests_for
+from tandem.runtime.bench_infill import percentile, requests_for, typing_requests
 from tandem.runtime.bench_infill_corpus import SNIPPETS, fill_matches, holes, parse_hole
 
 
@@ -32,3 +32,11 @@ def test_fill_matches_is_exact_on_the_hole_lines() -> None:
 def test_percentile() -> None:
     xs = [float(i) for i in range(1, 101)]
     assert percentile(xs, 0.5) in (50.0, 51.0) and percentile(xs, 0.95) in (95.0, 96.0)
+
+
+def test_typing_session_grows_the_cursor_line() -> None:
+    corpus = holes()
+    session = typing_requests(corpus, n_holes=2, step=4)
+    first = [r for r in session if r["_hole"] == 0]
+    assert [r["prompt"] for r in first] == ["    return ", "    return a + "]  # answer "a + b"
+    assert all(r["input_prefix"] == corpus[0].prefix and r["input_suffix"] == corpus[0].suffix for r in first)
