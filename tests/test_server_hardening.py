@@ -455,3 +455,40 @@ def test_sigterm_answers_a_waiting_non_streaming_request(real_models) -> None:
     body = r.json()
     assert body["usage"]["completion_tokens"] < 1900
     assert body["tandem"]["stats"]["finish_reason"] == "cancelled"  # stopped by the shutdown, then answered
+
+
+def test_requests_queued_at_shutdown_get_503(own_slot) -> None:
+    """stop_all (the server shutting down) skips queued jobs: their clients get a JSON 503
+    saying so, as does any request that still arrives."""
+    from tandem.app.server.app import ServerConfig, create_app
+
+    gate, started = threading.Event(), threading.Event()
+
+    def blocker(cancel):
+        started.set()
+        gate.wait(30)
+        yield from ()
+
+    with running(create_app([own_slot], ServerConfig())) as url:
+        async def main():
+            job = own_slot.worker.submit(blocker)
+            assert await asyncio.to_thread(started.wait, 30)
+            async with httpx.AsyncClient(timeout=60) as c:
+                queued = asyncio.create_task(c.post(f"{url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 2}))
+                while own_slot.worker.waiting < 1:
+                    await asyncio.sleep(0.01)
+                own_slot.worker.stop_all()
+                gate.set()
+                late = await c.post(f"{url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 2})
+                answer = await queued
+            async for _ in job.items():
+                pass
+            return answer, late
+
+        try:
+            answer, late = asyncio.run(main())
+        finally:
+            gate.set()
+    for r in (answer, late):
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "shutting_down"

@@ -101,6 +101,8 @@ class Server:
 
     async def start(self, request: Request, slot: ModelSlot, fn) -> tuple[Job, AsyncIterator, Any, asyncio.Task]:
         """Queue a job and wait for its first item (so errors still become 4xx)."""
+        if slot.worker.stopping:
+            raise _shutting_down()
         try:
             job = slot.worker.submit(fn)
         except QueueFull as exc:
@@ -110,6 +112,9 @@ class Server:
         try:
             first = await items.__anext__()
         except StopAsyncIteration:
+            if slot.worker.stopping:  # skipped in the queue by the shutdown
+                watcher.cancel()
+                raise _shutting_down() from None
             first = None
         except PromptError as exc:
             watcher.cancel()
@@ -300,6 +305,11 @@ class Server:
             yield {"data": "[DONE]"}
 
         return EventSourceResponse(events())
+
+
+def _shutting_down() -> ApiError:
+    return ApiError(503, "The server is shutting down; retry against its next start.", "shutting_down",
+                    type_="server_error")
 
 
 async def _cancel_on(event: anyio.Event, job: Job) -> None:
