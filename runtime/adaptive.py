@@ -254,9 +254,13 @@ def _cost_file(cache_file: Path | None) -> Path:
 
 
 def cached_cost_curve(backend: Backend, k_max: int = 8, *, cache_file: Path | None = None) -> CostCurve | None:
-    """The c(k) cached for this model, settings and machine (measured or learnt), if any."""
+    """The c(k) cached for this model, settings and machine (measured or learnt), if any
+    (none when the cache folder cannot be made: decoding then starts from the prior)."""
     key = cost_curve_key(backend)
-    entry = _cost_table(_cost_file(cache_file)).get(key) if key is not None else None
+    try:
+        entry = _cost_table(_cost_file(cache_file)).get(key) if key is not None else None
+    except OSError:
+        return None
     if entry and len(entry.get("c", ())) > k_max:
         return CostCurve(tuple(entry["c"]), float(entry["t1_s"]))
     return None
@@ -268,11 +272,11 @@ def remember_cost_curve(backend: Backend, curve: CostCurve, *, cache_file: Path 
     key = cost_curve_key(backend)
     if key is None:
         return
-    file = _cost_file(cache_file)
-    table = _cost_table(file)
-    table[key] = {"c": list(curve.c), "t1_s": curve.t1_s, "model": str(getattr(backend, "path", "")),
-                  "machine": machine_id(), "measured_at": time.time()}
     try:
+        file = _cost_file(cache_file)
+        table = _cost_table(file)
+        table[key] = {"c": list(curve.c), "t1_s": curve.t1_s, "model": str(getattr(backend, "path", "")),
+                      "machine": machine_id(), "measured_at": time.time()}
         file.parent.mkdir(parents=True, exist_ok=True)
         tmp = file.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(table, indent=1))
