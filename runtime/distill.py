@@ -60,11 +60,13 @@ def generate_corpus(target, cfg: DistillConfig) -> list[list[int]]:
     bos, eos = target.special.bos, target.special.eos
     if bos is None:
         raise TandemError(f"{target.name} has no BOS token to start stories from.")
-    params = SamplingParams(temperature=cfg.temperature, top_k=0, top_p=1.0, min_p=0.0, seed=cfg.seed)
-    sampler = Sampler(params)
     corpus: list[list[int]] = []
-    for _ in range(cfg.stories):
-        done = [e for e in generate(target, [bos], sampler, max_tokens=cfg.story_tokens) if isinstance(e, DoneEvent)][0]
+    for i in range(cfg.stories):
+        # A seed fixes the draw at each position, so each story needs its own (seed + i):
+        # one seed for all would sample the same story every time.
+        params = SamplingParams(temperature=cfg.temperature, top_k=0, top_p=1.0, min_p=0.0, seed=cfg.seed + i)
+        done = [e for e in generate(target, [bos], Sampler(params), max_tokens=cfg.story_tokens)
+                if isinstance(e, DoneEvent)][0]
         story = [bos, *done.tokens]
         if done.stats.finish_reason == "stop" and eos is not None:
             story.append(eos)

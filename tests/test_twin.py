@@ -33,7 +33,9 @@ def test_f32_twin_logits_match_source(tinystories656k_gguf, small_twin):
         ids = a.tokenize("Once upon a time there was a cat named Tom.", add_bos=True)
         rows = list(range(len(ids)))
         la, lb = a.evaluate(ids, logits_for=rows), b.evaluate(ids, logits_for=rows)
-    np.testing.assert_allclose(lb, la, rtol=1e-4, atol=1e-4)
+    # The same function summed in another order (zero-padded rows; ggml's f32 dot products
+    # accumulate in f32 since llamafile's sgemm is not built): within ~1.3e-4 of the source.
+    np.testing.assert_allclose(lb, la, rtol=1e-4, atol=3e-4)
 
 
 def test_untied_source_twin_is_exact(stories260k, tmp_path):
