@@ -60,6 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="k autocomplete drafts: superposed vs k sampled runs vs one k-sequence batch")
     modes.add_argument("--ar-overhead", action="store_true",
                        help="Tandem's plain decoding vs llama.cpp's own decode and llama-cpp-python's Llama.generate")
+    modes.add_argument("--cost-curve", action="store_true",
+                       help="the target's verify-cost curve c(k) (exact vs fast llama.cpp) and each drafter's cost per token")
     p.add_argument("--k", type=_ints, default=(2, 3, 5), help="with --autocomplete: draft counts (default 2,3,5)")
     p.set_defaults(func=run)
 
@@ -69,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
         return run_autocomplete(args)
     if args.ar_overhead:
         return run_ar_overhead(args)
+    if args.cost_curve:
+        return run_cost_curve(args)
     from tandem.runtime.bench import BenchConfig, run_bench
     from tandem.runtime.bench_report import format_report, markdown_table, plot_report
 
@@ -155,4 +159,18 @@ def run_ar_overhead(args: argparse.Namespace) -> int:
           f"identical to the C loop: {result.identical}, to llama-cpp-python: {result.llama_identical}")
     if args.json_file:
         Path(args.json_file).write_text(json.dumps(result.as_dict(), indent=1))
+    return 0
+
+
+def run_cost_curve(args: argparse.Namespace) -> int:
+    from tandem.runtime.bench_cost import format_costs, measure_costs
+
+    if args.reps < 1 or args.draft_max < 1:
+        raise TandemError("--reps and --draft-max must be at least 1.")
+    drafters = [resolve_model(d) for d in (args.draft, args.draft2) if d]
+    result = measure_costs(resolve_model(args.model), drafters=drafters, threads=args.threads,
+                           k_max=args.draft_max, reps=args.reps, n_ctx=args.ctx or 1024)
+    print(format_costs(result))
+    if args.json_file:
+        _write_json(Path(args.json_file), result.as_dict())
     return 0

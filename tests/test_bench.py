@@ -139,3 +139,15 @@ def test_ar_overhead_on_a_151936_token_vocabulary(real_models, tmp_path) -> None
     assert res.tandem_tps > 0 and res.native_tps > 0 and res.llama_tps > 0 and res.native_eval_ms_per_token > 0
     assert res.tandem_ms_per_token == pytest.approx(1e3 / res.tandem_tps)
     assert res.native_ratio > 0 and res.ratio > 0
+
+
+def test_cost_curve_exact_and_fast_and_drafter_cost(stories260k, tmp_path) -> None:
+    out = tmp_path / "cost.json"
+    rc = main(["bench", "--cost-curve", "-m", str(stories260k), "--draft", str(stories260k), "--reps", "2",
+               "--draft-max", "4", "--threads", "1", "--ctx", "256", "--json", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert set(res["curves"]) == {"exact", "fast"}
+    for curve in res["curves"].values():
+        assert len(curve) == 5 and curve[0] == 1.0 and min(curve) > 0
+    assert res["t1_ms"]["exact"] > 0 and res["drafter_cost"]["stories260K"] > 0
