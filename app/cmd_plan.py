@@ -39,6 +39,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def mib(n: int) -> str:
+    """Bytes in MiB to the thousandth: one unit for every row, so the rows visibly add
+    up to the total (each within 0.0005 MiB of rounding)."""
+    return f"{n / 1024**2:.3f} MiB"
+
+
 def render(plan: Plan) -> str:
     """The plan as a few readable lines."""
     t, d = plan.target, plan.draft
@@ -54,10 +60,11 @@ def render(plan: Plan) -> str:
                          + f"  kv {d.type_k}  gpu layers {d.n_gpu_layers}  drafts/round ≤ {plan.draft_max}")
         else:
             lines.append(f"drafter: model-free only (drafts/round ≤ {plan.draft_max})")
-        lines.append(f"memory:  {format_size(plan.host_total)} host"
-                     + (f" + {format_size(plan.memory.gpu)} GPU" if plan.memory.gpu else ""))
+        lines.append(f"memory:  {mib(plan.host_total)} host peak resident (RSS)"
+                     + (f" + {mib(plan.memory.gpu)} GPU" if plan.memory.gpu else "") + ", made of:")
+        lines.append(f"  {mib(plan.baseline):>12}  host  process baseline (interpreter and libraries, measured)")
         for item in plan.memory.items:
-            lines.append(f"  {format_size(item.bytes):>10}  {item.device:4}  {item.label}")
+            lines.append(f"  {mib(item.bytes):>12}  {item.device:4}  {item.label}")
         lines.append(f"speed:   ~{plan.tokens_per_s:.1f} tok/s plain, ~{plan.tokens_per_s * plan.speedup:.1f} "
                      f"tok/s speculative (predicted)")
     lines.append("why:")
@@ -71,8 +78,12 @@ def render(plan: Plan) -> str:
 def run(args: argparse.Namespace) -> int:
     machine = resolve_machine(args.profile, args.budget, args.vram)
     draft = resolve_model(args.draft) if args.draft else None
+    # A drafter named explicitly is kept when it fits, as `tandem run` keeps it (the
+    # adaptive policy turns drafting off at run time if it does not pay), so the plan
+    # prices what run will hold.
     plan = make_plan(PlanRequest(resolve_model(args.model), draft, args.ctx, machine, draft_max=args.draft_max,
-                                 allow_kv_quant=not args.no_kv_quant, threads=args.threads))
+                                 allow_kv_quant=not args.no_kv_quant, threads=args.threads,
+                                 drop_slow_draft=draft is None))
     choice = calibrated(plan) if args.calibrate and plan.fits and plan.draft is not None else None
     if args.json:
         out = plan.as_dict()

@@ -225,6 +225,15 @@ def detect_gpus() -> tuple[GPU, ...]:
     return tuple(out)
 
 
+def _cached_bandwidth() -> float:
+    """This machine's memory bandwidth, measured once and cached with its process
+    baseline (:mod:`tandem.runtime.memory_baseline`): a fresh measurement moves by
+    10-20 % between calls, and so would every predicted speed."""
+    from tandem.runtime.memory_baseline import machine_baseline
+
+    return machine_baseline().bandwidth_gbs
+
+
 def detect(*, measure_bandwidth: bool = True) -> Machine:
     """This machine, as it is now (available RAM and free VRAM change over time)."""
     total, available = _meminfo()
@@ -233,7 +242,7 @@ def detect(*, measure_bandwidth: bool = True) -> Machine:
     if limit is not None and limit < total:
         notes.append(f"container memory limit {format_size(limit)}")
         total, available = limit, min(available, limit)
-    bw = measure_ram_bandwidth() if measure_bandwidth else 20.0
+    bw = _cached_bandwidth() if measure_bandwidth else 20.0
     return Machine("this machine", cpu_cores(), cpu_features(), total, available, bw,
                    gpus=detect_gpus(), notes=tuple(notes))
 

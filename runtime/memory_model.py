@@ -1,36 +1,25 @@
 """How many bytes a target + drafter pair needs, per device, before anything is loaded.
 
-Pure arithmetic over model shapes (read from GGUF headers or HF configs) and runtime
-settings, so the planner can price options for this machine or for another one.
+Arithmetic over model shapes (read from GGUF headers or HF configs) and runtime
+settings, so the planner can price options for this machine or for another one. What a
+budget promises is the process's peak resident memory (RSS, as ``/usr/bin/time -f %M``
+reports it); the planner adds the process baseline (:mod:`tandem.runtime.memory_baseline`).
 
-The llama.cpp terms are the resident pages of a CPU process (what the OS must find
-room for), itemised as:
+A GGUF on the CPU (:func:`llama_cpu_items`) is priced from what llama.cpp itself
+reports, not from constants fitted on one machine: the file it maps (weights used in
+place), the KV cache (exact arithmetic), the compute buffer its scheduler reserves for
+the context and the model's runtime heap (both read from llama.cpp in a child process
+that loads metadata only, :mod:`tandem.runtime.llama_sizes`), the logits rows, the CPU
+matmul work buffer (an upper bound) and a per-context overhead measured once per
+machine with a tiny model. On the real models this predicts `tandem run`'s peak within
+-2 %/+3 % (tests/test_memory_model.py, BENCHMARKS.md).
 
-* **weights**: tensor bytes per layer; ``n_gpu_layers`` moves the *last* layers (and,
-  when all are moved, the output head) to the GPU, as llama.cpp does. The token
-  embedding always stays on the host.
-* **KV cache**: ``kv_bytes_per_token`` (by K/V type) times the context, split by layer
-  like the weights. llama.cpp clears the cache at creation, so all of it is resident.
-* **compute**: the graph buffer as far as the worst ubatch (``n_batch`` tokens at a full
-  context) touches it. Without flash attention the K·Q score matrix
-  (context × batch × heads × 4 bytes) dominates; with it, the mask and activations.
-* **runtime**: per-process and per-model constants plus the vocabulary tables; a model
-  loaded next to another of its kind (the drafter) pays less (it shares the backend).
-* **speculation**: logits rows for verification (k+1 rows of n_vocab float32 in
-  llama.cpp's output buffer and in our numpy copy), the drafter's q rows, and — for a
-  growable cache (torch) — the candidate KV slots. A llama.cpp cache is preallocated, so
-  candidates live inside ``n_ctx``, which the planner sizes to context + k + 1.
-
-The constants (:mod:`tandem.runtime.memory_costs`) were fitted (least squares) to
-measurements made with :mod:`tandem.runtime.memprobe` in fresh processes. llama.cpp: on
-stories260K and synthetic llama GGUFs (vocab 512/32000, F32/F16/Q8_0), contexts
-256-2048, flash attention on and off; the flash-attention compute terms were refitted
-on contexts up to 4096 cells (see ``LLAMA_CPP``). onnxruntime (CPU): on exported
-stories260K and tinystories-656k graphs (see ``ONNX``). A model in the torch engine on a
-CUDA GPU is priced in VRAM by :func:`torch_gpu_items`, fitted to
-``torch.cuda.max_memory_allocated`` on an H100 (-1 % to +6 %). The torch engine on the
-CPU became repeatable (about ±5 % between runs) once it pinned glibc's mmap threshold;
-it was then fitted on stories260K and tinystories-656k (see ``TORCH``).
+The older fitted terms (:mod:`tandem.runtime.memory_costs`) remain for what cannot be
+asked of llama.cpp here: layers offloaded to a GPU, shapes without a file (a profile's
+hypothetical quant), onnxruntime (``ONNX``) and the torch engine on the CPU (``TORCH``) or
+on CUDA (:func:`torch_gpu_items`, fitted to ``torch.cuda.max_memory_allocated`` on an H100).
+Speculation adds the verification logits rows (in the target's ``output_rows``), the
+drafter's q rows and, for a growable cache (torch), the candidate KV slots.
 """
 
 from __future__ import annotations
@@ -83,7 +72,8 @@ class Setup:
     n_batch: int = 256
     type_k: str = "f16"
     type_v: str = "f16"
-    flash_attn: bool = True
+    flash_attn: bool = False
+    """As the llama.cpp backend (on anyway with a quantized V cache, which needs it)."""
     n_gpu_layers: int = 0
     output_rows: int = 1
     """Most logits rows asked for in one call (k+1 for a verifying target)."""
@@ -153,16 +143,87 @@ def _kv(shape: ModelShape, setup: Setup, kind: str) -> int:
     return per_token * padded_ctx(setup.n_ctx)
 
 
+def uses_llama_sizes(shape: ModelShape, setup: Setup, kind: str) -> bool:
+    """Whether ``shape`` is priced from llama.cpp's own sizes (a GGUF on the CPU)."""
+    return kind == "llama.cpp" and shape.path is not None and setup.n_gpu_layers == 0
+
+
+def llama_cpu_items(shape: ModelShape, setup: Setup, role: str = "target") -> list[Item]:
+    """A GGUF model in llama.cpp on the CPU, as the resident pages of its process:
+
+    * **weights**: the file, memory-mapped (weights are used in place: the backend
+      turns off llama.cpp's repacked copies, ``use_extra_bufts``); the whole file is
+      resident while it loads, so the header counts too;
+    * **KV cache**: exact arithmetic over the padded cells (llama.cpp clears it: all resident);
+    * **compute buffer**: what llama.cpp's scheduler reserves for this context with
+      ``output_rows`` rows of logits (:mod:`tandem.runtime.llama_sizes`): the largest
+      graph, a full ubatch at a full context, touches all of it;
+    * **logits**: llama.cpp's output buffer (``output_rows`` float32 rows over the
+      vocabulary) and the copy the backend returns;
+    * **work buffer**: the CPU backend converts a ubatch's activations for the matmul
+      kernels (at most 4 bytes per element of the widest input: an upper bound);
+    * **runtime**: the heap llama.cpp and our tokenizer keep for the loaded model
+      (vocabulary, merges, tensor metadata, the coverage guard), measured by loading its
+      metadata in a child process (:mod:`tandem.runtime.llama_sizes`);
+    * **context overhead**: context structures, the thread pool, first-decode
+      allocations, measured once per machine with a tiny model (:func:`llama_context_overhead`).
+    """
+    from tandem.runtime.llama_sizes import ContextSetup, sizes_for
+
+    sizes = sizes_for(shape.path)
+    t = min(setup.n_batch, setup.n_ctx)
+    flash = setup.flash_attn or setup.type_v not in ("f16", "f32", "bf16")
+    ctx = sizes.context(ContextSetup(setup.n_ctx, t, setup.type_k, setup.type_v, flash, max(1, setup.output_rows)))
+    kv = shape.kv_bytes_per_token(setup.type_k, setup.type_v) * padded_ctx(setup.n_ctx)
+    rows = max(1, setup.output_rows)
+    items = [
+        Item(f"{role} weights ({shape.weight_type}, the file memory-mapped)", role, "host",
+             shape.file_bytes or shape.weights_bytes),
+        Item(f"{role} KV cache ({setup.type_k}/{setup.type_v}, {padded_ctx(setup.n_ctx)} cells)", role, "host", kv),
+        Item(f"{role} compute buffer (batch {t}, reserved by llama.cpp)", role, "host", ctx.compute),
+        Item(f"{role} logits ({rows} rows: llama.cpp's output buffer and our copy)", role, "host",
+             2 * 4 * rows * shape.n_vocab),
+        Item(f"{role} matmul work buffer (batch {t})", role, "host", work_buffer(shape, setup)),
+        Item(f"{role} runtime (vocabulary, tokenizer and metadata: measured)", role, "host", sizes.runtime),
+        Item(f"{role} context, thread pool and first-decode allocations (measured on this machine)", role, "host",
+             llama_context_overhead()),
+    ]
+    return [i for i in items if i.bytes]
+
+
+def work_buffer(shape: ModelShape, setup: Setup) -> int:
+    """The CPU backend's work buffer for the largest matmul of a full ubatch: it converts
+    the right-hand operand to the kernel's type first. Without flash attention that is
+    the attention scores (cells × batch × heads) turned into f16 for an f16/bf16 V cache
+    (llama.cpp's ``ggml_mul_mat`` of V by softmax(KQ)); otherwise the widest activation
+    (at most 4 bytes an element: an upper bound for the quantized kernels' ~1.1)."""
+    t = min(setup.n_batch, setup.n_ctx)
+    flash = setup.flash_attn or setup.type_v not in ("f16", "f32", "bf16")
+    scores = 0 if flash or setup.type_v == "f32" else 2 * t * padded_ctx(setup.n_ctx) * shape.n_head
+    return max(scores, 4 * t * max(shape.n_ff, shape.n_embd))
+
+
+def llama_context_overhead() -> int:
+    """What a llama.cpp context takes beyond its priced buffers, measured on this machine
+    with a tiny model (:mod:`tandem.runtime.memory_baseline`, cached)."""
+    from tandem.runtime.memory_baseline import machine_baseline
+
+    return machine_baseline().llama_context
+
+
 def model_items(shape: ModelShape, setup: Setup, kind: str = "llama.cpp", role: str = "target",
                 first_in_process: bool = True) -> list[Item]:
     """Weights, KV, compute and per-model runtime bytes of one model, by device.
     ``first_in_process=False``: another model of this kind is already loaded (a drafter
-    next to its target), which set up the backend both share (``RuntimeCosts.per_model_next``)."""
+    next to its target), which set up the backend both share (``RuntimeCosts.per_model_next``).
+    A GGUF on the CPU is priced from llama.cpp's own sizes (:func:`llama_cpu_items`)."""
+    if uses_llama_sizes(shape, setup, kind):
+        return llama_cpu_items(shape, setup, role)
     costs = COSTS[kind]
     g, head_on_gpu = _gpu_layers(shape, setup.n_gpu_layers)
     first_gpu = shape.n_layer - g
     w_gpu = sum(shape.layer_bytes[first_gpu:]) + (shape.output_bytes if head_on_gpu else 0)
-    w_host = shape.weights_bytes - w_gpu
+    w_host = (shape.file_bytes or shape.weights_bytes) - w_gpu  # llama.cpp maps the whole file
     kv = _kv(shape, setup, kind)
     kv_gpu = kv * g // max(shape.n_layer, 1)
     k = padded_ctx(setup.n_ctx, kind)
@@ -288,4 +349,4 @@ def estimate(
             items.append(Item(label, "draft", "host", host))
         elif any(i.device == "gpu" for i in items):
             items.append(Item("GPU context", "runtime", "gpu", COSTS[kind].device_context))
-    return Estimate(tuple(items))
+    return Estimate(tuple(i for i in items if i.bytes))  # no 0 B rows

@@ -41,6 +41,13 @@ class ModelShape:
     """Final norm and output head (offloaded only when every layer is)."""
     weight_type: str = "f32"
     n_params: int = 0
+    path: str | None = None
+    """The GGUF file llama.cpp would load, for asking llama.cpp its own buffer sizes
+    (:mod:`tandem.runtime.llama_sizes`); a quantized copy names its source, whose
+    graph (and so compute buffer) is the same. ``None``: not a GGUF (torch, ONNX)."""
+    file_bytes: int = 0
+    """Bytes of the file llama.cpp maps (the whole file is resident while it loads:
+    header and tensor data); 0: not a GGUF."""
 
     @property
     def weights_bytes(self) -> int:
@@ -118,7 +125,8 @@ def shape_from_gguf(path_or_info, as_type: str | None = None) -> ModelShape:
         n_ff=int(info.arch_value("feed_forward_length", 0) or 0), n_vocab=int(n_vocab),
         n_ctx_train=int(info.arch_value("context_length", 2048) or 2048),
         layer_bytes=tuple(layers), input_bytes=inp, output_bytes=out, weight_type=as_type or wtype,
-        n_params=info.n_params,
+        n_params=info.n_params, path=str(info.path),
+        file_bytes=info.file_size - info.weights_bytes + inp + out + sum(layers),
     )
 
 

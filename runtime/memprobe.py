@@ -34,7 +34,7 @@ class ProbeModel:
     path: str
     n_ctx: int
     n_batch: int = 512
-    flash_attn: bool = True
+    flash_attn: bool = False
     type_k: str = "f16"
     type_v: str = "f16"
     n_threads: int = 1

@@ -106,6 +106,9 @@ def plan_unplanned(path: str | Path, kind: str, budget: int | str | None = None,
         from tandem.runtime.memprobe import unresident_code
 
         baseline = process_rss() + unresident_code()
+    if ctx is not None and ctx > shape.n_ctx_train:
+        raise TandemError(f"--ctx {ctx} is longer than {shape.name} was trained for ({shape.n_ctx_train} tokens); "
+                          f"use --ctx {shape.n_ctx_train} or less.")
     n_ctx = ctx or min(shape.n_ctx_train, 4096)
     room = machine.host_budget * (1 - SAFETY) - baseline
 

@@ -17,8 +17,11 @@ fits, so the plan is the fastest one it knows to fit. The order follows what use
    would fit (the largest context, KV quantization, a smaller quant). A default context
    is shrunk with a stated reason.
 
-Budgets cover the whole process: the planner adds the interpreter and libraries already
-resident (measured now for this machine; :data:`PROFILE_BASELINE` for a profile).
+A budget is the whole process's peak resident memory (RSS, what ``/usr/bin/time -f %M``
+reports): the planner adds the process baseline — measured once per machine in a child
+that imports what `tandem run` imports, cached (:mod:`tandem.runtime.memory_baseline`);
+:data:`PROFILE_BASELINE` for a profile — and, when model-free drafting runs, its index
+over the context. An explicit ``--ctx`` past what the model was trained for is refused.
 
 Where the drafter runs: with a llama.cpp build that offloads, it takes GPU layers first.
 Otherwise, on a detected CUDA GPU, it may run in the torch engine there, priced in VRAM
@@ -32,9 +35,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from tandem.models.errors import BudgetError
+from tandem.models.errors import BudgetError, TandemError
 from tandem.runtime.hardware import Machine, format_size, process_rss
-from tandem.runtime.memory_model import Estimate, ModelShape, Setup, estimate, shape_from_gguf
+from tandem.runtime.memory_model import Estimate, Item, ModelShape, Setup, estimate, shape_from_gguf
 from tandem.runtime.plan_devices import (
     SAFETY,
     fits,
@@ -76,7 +79,9 @@ class ModelPlan:
     n_batch: int = 256
     type_k: str = "f16"
     type_v: str = "f16"
-    flash_attn: bool = True
+    flash_attn: bool = False
+    """Off, as the backend's default: speculative output is then bit-identical to plain
+    greedy output (a quantized V cache turns it on: llama.cpp needs it there)."""
     n_gpu_layers: int = 0
     n_threads: int | None = None
     window: int | None = None
@@ -200,6 +205,9 @@ class PlanRequest:
     """Drop a drafter predicted to gain < 5 %. A drafter the user named explicitly is
     kept when it fits (``False``): the adaptive policy then turns drafting off at run
     time if it does not pay, using measured rather than predicted costs."""
+    model_free: bool | None = None
+    """Whether model-free drafting (suffix trie, prompt lookup) runs, whose index grows
+    with the context; ``None``: when a draft model is named (``--draft-mode auto``)."""
     baseline: int | None = None
     """Resident bytes before the models load; ``None``: this process's RSS plus the
     llama.cpp code it will still fault in (:func:`tandem.runtime.memprobe.unresident_code`),
@@ -242,8 +250,40 @@ def _draft_quant(path: Path, shape: ModelShape) -> tuple[str, ModelShape] | None
     return (DRAFT_QUANT, copy) if copy.weights_bytes <= 0.8 * shape.weights_bytes else None
 
 
+def check_context(ctx: int | None, shape: ModelShape) -> None:
+    """Refuse a context longer than the model was trained for: past it, positions the
+    model never saw make its output degrade into noise (no RoPE scaling is configured),
+    and the memory for it would be spent on that. (The k draft slots the planner adds
+    past a context at the limit are fine: llama.cpp only warns.)"""
+    if ctx is not None and ctx > shape.n_ctx_train:
+        raise TandemError(f"--ctx {ctx} is longer than {shape.name} was trained for ({shape.n_ctx_train} tokens); "
+                          f"use --ctx {shape.n_ctx_train} or less.")
+    if ctx is not None and ctx < 1:
+        raise TandemError(f"--ctx {ctx} must be a positive number of tokens.")
+
+
+def detected_baseline() -> int:
+    """Resident bytes of a `tandem run` process before its models, on this machine: the
+    measured, cached baseline (:mod:`tandem.runtime.memory_baseline`), or this process's
+    own resident size plus the llama.cpp code it will still fault in when that is
+    larger (the chat app imports Textual; a test process holds much more)."""
+    from tandem.runtime.memory_baseline import machine_baseline
+    from tandem.runtime.memprobe import unresident_code
+
+    return max(machine_baseline().total, process_rss() + unresident_code())
+
+
 def make_plan(req: PlanRequest) -> Plan:
     """The fastest plan that fits ``req.machine``'s budgets (see the module docstring)."""
+    from tandem.runtime.llama_sizes import close_all
+
+    try:
+        return _make_plan(req)
+    finally:
+        close_all()  # the sizing children end with the plan; their answers are cached
+
+
+def _make_plan(req: PlanRequest) -> Plan:
     machine = req.machine
     if machine is None:
         from tandem.runtime.hardware import resolve_machine
@@ -252,9 +292,7 @@ def make_plan(req: PlanRequest) -> Plan:
     if req.baseline is not None:
         baseline = req.baseline
     elif machine.source == "detected":
-        from tandem.runtime.memprobe import unresident_code
-
-        baseline = process_rss() + unresident_code()
+        baseline = detected_baseline()
     else:
         baseline = PROFILE_BASELINE
     t_shape = shape_from_gguf(req.target)
@@ -266,22 +304,47 @@ def make_plan(req: PlanRequest) -> Plan:
         if q is not None:
             quant, d_shapes[quant] = q
     explicit = req.ctx is not None
+    check_context(req.ctx, t_shape)
     # A default context leaves the k candidate cells inside what the model was trained on.
-    ctx = req.ctx or max(MIN_CTX, min(t_shape.n_ctx_train, 4096) - req.draft_max)
+    ctx = wanted = req.ctx or max(MIN_CTX, min(t_shape.n_ctx_train, 4096) - req.draft_max)
     reasons: list[str] = []
-    if ctx > t_shape.n_ctx_train:
-        reasons.append(f"context {ctx} exceeds what {t_shape.name} was trained on ({t_shape.n_ctx_train})")
+    model_free = req.draft is not None if req.model_free is None else req.model_free
+    per_token = draft_index_per_token(machine) if model_free else 0.0
     while True:
-        plan = _try_ctx(req, machine, baseline, t_shape, d_shapes, quant, ctx, reasons)
+        # The model-free drafters' index grows with the context: priced with it, outside
+        # the rungs (no rung changes it), and listed as its own row.
+        index = int(per_token * (ctx + req.draft_max))
+        plan = _try_ctx(req, machine, baseline + index, t_shape, d_shapes, quant, ctx, reasons)
         if plan.fits or explicit or ctx <= MIN_CTX:
             break
         smaller = max(MIN_CTX, ctx // 2)
         reasons.append(f"the default context {ctx} does not fit the budget; trying {smaller}")
         ctx = smaller
+    plan.baseline = baseline
+    if index:
+        row = Item(f"model-free drafting index (suffix trie and lookup, {ctx + req.draft_max} tokens)",
+                   "speculation", "host", index)
+        plan.memory = Estimate((*plan.memory.items, row))
     if not plan.fits:
-        plan.suggestions = suggest(machine.host_budget * (1 - SAFETY) - baseline, baseline, SAFETY, t_shape, ctx,
-                                   req.draft_max, req.allow_kv_quant)
+        # Suggestions are for the context asked for (or the default one), not the last one tried.
+        index = int(per_token * (wanted + req.draft_max))
+        plan.suggestions = suggest(machine.host_budget * (1 - SAFETY) - baseline - index, baseline + index, SAFETY,
+                                   t_shape, wanted, req.draft_max, req.allow_kv_quant)
     return plan
+
+
+MODEL_FREE_PER_TOKEN = 7300.0
+"""Bytes per context token of the model-free drafters' index on a profile machine (the
+suffix trie's worst case, random tokens; measured 7.2 kB on CPython 3.11 x86-64). On
+this machine it is measured (:mod:`tandem.runtime.memory_baseline`)."""
+
+
+def draft_index_per_token(machine: Machine) -> float:
+    if machine.source != "detected":
+        return MODEL_FREE_PER_TOKEN
+    from tandem.runtime.memory_baseline import machine_baseline
+
+    return machine_baseline().draft_index_per_token
 
 
 def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelShape,
@@ -374,13 +437,13 @@ def _finish(machine: Machine, baseline: int, t_shape: ModelShape, d_shape: Model
                               "drafting off at run time if it does not pay"))
     elif d_shape is not None:
         reasons.append("draft model dropped: it does not fit next to the target; model-free drafting stays on")
-    extra = est.speculation_extra()
-    reasons.append(f"predicted memory {format_size(baseline + est.host)} host"
-                   + (f" + {format_size(est.gpu)} GPU" if est.gpu else "")
-                   + f" (speculation {format_size(extra)}) of a {format_size(machine.host_budget)} budget")
     if draft is not None and speedup < 1.05 and drop_slow_draft:
         draft, speedup = None, 1.0
         est = estimate(t_shape, target.setup(k + 1), k=k)
+    extra = est.speculation_extra()
+    reasons.append(f"predicted peak memory {format_size(baseline + est.host)} host"
+                   + (f" + {format_size(est.gpu)} GPU" if est.gpu else "")
+                   + f" (speculation {format_size(extra)}) of a {format_size(machine.host_budget)} budget")
     return Plan(True, machine.describe(), machine.host_budget, machine.vram_budget, baseline, target,
                 draft, draft is not None, k, est, speed, speedup, reasons)
 
@@ -392,7 +455,7 @@ def _layers(g: int, shape: ModelShape) -> str:
 def plan_for_run(target_path: str | Path, draft_path: str | Path | None = None, budget: int | str | None = None,
                  ctx: int | None = None, *, vram: int | str | None = None, profile: str | None = None,
                  threads: int | None = None, draft_max: int = 8, acceptance: float = ACCEPTANCE_PRIOR,
-                 drop_slow_draft: bool = True) -> Plan:
+                 drop_slow_draft: bool = True, model_free: bool | None = None) -> Plan:
     """The one call ``tandem run`` / ``tandem chat`` make: plan for this machine (or a
     profile) and raise :class:`BudgetError` with suggestions when nothing fits.
 
@@ -409,7 +472,7 @@ def plan_for_run(target_path: str | Path, draft_path: str | Path | None = None, 
     machine = resolve_machine(profile, budget, vram, measure_bandwidth=False)
     req = PlanRequest(Path(target_path), Path(draft_path) if draft_path else None, ctx, machine,
                       draft_max=draft_max, threads=threads, acceptance=acceptance,
-                      drop_slow_draft=drop_slow_draft)
+                      drop_slow_draft=drop_slow_draft, model_free=model_free)
     plan = make_plan(req).check()
     if plan.draft is not None and plan.draft.quant and plan.draft.source:
         from tandem.models.quantize import cached_copy

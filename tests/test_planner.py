@@ -28,7 +28,9 @@ def _plan(target: Path, draft: Path | None, budget, ctx: int | None = 512, **kw)
     machine = resolve_machine(budget=budget, measure_bandwidth=False, **kw)
     if machine.source == "detected":
         machine = replace(machine, gpus=(), vram_budget=0)
-    return make_plan(PlanRequest(target, draft, ctx, machine, acceptance=ALPHA, baseline=40 * MiB))
+    # Model-free drafting's index is left out (model_free=False): these tests are about the
+    # ladder of drafter settings, which does not change it (test_model_free_index_is_priced).
+    return make_plan(PlanRequest(target, draft, ctx, machine, acceptance=ALPHA, baseline=40 * MiB, model_free=False))
 
 
 def test_roomy_budget_keeps_the_full_drafter(stories_twin: Path, stories260k: Path) -> None:
@@ -55,19 +57,35 @@ def test_tight_budget_shrinks_the_drafter_not_the_context(stories_twin: Path, st
     assert plan.memory.speculation_extra() < full.memory.speculation_extra()
 
 
-def test_impossible_budget_is_refused_with_suggestions(stories_twin: Path, stories260k: Path) -> None:
-    alone = _plan(stories_twin, None, "1GiB", ctx=2048)
-    budget = int(alone.baseline + 0.8 * (alone.host_total - alone.baseline))
+def _lean_budget(target: Path, ctx: int, share: float) -> int:
+    """A budget holding ``share`` of the leanest rung at ``ctx`` (baseline 40 MiB, as ``_plan``)."""
+    from tandem.runtime.memory_model import shape_from_gguf
+    from tandem.runtime.plan_suggest import lean_need, leanest_kv
+
+    shape = shape_from_gguf(target)
+    return int((40 * MiB + share * lean_need(shape, ctx, leanest_kv(shape, True), 8)) / (1 - SAFETY))
+
+
+def test_impossible_budget_is_refused_with_suggestions_that_agree(stories_twin: Path, stories260k: Path) -> None:
+    """Below the leanest rung nothing fits; the suggestions are each true and do not
+    contradict each other: the largest context fits this budget (and is smaller than the
+    one asked for), the suggested budget fits the context asked for."""
+    budget = _lean_budget(stories_twin, 2048, 0.9)
     plan = _plan(stories_twin, stories260k, budget, ctx=2048)
     assert not plan.fits
     assert any(s.startswith("--ctx ") for s in plan.suggestions)
     assert any(s.startswith("--budget ") for s in plan.suggestions)
     with pytest.raises(BudgetError, match="What would fit"):
         plan.check()
-    # The suggested context really fits.
     ctx = int(next(s for s in plan.suggestions if s.startswith("--ctx ")).split()[1])
+    assert ctx < 2048
     again = _plan(stories_twin, None, budget, ctx=ctx)
     assert again.fits and again.target.n_ctx >= ctx
+    assert not _plan(stories_twin, None, budget, ctx=ctx + 256).fits
+    size = next(s for s in plan.suggestions if s.startswith("--budget ")).split()[1:3]
+    roomy = _plan(stories_twin, None, "".join(size), ctx=2048)
+    assert roomy.fits and roomy.target.n_ctx >= 2048
+    assert roomy.host_budget > budget
 
 
 def test_default_context_shrinks_with_a_reason(stories_twin: Path) -> None:
@@ -113,10 +131,73 @@ def test_cli_json_schema(stories_twin: Path, stories260k: Path, capsys: pytest.C
 
 
 def test_cli_refusal_exit_code_and_text(stories_twin: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["plan", "-m", str(stories_twin), "--ctx", "4096", "--budget", "20MiB"])
+    rc = main(["plan", "-m", str(stories_twin), "--ctx", "2048", "--budget", "20MiB"])
     out = capsys.readouterr().out
     assert rc == 6
     assert "fits:    NO" in out and "what would fit:" in out
+    rc = main(["plan", "-m", str(stories_twin), "--ctx", "2048", "--budget", "20MiB", "--json"])
+    assert rc == 6 and json.loads(capsys.readouterr().out)["fits"] is False
+
+
+@pytest.mark.parametrize("command", ["plan", "run"])
+def test_context_longer_than_training_is_refused(stories260k: Path, command: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """stories260K was trained on 2048 tokens: --ctx 4096 is refused before anything
+    loads, with the limit named; 2048 itself is fine."""
+    extra = ["-p", "Once", "-n", "2"] if command == "run" else []
+    rc = main([command, "-m", str(stories260k), "--ctx", "4096", *extra])
+    err = capsys.readouterr().err
+    assert rc != 0
+    assert "trained for (2048 tokens)" in err and "--ctx 2048 or less" in err
+    assert main([command, "-m", str(stories260k), "--ctx", "2048", *extra]) == 0
+
+
+def test_breakdown_rows_add_up_to_the_total(stories_twin: Path, stories260k: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Every byte of the printed total is in a row (the process baseline included) and no
+    row is empty, in the text and in the JSON."""
+    args = ["plan", "-m", str(stories_twin), "--draft", str(stories260k), "--ctx", "1024", "--budget", "32GiB"]
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    mem = out["memory"]
+    assert all(i["bytes"] > 0 for i in mem["items"])
+    assert mem["baseline_bytes"] + sum(i["bytes"] for i in mem["items"] if i["device"] == "host") == mem["host_total_bytes"]
+    assert main(args) == 0
+    text = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(text) if line.startswith("memory:"))
+    total = float(text[start].split()[1])
+    rows = []
+    for line in text[start + 1:]:
+        if not line.startswith("  "):
+            break
+        rows.append(line)
+    assert any("process baseline" in r for r in rows)
+    assert abs(sum(float(r.split()[0]) for r in rows) - total) <= 0.0005 * (len(rows) + 1)
+    assert not any(float(r.split()[0]) == 0 for r in rows)
+
+
+def test_model_free_index_is_priced(stories_twin: Path, stories260k: Path) -> None:
+    """With a draft model, model-free drafting runs too (``--draft-mode auto``): its
+    index over the context is a row of the plan, at this machine's measured cost per token."""
+    from tandem.runtime.memory_baseline import machine_baseline
+
+    machine = resolve_machine(budget="4GiB", measure_bandwidth=False)
+    with_draft = make_plan(PlanRequest(stories_twin, stories260k, 1024, machine, baseline=40 * MiB))
+    rows = [i for i in with_draft.memory.items if i.label.startswith("model-free drafting index")]
+    assert len(rows) == 1
+    assert rows[0].bytes == int(machine_baseline().draft_index_per_token * (1024 + with_draft.draft_max)) > 0
+    alone = make_plan(PlanRequest(stories_twin, None, 1024, machine, baseline=40 * MiB))
+    assert not any(i.label.startswith("model-free") for i in alone.memory.items)
+
+
+def test_predicted_speed_is_stable_between_identical_calls(stories_twin: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The bandwidth behind the predicted speed is measured once per machine and cached."""
+    speeds = []
+    for _ in range(3):
+        assert main(["plan", "-m", str(stories_twin), "--ctx", "512", "--json"]) == 0
+        speeds.append(json.loads(capsys.readouterr().out)["tokens_per_s"])
+    assert speeds[0] > 0 and len(set(speeds)) == 1
 
 
 CHAT = textwrap.dedent("""
@@ -208,26 +289,34 @@ def test_drafter_goes_to_the_gpu_through_torch_when_llama_cpp_cannot_offload(
 
 def test_specmemo_budget_keeps_a_quantized_windowed_drafter(stories_twin: Path, stories260k: Path) -> None:
     """SpecMemo's bar: with the budget cut so speculation gets 35 % of its unconstrained
-    extra memory, the planner still keeps a real drafter, as a Q8_0 copy with a short
-    window and batch (BENCHMARKS.md measures its throughput), and plan_for_run makes the copy."""
+    extra memory, the planner still keeps a real drafter (windowed, or a Q8_0 copy).
+    Cut further, the ladder reaches the Q8_0 copy with a short window before it drops
+    the drafter, and plan_for_run makes the copy the plan names."""
     from tandem.runtime.planner import plan_for_run
 
     full = _plan(stories_twin, stories260k, "1GiB", ctx=2040)
     alone = _plan(stories_twin, None, "1GiB", ctx=2040)
     assert full.draft is not None and full.draft.quant is None  # roomy: the drafter's own weights
     extra = full.host_total - alone.host_total
-    budget = int((alone.host_total + 0.35 * extra) / (1 - SAFETY))
-    cut = _plan(stories_twin, stories260k, budget, ctx=2040)
-    assert cut.fits and cut.draft is not None
-    assert cut.draft.quant == "q8_0" and cut.draft.source == str(stories260k)
-    # Windowed into llama.cpp's smallest cache (256 cells, window 251 at k = 4).
-    assert cut.draft.window is not None and cut.draft.n_ctx <= 256
-    assert cut.host_total - alone.host_total <= 0.35 * extra
-    assert not Path(cut.draft.path).exists()  # make_plan only prices the copy
+
+    def cut(share: float):
+        return _plan(stories_twin, stories260k, int((alone.host_total + share * extra) / (1 - SAFETY)), ctx=2040)
+
+    bar = cut(0.35)
+    assert bar.fits and bar.draft is not None
+    assert bar.draft.window is not None or bar.draft.quant == "q8_0"
+    assert bar.host_total - alone.host_total <= 0.35 * extra
+    share = next((x for x in (0.35, 0.3, 0.25, 0.2, 0.15, 0.1, 0.05)
+                  if (c := cut(x)).draft is not None and c.draft.quant == "q8_0"), None)
+    assert share is not None, "the ladder dropped the drafter before trying its Q8_0 copy"
+    quantized = cut(share)
+    assert quantized.draft is not None and quantized.draft.source == str(stories260k)
+    assert quantized.draft.window is not None and quantized.draft.n_ctx <= 256  # llama.cpp's smallest cache
+    assert not Path(quantized.draft.path).exists()  # make_plan only prices the copy
     # plan_for_run (this process's own baseline) makes the copy the plan names.
     alone_run = plan_for_run(stories_twin, None, "64GiB", 2040, threads=1)  # room for any process baseline
-    squeezed = plan_for_run(stories_twin, stories260k, int((alone_run.host_total + 0.35 * extra) / (1 - SAFETY)),
-                            2040, threads=1, acceptance=ALPHA)
+    squeezed = plan_for_run(stories_twin, stories260k, int((alone_run.host_total + share * extra) / (1 - SAFETY)),
+                            2040, threads=1, acceptance=ALPHA, model_free=False)
     assert squeezed.draft is not None and squeezed.draft.quant == "q8_0"
     assert Path(squeezed.draft.path).is_file() and squeezed.draft.path != squeezed.draft.source
 
@@ -285,6 +374,7 @@ def test_vram_budget_bounds_the_torch_gpu_drafter(stories_twin: Path, stories260
     from dataclasses import replace
 
     from tandem.runtime import memory_model
+    from tandem.runtime.memory_model import shape_from_gguf
 
     small = _cuda_machine(monkeypatch, "2GiB", 256 * MiB)
     plan = make_plan(PlanRequest(stories_twin, stories260k, 512, small, acceptance=ALPHA, drop_slow_draft=False,
@@ -294,10 +384,14 @@ def test_vram_budget_bounds_the_torch_gpu_drafter(stories_twin: Path, stories260
 
     monkeypatch.setattr(memory_model, "TORCH_CUDA_HOST", 0)
     monkeypatch.setattr(memory_model, "TORCH", replace(memory_model.TORCH, per_model=0))
-    alone = make_plan(PlanRequest(stories_twin, None, 512, small, baseline=40 * MiB))
-    host_only = _cuda_machine(monkeypatch, str(int((alone.host_total + 200_000) / (1 - SAFETY))), 4 * 1024**3)
+    from tandem.runtime.plan_suggest import lean_need, leanest_kv
+
+    # Room for the target's leanest rung and 200 kB: no llama.cpp drafter fits beside it.
+    shape = shape_from_gguf(stories_twin)
+    lean = lean_need(shape, 512, leanest_kv(shape, True), 8)
+    host_only = _cuda_machine(monkeypatch, str(int((40 * MiB + lean + 200_000) / (1 - SAFETY))), 4 * 1024**3)
     plan = make_plan(PlanRequest(stories_twin, stories260k, 512, host_only, acceptance=ALPHA, drop_slow_draft=False,
-                                 baseline=40 * MiB))
+                                 baseline=40 * MiB, model_free=False))
     assert plan.fits and plan.draft is not None
     assert plan.draft.devices == ("cuda",) and plan.draft.device == "cuda"
     assert plan.memory.gpu <= host_only.vram_budget
