@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     # prices what run will hold.
     plan = make_plan(PlanRequest(resolve_model(args.model), draft, args.ctx, machine, draft_max=args.draft_max,
                                  allow_kv_quant=not args.no_kv_quant, threads=args.threads,
-                                 drop_slow_draft=draft is None))
+                                 drop_slow_draft=draft is None, baseline=run_baseline(machine)))
     choice = calibrated(plan) if args.calibrate and plan.fits and plan.draft is not None else None
     if args.json:
         out = plan.as_dict()
@@ -93,6 +93,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render(plan) + ("\n" + render_choice(choice) if choice is not None else ""))
     return 0 if plan.fits else 6
+
+
+def run_baseline(machine) -> int | None:
+    """The baseline of the `tandem run` this plan is for: this machine's measured one
+    (cached), not this planning process's own resident size, so identical calls print
+    identical plans; ``None`` (the profile's) when planning another machine."""
+    if machine.source != "detected":
+        return None
+    from tandem.runtime.memory_baseline import machine_baseline
+
+    return machine_baseline().total
 
 
 def calibrated(plan: Plan) -> Choice:

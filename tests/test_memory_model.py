@@ -23,6 +23,23 @@ from tandem.runtime.memory_model import (
 from tandem.runtime.memprobe import ProbeModel, ProbeSpec, measure
 
 TOLERANCE = 0.10
+LLAMA_UNDER = 0.03
+"""A llama.cpp estimate may be under the measured peak by at most 3 % (the promise's side)..."""
+LLAMA_SLACK = 1_500_000
+"""...plus 1.5 MB: at fixture scale (5-70 MB) the first-decode allocations of a process
+(thread start-up, allocator arenas) are a few percent on their own."""
+LLAMA_OVER = 0.35
+"""Over by at most 35 % on the fixtures: the matmul work buffer is priced at its upper
+bound (attention scores converted to f16 for every head), which the 8M twin's 32 heads
+of 8 values make as large as its weights; on real models (12-14 heads of 64-128) the
+same bound costs 1-3 % (the real-model test holds them to +10 %)."""
+
+
+def _check_llama(predicted: int, measured: int, what: str) -> None:
+    error = predicted / measured - 1
+    print(f"{what}: predicted {predicted} vs measured {measured} ({error:+.1%})")
+    assert predicted >= measured * (1 - LLAMA_UNDER) - LLAMA_SLACK, f"under: {predicted} vs {measured} ({error:+.1%})"
+    assert predicted <= measured * (1 + LLAMA_OVER), f"over: {predicted} vs {measured} ({error:+.1%})"
 
 
 @pytest.mark.parametrize("kv", ["f16", "q8_0", "f32"])
@@ -62,7 +79,11 @@ def test_gpu_offload_moves_bytes_without_losing_any(stories_twin: Path) -> None:
 
 
 def test_kv_quantization_and_context_scale_the_cache(stories_twin: Path) -> None:
-    shape = shape_from_gguf(stories_twin)
+    from dataclasses import replace
+
+    # Arithmetic only: without a path the shape is not sized by llama.cpp (which refuses a
+    # q8_0 cache for this model's 8-wide heads; the planner checks kv_type_ok first).
+    shape = replace(shape_from_gguf(stories_twin), path=None)
 
     def kv(setup):
         return sum(i.bytes for i in model_items(shape, setup) if "KV" in i.label)
@@ -84,10 +105,7 @@ def test_torch_shape_from_hf_config(tinystories656k_dir: Path) -> None:
 
 
 def _check(spec: ProbeSpec, predicted: int) -> None:
-    measured = measure(spec)["peak_bytes"]
-    error = predicted / measured - 1
-    print(f"memory model: predicted {predicted} vs measured {measured} ({error:+.1%})")
-    assert abs(error) <= TOLERANCE, f"predicted {predicted} vs measured {measured} ({error:+.1%})"
+    _check_llama(predicted, measure(spec)["peak_bytes"], "memory model")
 
 
 @pytest.mark.parametrize(("ctx", "batch"), [(256, 256), (1024, 256), (2048, 64), (2304, 256), (2304, 512), (4096, 256)])
@@ -149,10 +167,7 @@ def test_drafter_extra_next_to_a_target_matches_measured(request: pytest.Fixture
     both = measure(ProbeSpec([target, ProbeModel(str(path), n_ctx, batch, prompt_tokens=n_ctx - k - 2)]))["peak_bytes"]
     est = estimate(shape_from_gguf(target.path), Setup(target.n_ctx, 256, output_rows=5), shape_from_gguf(path),
                    Setup(n_ctx, batch), k=k)
-    predicted, measured = est.total(role="draft"), both - alone
-    error = predicted / measured - 1
-    print(f"drafter {drafter} window {window} batch {batch}: predicted {predicted} vs measured {measured} ({error:+.1%})")
-    assert abs(error) <= TOLERANCE, f"predicted {predicted} vs measured {measured} ({error:+.1%})"
+    _check_llama(est.total(role="draft"), both - alone, f"drafter {drafter} window {window} batch {batch}")
 
 
 def test_quantized_copy_is_priced_before_it_exists(stories260k: Path, tmp_path: Path) -> None:
@@ -305,3 +320,94 @@ def test_predicted_peak_matches_measured_torch(request: pytest.FixtureRequest, m
     error = predicted / measured - 1
     print(f"torch {model} ({ctx}, {batch}): predicted {predicted} vs measured {runs} ({error:+.1%})")
     assert abs(predicted - measured) <= max(TOLERANCE * measured, TORCH_SLACK), f"{error:+.1%}"
+
+
+# -- the promise on real models: `tandem plan` against `tandem run`'s peak resident memory ----------
+REAL_UNDER = 0.03
+"""The prediction may be under the measured peak by at most 3 % (the promise's side)..."""
+REAL_OVER = 0.10
+"""...and over it by at most 10 %."""
+
+
+def _code_prompt(n_words: int) -> str:
+    """A code-like prompt of about ``18 * n_words`` tokens (Qwen's and SmolLM2's tokenizers)."""
+    return "".join(f"def f{i}(x):\n    return x * {i} + {i}\n" for i in range(n_words))
+
+
+def cli_peak_rss(args: list[str], stdin: str = "", timeout: float = 600) -> tuple[int, str, str]:
+    """Run ``tandem ARGS`` in a fresh process; (peak resident bytes as ``/usr/bin/time
+    -f %M`` reports it — the child's own ``ru_maxrss`` from ``wait4`` —, stdout, stderr)."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err, \
+            tempfile.TemporaryFile("w+") as inp:
+        inp.write(stdin)
+        inp.seek(0)
+        proc = subprocess.Popen([sys.executable, "-m", "tandem.app.cli", *args], stdin=inp, stdout=out, stderr=err)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            proc.returncode = 0  # reaped here; keep Popen from waiting again
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    assert os.waitstatus_to_exitcode(status) == 0, stderr[-2000:]
+    return usage.ru_maxrss * 1024, stdout, stderr
+
+
+def _plan_json(args: list[str]) -> dict:
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "tandem.app.cli", "plan", *args, "--json"], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize(("target", "draft", "ctx", "words"), [
+    ("smollm2", None, 2048, 85),
+    ("qwen_05b", None, 512, 21),
+    ("qwen_15b", None, 512, 21),
+    ("qwen_15b", "qwen_05b", 512, 21),
+])
+def test_real_model_peak_rss_matches_plan_and_stays_under_budget(real_models, target: str, draft: str | None,
+                                                                  ctx: int, words: int) -> None:
+    """`tandem plan --json` predicts the peak resident memory of `tandem run` with the
+    same settings (a prompt filling most of the context, a few decode tokens) within
+    -3 %/+10 %, and that run, given the tightest budget the plan fits, stays under it.
+    Both are fresh processes, as a user runs them."""
+    from tandem.runtime.plan_devices import SAFETY
+
+    models = ["-m", str(getattr(real_models, target)), "--ctx", str(ctx)]
+    if draft:
+        models += ["--draft", str(getattr(real_models, draft))]
+    roomy = _plan_json([*models, "--budget", "64GiB"])
+    budget = int(roomy["memory"]["host_total_bytes"] / (1 - SAFETY)) + 1024**2
+    plan = _plan_json([*models, "--budget", str(budget)])
+    assert plan["fits"] and plan["memory"]["host_total_bytes"] == roomy["memory"]["host_total_bytes"]
+    predicted = plan["memory"]["host_total_bytes"]
+    measured, _, err = cli_peak_rss(["run", *models, "--budget", str(budget), "--raw", "-n", "4", "--threads", "2"],
+                                    stdin=_code_prompt(words))
+    error = predicted / measured - 1
+    print(f"{target}+{draft} ctx {ctx}: predicted {predicted} measured {measured} ({error:+.1%}); {err.strip()[-200:]}")
+    assert -REAL_UNDER <= error <= REAL_OVER, f"predicted {predicted} vs measured {measured} ({error:+.1%})"
+    assert measured <= budget
+
+
+def test_gguf_run_does_not_import_torch(stories260k: Path) -> None:
+    """A GGUF-only `tandem run` (and its plan) never imports torch: hundreds of MB of
+    resident memory the budget would pay for nothing."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom tandem.app.cli import main\n"
+            f"rc = main(['run', '-m', {str(stories260k)!r}, '-p', 'Once', '-n', '2', '--ctx', '256'])\n"
+            "print('torch' in sys.modules, rc)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "False 0"

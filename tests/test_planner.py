@@ -211,12 +211,13 @@ CHAT = textwrap.dedent("""
     from tandem.kernels.sampling import SamplingParams
     from tandem.runtime.planner import SAFETY
     target_path, draft_path, squeeze, turns = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+    roomy, threads, reply_tokens = sys.argv[5], int(sys.argv[6]), int(sys.argv[7])
     # The tightest budgets, from this process's own baseline: the full pair's footprint,
     # or the target's plus only part of what speculation costs.
-    full = plan_for_run(target_path, draft_path, "1GiB", 512, threads=1, acceptance=0.95)
-    alone = plan_for_run(target_path, None, "1GiB", 512, threads=1)
+    full = plan_for_run(target_path, draft_path, roomy, 512, threads=threads, acceptance=0.95)
+    alone = plan_for_run(target_path, None, roomy, 512, threads=threads)
     budget = int((alone.host_total + squeeze * (full.host_total - alone.host_total)) / (1 - SAFETY)) + 1
-    plan = plan_for_run(target_path, draft_path, budget, 512, threads=1, acceptance=0.95)
+    plan = plan_for_run(target_path, draft_path, budget, 512, threads=threads, acceptance=0.95)
     peak, stop = [0], threading.Event()
     def sample():
         while not stop.is_set():
@@ -233,7 +234,7 @@ CHAT = textwrap.dedent("""
     messages = []
     for turn in range(turns):
         messages.append({"role": "user", "content": f"Tell me story number {turn} about a cat and a dog."})
-        reply = "".join(getattr(ev, "text", "") for ev in engine.stream(messages, SamplingParams(temperature=0), 48)
+        reply = "".join(getattr(ev, "text", "") for ev in engine.stream(messages, SamplingParams(temperature=0), reply_tokens)
                         if type(ev).__name__ == "TokenEvent")
         messages.append({"role": "assistant", "content": reply})
     stop.set(); time.sleep(0.01)
@@ -249,8 +250,8 @@ CHAT = textwrap.dedent("""
 def test_rss_stays_under_budget_during_a_long_chat(stories_twin: Path, stories260k: Path, squeeze: float) -> None:
     """``squeeze`` 1.0: the tightest budget the full pair fits; 0.5: half of what the
     drafter costs is taken away, so the planner must shrink or drop it."""
-    proc = subprocess.run([sys.executable, "-c", CHAT, str(stories_twin), str(stories260k), str(squeeze), "8"],
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run([sys.executable, "-c", CHAT, str(stories_twin), str(stories260k), str(squeeze), "8",
+                           "1GiB", "1", "48"], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     budget = out["budget"]
@@ -259,6 +260,20 @@ def test_rss_stays_under_budget_during_a_long_chat(stories_twin: Path, stories26
     assert out["peak"] <= budget, f"RSS peaked at {out['peak']} over the budget {budget}"
     if squeeze < 1:
         assert out["spec"] < out["full_spec"]  # the drafter was shrunk or dropped
+
+
+def test_rss_stays_under_budget_during_a_real_chat(real_models) -> None:
+    """The promise on the real pair: Qwen2.5-Coder 1.5B with its 0.5B drafter, at the
+    tightest budget the plan fits, through a multi-turn chat (chat template, speculative
+    decoding), resident memory sampled all along."""
+    proc = subprocess.run([sys.executable, "-c", CHAT, str(real_models.qwen_15b), str(real_models.qwen_05b), "1.0",
+                           "3", "64GiB", "2", "24"], capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(out)
+    assert out["kept"] and out["tokens"] > 100
+    assert out["planned"] <= out["budget"]
+    assert out["peak"] <= out["budget"], f"RSS peaked at {out['peak']} over the budget {out['budget']}"
 
 
 def test_drafter_goes_to_the_gpu_through_torch_when_llama_cpp_cannot_offload(
