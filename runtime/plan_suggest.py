@@ -83,6 +83,6 @@ def suggest(room: float, baseline: int, safety: float, t_shape: ModelShape, ctx:
         if lean_need(smaller, ctx, "f16", k) <= room:
             out.append(f"a {q.upper()} quant of the model (~{format_size(smaller.weights_bytes)} of weights)")
             break
-    need = (baseline + lean_need(t_shape, ctx, "f16", k)) / (1 - safety)
-    out.append(f"--budget {size_up(need)} or more for context {ctx} (f16 KV, without a draft model)")
+    need = (baseline + lean_need(t_shape, ctx, kv, k)) / (1 - safety)
+    out.append(f"--budget {size_up(need)} or more for context {ctx} ({kv} KV, without a draft model)")
     return out

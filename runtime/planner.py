@@ -382,9 +382,9 @@ def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelSh
                        req.acceptance, req.drop_slow_draft, d_shape)
     kv = leanest_kv(t_shape, req.allow_kv_quant)
     est = estimate(t_shape, Setup(ctx, 64, kv, kv))
-    reasons = [*reasons, f"{t_shape.name} alone needs {format_size(est.host + baseline)} of host memory "
+    reasons = [*reasons, f"{t_shape.name} alone needs {(est.host + baseline) / 2**20:.1f} MiB of host memory "
                f"at context {ctx} (with {kv} KV and a small batch) but the budget is "
-               f"{format_size(machine.host_budget)}"]
+               f"{machine.host_budget / 2**20:.1f} MiB, {SAFETY:.0%} of it kept free"]
     return Plan(False, machine.describe(), machine.host_budget, machine.vram_budget, baseline,
                 ModelPlan(str(req.target), ctx), None, False, 0, est, 0.0, 1.0, reasons)
 
