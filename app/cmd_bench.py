@@ -47,6 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-max", type=int, default=8, help="longest draft of the adaptive configurations")
     p.add_argument("--configs", type=_names, default=None,
                    help="only these configurations (plain always runs), e.g. plain,ngram,auto+model,model@4,llama-lookup")
+    p.add_argument("--drafters", type=_names, default=None,
+                   help="only the configurations of these drafters: ngram, model, xvocab, oracle (plus plain and peers)")
     p.add_argument("--workloads", type=_names, default=DEFAULT_WORKLOADS,
                    help=f"comma-separated: {', '.join(WORKLOADS)} (the last three are for toy story models)")
     p.add_argument("--threads", type=int, default=None, help="threads of every engine (default: all cores)")
@@ -94,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
         draft2=resolve_model(args.draft2) if args.draft2 else None,
         oracle=resolve_model(args.oracle) if args.oracle else None,
         n_tokens=args.max_tokens, prompts=prompts, reps=args.reps, lengths=args.lengths,
-        draft_max=args.draft_max, workloads=args.workloads, configs=args.configs, threads=args.threads,
+        draft_max=args.draft_max, workloads=args.workloads, configs=args.configs, families=args.drafters,
+        threads=args.threads,
         ctx=args.ctx or 1024, peers=not args.no_peers,
         log=lambda line: print(line, file=sys.stderr, flush=True),
         checkpoint=(lambda partial: _write_json(Path(args.json_file), partial)) if args.json_file else None,

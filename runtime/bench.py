@@ -61,6 +61,8 @@ class BenchConfig:
     workloads: tuple[str, ...] = DEFAULT_WORKLOADS
     configs: tuple[str, ...] | None = None
     """Configuration names to run (``plain`` always runs); ``None`` = all."""
+    families: tuple[str, ...] | None = None
+    """Only the configurations of these drafters (ngram, model, xvocab, oracle); ``None`` = all."""
     threads: int | None = None
     ctx: int = 1024
     peers: bool = True
@@ -115,6 +117,18 @@ def select(names: list[str], wanted: Sequence[str] | None) -> list[str]:
     if unknown:
         raise TandemError(f"Unknown bench configuration {unknown[0]!r}; this run offers {', '.join(names)}.")
     return ["plain", *(n for n in names if n in wanted and n != "plain")]
+
+
+def family(name: str) -> str:
+    """The drafter a configuration name uses: ``auto+model`` and ``model@4`` -> ``model``."""
+    return name.split("@")[0].removeprefix("auto+")
+
+
+def select_families(names: list[str], families: Sequence[str] | None) -> list[str]:
+    """``names`` restricted to plain, the peers and the configurations of ``families``."""
+    if families is None:
+        return names
+    return [n for n in names if n == "plain" or n in PEERS or family(n) in families]
 
 
 def rotated(names: list[str], shift: int) -> list[str]:
@@ -217,7 +231,8 @@ def run_bench(cfg: BenchConfig) -> dict:
         drafters = open_drafters(target, cfg, threads, opened)
         by_label = {d.label: d.backend for d in drafters}
         configs = {c.name: c for c in tandem_configs(drafters, cfg.lengths)}
-        names = select(list(configs) + (list(PEERS) if cfg.peers else []), cfg.configs)
+        offered = select_families(list(configs) + (list(PEERS) if cfg.peers else []), cfg.families)
+        names = select(offered, cfg.configs)
         for name in names:
             if name in PEERS:
                 peers[name] = LlamaPeer(cfg.target, n_ctx=target.n_ctx, threads=threads,

@@ -14,7 +14,7 @@ import pytest
 
 from tandem.app.cli import main
 from tandem.models.errors import TandemError
-from tandem.runtime.bench import Run, rotated, select
+from tandem.runtime.bench import Run, rotated, select, select_families
 from tandem.runtime.bench_peers import RunResult
 from tandem.runtime.bench_report import markdown_table, summarize
 
@@ -71,6 +71,7 @@ def test_config_selection_and_rotation() -> None:
     assert select(names, None) == names
     with pytest.raises(TandemError, match="offers plain, ngram"):
         select(names, ["model@5"])
+    assert select_families(names, ["model"]) == ["plain", "auto+model", "model@4", "llama"]
     assert rotated(names, 7) == names[2:] + names[:2]
     assert {tuple(rotated(names, s))[0] for s in range(len(names))} == set(names)
 
