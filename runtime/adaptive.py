@@ -5,8 +5,9 @@ times a one-token call (≈1.6x for k=1, ≈3.5x for k=8 for the Qwen 1.5B on 2 
 the engine
 
 1. learns c(k) online from the run's own verify calls (:class:`OnlineCost`), starting
-   from what earlier runs learnt for this model on this machine (cached in the user
-   cache dir) or a generic CPU prior — nothing is measured before the first token;
+   from a curve measured for this model on this machine (cached in the user cache dir
+   by ``tandem bench``) or a generic CPU prior — nothing is measured before the first
+   token;
 2. keeps, per draft source, a decayed estimate of the conditional acceptance a_i of the
    i-th drafted token (given the ones before it were accepted), plus the model
    drafter's cost per token and the per-round overhead, relative to a one-token call;
@@ -68,9 +69,9 @@ class OnlineCost:
     Each verify call's seconds are kept per call size (an exponential moving average);
     the one-token time t1 comes from plain rounds when there are any, else from the
     observed sizes scaled by the prior. A size seen at least twice uses its own ratio,
-    others the prior's. So the first token never waits for a measurement, a stale
-    cached curve corrects itself within a few rounds, and the result is saved for the
-    next run (:func:`remember_cost_curve`).
+    others the prior's scaled as far off as the seen ones were, and no call is priced
+    above k + 1 steps. So the first token never waits for a measurement and a stale
+    prior corrects itself within a few rounds.
 
     ``chunk``: the target's :attr:`~tandem.runtime.backend.Backend.exact_batch`. Calls
     longer than that are split (see ``speculative.verify_logits``), so a long draft
@@ -132,7 +133,7 @@ class OnlineCost:
         scales = [(x - 1.0) / (self.prior(j) - 1.0) for j in range(1, len(self._w))
                   if (x := self._learnt(j)) is not None and self.prior(j) > 1.0]
         scale = float(np.median(scales)) if scales else 1.0
-        return 1.0 + (self.prior(k) - 1.0) * scale
+        return min(1.0 + (self.prior(k) - 1.0) * scale, k + 1.0)
 
     def __call__(self, k: int) -> float:
         """Cost of verifying ``k`` drafts (``k + 1`` tokens), chunked as verification is."""
@@ -374,6 +375,10 @@ class AdaptiveConfig:
     probe_len: int = 2
 
 
+PROBE_WORTHY = 0.85
+"""A model-free draft predicted at this fraction of the break-even rate may be probed."""
+
+
 class _Acceptance:
     """Decayed counts of how often drafted token i was reached and accepted."""
 
@@ -540,7 +545,11 @@ class AdaptivePolicy:
             if self.model_budget and self._best()[1] > rates[m]:
                 return 0
             return m if pays else 0
-        return self._on(m) if pays else self._off(n)
+        if pays:
+            return self._on(m)
+        # A draft that nearly pays is worth an occasional probe (its confidence may be
+        # under-calibrated); a hopeless one is not: a failed probe costs c(m) - 1 steps.
+        return self._off(m) if m > 0 and rates[m] >= PROBE_WORTHY * self.config.min_gain else 0
 
     def _free_stats(self, source: str) -> _Acceptance:
         stats = self._free.get(source)

@@ -35,7 +35,6 @@ from tandem.runtime.adaptive import (
     LengthPolicy,
     OnlineCost,
     cached_cost_curve,
-    remember_cost_curve,
 )
 from tandem.runtime.backend import Backend, common_prefix_len
 from tandem.runtime.drafters.base import Draft, Drafter
@@ -244,8 +243,6 @@ def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | Non
                     hook(target, drafter, context)
                 yield Commit([*accepted, verdict.token], verdict.accepted, logits[: verdict.accepted + 1])
         finally:
-            if isinstance(policy, AdaptivePolicy) and isinstance(policy.cost, OnlineCost) and policy.cost.learnt:
-                remember_cost_curve(target, policy.cost.curve())
             if pending is not None:
                 pending.result()
             if owed is not None:
@@ -269,10 +266,12 @@ class SpecOptions:
     stop_threshold: float | None = 0.8
     """SpecDec++ threshold for model drafters (adaptive mode only)."""
     measure_cost: bool = True
-    """Start from the c(k) learnt for this target on this machine in earlier runs (and
-    save what this run learns); ``False`` starts from a generic CPU curve every time.
-    Either way the curve is learnt online from the run's own verify calls: nothing is
-    measured before the first token."""
+    """Start from the c(k) measured for this target on this machine (``tandem bench``
+    caches it; CPU time, minimum of repetitions), else from a generic CPU curve.
+    Either way the curve is learnt online from the run's own verify calls, and nothing
+    is measured before the first token. What a run learns is not saved: wall-clock
+    verify times next to a drafter's spinning threads run high, and a saved curve
+    would feed that back into the next run's prior."""
     draft_window: int | None = None
     """Cap on the draft model's context (the memory planner's ``plan.draft.window``): it
     then drafts from a sliding window of the latest tokens instead of stopping."""
@@ -410,8 +409,8 @@ def build_strategy(
     * ``ngram``: only the model-free drafters;
     * ``off``: plain decoding (exactly :func:`autoregressive`).
 
-    Adaptive policies learn the target's verify-cost curve online (starting from what
-    earlier runs learnt on this machine, cached per model file and settings). Draft-model backends opened here use
+    Adaptive policies learn the target's verify-cost curve online (starting from a
+    measured curve cached for this model and machine, when there is one). Draft-model backends opened here use
     ``llama_config`` (default: the target's context size), or ``torch_config`` for a
     drafter on the GPU (the planner's priced config). Close the result when done
     (it frees the drafter); the target stays open. Output is lossless in every mode.
