@@ -89,12 +89,19 @@ class OnlineCost:
 
     sizes: int = 33
     """Call sizes learnt (tokens), enough for the longest model-free draft plus one."""
+    t1_refresh: int = 64
+    """Speculative calls after which a plain one-token call is wanted again: t1 must be
+    measured, not inferred from the prior (inferred, every learnt c(k) would just
+    reproduce the prior's ratio)."""
+    measure_t1: bool = True
+    """Ask for those plain rounds (off for a curve given as trusted, e.g. in tests)."""
 
     def __post_init__(self) -> None:
         n = max(len(self.prior.c), self.chunk or 0, self.sizes)
         self._recent = [deque(maxlen=self.window) for _ in range(n)]
         self._v = np.zeros(n)
         self._w = np.zeros(n)
+        self._since_t1 = 0
 
     def observe(self, k: int, seconds: float) -> None:
         """One verify call over ``k + 1`` tokens took ``seconds``."""
@@ -103,6 +110,11 @@ class OnlineCost:
         self._recent[k].append(seconds)
         self._w[k] += 1
         self._v[k] = float(np.median(self._recent[k]))
+        self._since_t1 = 0 if k == 0 else self._since_t1 + 1
+
+    def wants_t1(self) -> bool:
+        """Whether the next round should be a plain one-token call, to measure t1."""
+        return self.measure_t1 and (self._w[0] < 2 or self._since_t1 >= self.t1_refresh)
 
     @property
     def learnt(self) -> bool:
@@ -425,8 +437,8 @@ class AdaptivePolicy:
     sources. The model drafter gets :attr:`model_budget` tokens per round."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.cost, CostCurve):
-            self.cost = OnlineCost(self.cost)
+        if isinstance(self.cost, CostCurve):  # a curve given as it is: trusted, not re-measured
+            self.cost = OnlineCost(self.cost, measure_t1=False)
         self._model = _Acceptance(self.config.max_len, self.config)
         self._free: dict[str, _Acceptance] = {}
         self.stop_threshold = self.config.stop_threshold
@@ -504,6 +516,9 @@ class AdaptivePolicy:
         return k
 
     def next_length(self) -> int:
+        if isinstance(self.cost, OnlineCost) and self.cost.wants_t1():
+            self.model_budget = 0
+            return 0  # a plain round: it measures the one-token time every ratio is taken against
         if self.cheap_drafter:
             return self.config.free_max_len  # asking is free; trim() decides what to verify
         k = self.best_length()

@@ -214,3 +214,20 @@ def test_a_free_draft_competes_with_the_model_drafter() -> None:
     bad.next_length()
     assert bad.model_budget == 0
     assert bad.trim([0.6, 0.5], 2, source="suffix") > 0
+
+
+def test_plain_rounds_measure_t1_before_and_between_speculation() -> None:
+    """Inferred from the prior, t1 would make every learnt c(k) equal the prior's: the
+    policy asks for plain rounds until it has measured one-token calls, and again after
+    ``t1_refresh`` speculative calls."""
+    policy = AdaptivePolicy(OnlineCost(CostCurve.linear(0.1), t1_refresh=4), AdaptiveConfig(max_len=8),
+                            cheap_drafter=True)
+    assert policy.next_length() == 0
+    policy.observe(0, 0, 0.0, 0.010, 0.010)
+    assert policy.next_length() == 0
+    policy.observe(0, 0, 0.0, 0.010, 0.010)
+    assert policy.next_length() > 0
+    for _ in range(4):
+        policy.observe(3, 3, 0.0, 0.030, 0.030)
+    assert policy.next_length() == 0
+    assert policy.cost(3) == pytest.approx(3.0)  # learnt against the measured t1, not the prior's 1.3
