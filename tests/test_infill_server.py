@@ -147,3 +147,24 @@ def test_bad_fields_are_clear_400s(qwen_server, field: str, value) -> None:
     url, _ = qwen_server
     r = httpx.post(f"{url}/infill", json=_request("llama_vscode_fim_no_extra") | {field: value}, timeout=30)
     assert r.status_code == 400 and field in r.json()["error"]["message"]
+
+
+def _post_from(url: str, body: dict, *, source: str = "127.0.0.1", key: str | None = None) -> dict:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with httpx.Client(transport=httpx.HTTPTransport(local_address=source), timeout=120) as client:
+        r = client.post(f"{url}/infill", json=body, headers=headers)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.parametrize("other", [{"source": "127.0.0.2"}, {"key": "someone-else"}])
+def test_prompt_cache_is_not_shared_between_clients(qwen_server, other) -> None:
+    """Another client's identical prompt must not show up as cached: ``tokens_cached`` (and
+    the prompt time it saves) would tell it how much of its text matches ours."""
+    url, _ = qwen_server
+    warm = _request("llama_vscode_warmup")
+    _post_from(url, warm)
+    assert _post_from(url, warm)["tokens_cached"] > 0  # the same client reuses its own prefix
+    stranger = _post_from(url, warm, **other)
+    assert stranger["tokens_cached"] == 0 and stranger["timings"]["prompt_n"] == stranger["tokens_evaluated"]
+    assert _post_from(url, warm)["tokens_cached"] == 0  # the cache now holds the stranger's prompt

@@ -194,7 +194,9 @@ class Server:
             return JSONResponse({"content": d.texts[0][0] if d.texts else "", "stop": True, "model": slot.name,
                                  "drafts": [t for t, _ in d.texts], "tokens_evaluated": len(ids),
                                  "tokens_predicted": d.completion_tokens, "fim": fmt is not None})
-        job, items, first, watcher = await self.start(request, slot, infill_api.infill_job(slot, ids, req))
+        job, items, first, watcher = await self.start(request, slot, infill_api.infill_job(
+            slot, ids, req, infill_api.client_identity(request.client.host if request.client else None,
+                                                       request.headers.get("authorization"))))
         if req.gen.stream:
             watcher.cancel()
 

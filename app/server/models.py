@@ -43,6 +43,8 @@ class ModelSlot:
     strategy: Any = None
     created: int = field(default_factory=lambda: int(time.time()))
     _auto: Autocompleter | None = None
+    infill_owner: tuple[str, tuple[int, ...]] | None = None
+    """Which client's /infill left the KV cache, and what it left (see app.server.infill)."""
 
     @property
     def autocompleter(self) -> Autocompleter:
