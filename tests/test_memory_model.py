@@ -334,28 +334,43 @@ def _code_prompt(n_words: int) -> str:
     return "".join(f"def f{i}(x):\n    return x * {i} + {i}\n" for i in range(n_words))
 
 
+_WAIT4 = """
+import json, os, subprocess, sys
+proc = subprocess.Popen(sys.argv[2:], stdin=sys.stdin, stdout=sys.stdout, stderr=sys.stderr)
+_, status, usage = os.wait4(proc.pid, 0)
+proc.returncode = 0
+with open(sys.argv[1], "w") as fh:
+    json.dump([os.waitstatus_to_exitcode(status), usage.ru_maxrss], fh)
+"""
+"""Runs a command and reports its exit code and ``ru_maxrss``. It runs in a small fresh
+interpreter because Linux starts a spawned child's ``ru_maxrss`` at the spawning
+process's own peak (the mm it leaves at exec): spawned straight from a test process
+that has grown to 2 GB, every child would report 2 GB."""
+
+
 def cli_peak_rss(args: list[str], stdin: str = "", timeout: float = 600) -> tuple[int, str, str]:
     """Run ``tandem ARGS`` in a fresh process; (peak resident bytes as ``/usr/bin/time
     -f %M`` reports it — the child's own ``ru_maxrss`` from ``wait4`` —, stdout, stderr)."""
+    import json
     import os
     import subprocess
     import sys
     import tempfile
 
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err, \
-            tempfile.TemporaryFile("w+") as inp:
+            tempfile.TemporaryFile("w+") as inp, tempfile.TemporaryDirectory() as folder:
         inp.write(stdin)
         inp.seek(0)
-        proc = subprocess.Popen([sys.executable, "-m", "tandem.app.cli", *args], stdin=inp, stdout=out, stderr=err)
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            proc.returncode = 0  # reaped here; keep Popen from waiting again
+        report = os.path.join(folder, "report.json")
+        cmd = [sys.executable, "-c", _WAIT4, report, sys.executable, "-m", "tandem.app.cli", *args]
+        subprocess.run(cmd, stdin=inp, stdout=out, stderr=err, timeout=timeout, check=False)
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
-    assert os.waitstatus_to_exitcode(status) == 0, stderr[-2000:]
-    return usage.ru_maxrss * 1024, stdout, stderr
+        with open(report) as fh:
+            code, maxrss_kb = json.load(fh)
+    assert code == 0, stderr[-2000:]
+    return maxrss_kb * 1024, stdout, stderr
 
 
 def _plan_json(args: list[str]) -> dict:
