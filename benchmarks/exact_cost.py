@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
+from tandem.runtime.selfcheck import batch_step_difference
 
 PROMPT = ("<|im_start|>user\nExplain, with a short Python example, how a hash map handles collisions, "
           "and compare open addressing with separate chaining in terms of memory and speed.<|im_end|>\n"
@@ -39,16 +40,7 @@ def one_run(backend: LlamaCppBackend, ids: list[int], n: int) -> tuple[float, fl
 
 
 def batch_vs_steps(backend: LlamaCppBackend, ids: list[int]) -> dict[int, float]:
-    out = {}
-    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 64):
-        head, tail = ids[:-m], ids[-m:]
-        backend.truncate(0)
-        backend.evaluate(head)
-        batch = backend.evaluate(tail, logits_for=range(m))
-        backend.truncate(len(head))
-        steps = np.stack([backend.evaluate([t])[0] for t in tail])
-        out[m] = float(np.abs(batch - steps).max())
-    return out
+    return {m: batch_step_difference(backend, ids, m) for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 64)}
 
 
 def main() -> None:

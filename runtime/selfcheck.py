@@ -105,6 +105,19 @@ def describe_exit(returncode: int, stderr: str) -> str | None:
     return (stderr.strip().splitlines() or [f"exit status {returncode}"])[-1]
 
 
+def batch_step_difference(backend, ids: list[int], m: int) -> float:
+    """Max |logit difference| between the last ``m`` of ``ids`` evaluated as one batch and
+    as ``m`` one-token steps, after the same prefix (0.0: bit-identical). What greedy
+    identity of speculative decoding rests on (see ``Backend.exact_batch``)."""
+    head, tail = ids[:-m], ids[-m:]
+    backend.truncate(0)
+    backend.evaluate(head)
+    batch = backend.evaluate(tail, logits_for=range(m))
+    backend.truncate(len(head))
+    steps = np.stack([backend.evaluate([t])[0] for t in tail])
+    return float(np.abs(batch - steps).max())
+
+
 def run_selfcheck() -> list[str]:
     """One problem line per quantization type that does not run (empty: all fine)."""
     from tandem.models.quantize import quantize_gguf

@@ -13,14 +13,13 @@ import json
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.chat import ChatEngine
 from tandem.runtime.generate import generate
 from tandem.runtime.llama_backend import EXACT_BATCH, LlamaConfig, LlamaCppBackend
-from tandem.runtime.selfcheck import describe_exit, run_selfcheck
+from tandem.runtime.selfcheck import batch_step_difference, describe_exit, run_selfcheck
 from tandem.runtime.speculative import SpecOptions, build_strategy
 
 CODE_PROMPT = ("<|im_start|>user\nWrite a Python function that parses a CSV file and returns the rows "
@@ -51,13 +50,8 @@ def test_short_batches_compute_exactly_what_decode_steps_compute(real_models) ->
         assert b.exact_batch == EXACT_BATCH
         ids = b.tokenize(CODE_PROMPT, special=True)
         for m in range(2, EXACT_BATCH + 1):
-            head, tail = ids[:-m], ids[-m:]
-            b.truncate(0)
-            b.evaluate(head)
-            batch = b.evaluate(tail, logits_for=range(m))
-            b.truncate(len(head))
-            steps = np.stack([b.evaluate([t])[0] for t in tail])
-            assert np.array_equal(batch, steps), f"a batch of {m} differs by {np.abs(batch - steps).max()}"
+            diff = batch_step_difference(b, ids, m)
+            assert diff == 0.0, f"a batch of {m} differs from steps by {diff}"
 
 
 def test_fast_configuration_makes_no_exactness_promise(real_models) -> None:
@@ -176,13 +170,5 @@ def test_fast_verification_differs_from_steps_by_a_bounded_amount(real_models) -
     with LlamaCppBackend(real_models.qwen_15b, LlamaConfig(n_ctx=512, n_threads=2, exact=False)) as b:
         assert b.exact_batch is None  # one call per draft, however long
         ids = b.tokenize(CODE_PROMPT * 3, special=True)
-        worst = 0.0
-        for m in (2, 8, 32):
-            head, tail = ids[:-m], ids[-m:]
-            b.truncate(0)
-            b.evaluate(head)
-            batch = b.evaluate(tail, logits_for=range(m))
-            b.truncate(len(head))
-            steps = np.stack([b.evaluate([t])[0] for t in tail])
-            worst = max(worst, float(np.abs(batch - steps).max()))
+        worst = max(batch_step_difference(b, ids, m) for m in (2, 8, 32))
         assert worst < FAST_LOGIT_BOUND
