@@ -5,14 +5,11 @@ driven by a real HTTP client. Generations are short (a line or so)."""
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
+from live_server import running
 
 REQUESTS = Path(__file__).parent / "infill_requests"
 RIGHT_FILL = 'rectangle_area(shape["width"], shape["height"])'
@@ -23,11 +20,6 @@ def _request(name: str, **override) -> dict:
     body.update(override)
     return body
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -40,17 +32,8 @@ def qwen_server(real_models):
     target = LlamaCppBackend(real_models.qwen_05b, LlamaConfig(n_ctx=2048, n_threads=2))
     slot = make_slot(target, name="qwen")
     app = create_app([slot], ServerConfig())
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not srv.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}", slot
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with running(app, start_timeout=60) as url:
+        yield url, slot
     slot.close()
 
 

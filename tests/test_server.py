@@ -4,24 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
+from live_server import free_port, running
 
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.generate import DoneEvent, generate
 
 PROMPT = "Once upon a time"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -34,17 +27,8 @@ def server(stories260k):
     target = LlamaCppBackend(stories260k, LlamaConfig(n_ctx=256, n_threads=1))
     slot = make_slot(target, name="stories")
     app = create_app([slot], ServerConfig(max_body_bytes=64 * 1024))
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}", slot
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with running(app, start_timeout=20) as url:
+        yield url, slot
     target.close()
 
 
@@ -223,7 +207,7 @@ def test_tandem_serve_cli_subprocess(stories260k) -> None:
     import subprocess
     import sys
 
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "tandem.app.cli", "serve", "-m", str(stories260k),
                              "--port", str(port), "--ctx", "128", "--threads", "1", "--no-spec"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

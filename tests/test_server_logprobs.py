@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-import uvicorn
-from test_server import _free_port, _sse
+from live_server import running
+from test_server import _sse
 
 from tandem.runtime.logprobs import log_softmax
 
@@ -30,17 +29,8 @@ def served(stories260k: Path, tmp_path_factory: pytest.TempPathFactory):
     target = LlamaCppBackend(stories260k, LlamaConfig(n_ctx=256, n_threads=1))
     slot = make_slot(target, name="stories")  # speculative decoding on (model-free drafting)
     app = create_app([slot], ServerConfig(request_log=log))
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}", slot, log
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with running(app, start_timeout=20) as url:
+        yield url, slot, log
     target.close()
 
 

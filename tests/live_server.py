@@ -1,0 +1,36 @@
+"""A real uvicorn server on a free loopback port, in a thread, for the HTTP tests."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import uvicorn
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def running(app, *, start_timeout: float = 20.0) -> Iterator[str]:
+    """Serve ``app`` on 127.0.0.1 until the block ends; yields its base URL once it accepts
+    connections (waiting for that condition, up to ``start_timeout`` seconds)."""
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout
+    while not srv.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)
