@@ -1,4 +1,5 @@
-"""A real uvicorn server on a free loopback port, in a thread, for the HTTP tests."""
+"""A real server on a free loopback port, in a thread, for the HTTP tests: uvicorn set up
+exactly as `tandem serve` sets it up (``app.server.serve.uvicorn_server``)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import uvicorn
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -18,19 +17,22 @@ def free_port() -> int:
 
 
 @contextmanager
-def running(app, *, start_timeout: float = 20.0) -> Iterator[str]:
+def running(app, *, start_timeout: float = 20.0, header_timeout_s: float = 10.0) -> Iterator[str]:
     """Serve ``app`` on 127.0.0.1 until the block ends; yields its base URL once it accepts
     connections (waiting for that condition, up to ``start_timeout`` seconds)."""
+    from tandem.app.server.serve import ListenConfig, uvicorn_server
+
     port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    srv = uvicorn_server(app, ListenConfig("127.0.0.1", port, header_timeout_s=header_timeout_s))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + start_timeout
     while not srv.started:
         assert time.monotonic() < deadline, "server did not start"
+        assert thread.is_alive(), "server thread died"
         time.sleep(0.02)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
         srv.should_exit = True
-        thread.join(timeout=10)
+        thread.join(timeout=15)

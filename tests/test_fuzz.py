@@ -8,17 +8,15 @@ import collections
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from live_server import running
 
 EXAMPLES = int(os.environ.get("TANDEM_FUZZ_EXAMPLES", "0"))
 FUZZ = settings(max_examples=EXAMPLES or 150, deadline=None, derandomize=not EXAMPLES,
@@ -64,31 +62,16 @@ BODY = st.one_of(
 PATHS = st.sampled_from(["/v1/chat/completions", "/v1/completions", "/infill"])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def fuzz_server(stories260k):
     from tandem.app.server.app import ServerConfig, create_app
     from tandem.app.server.models import make_slot
-    from tandem.app.server.serve import ListenConfig, uvicorn_server
     from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
 
     slot = make_slot(LlamaCppBackend(stories260k, LlamaConfig(n_ctx=128, n_threads=1)), name="stories")
-    port = _free_port()
-    srv = uvicorn_server(create_app([slot], ServerConfig(max_body_bytes=1 << 20)), ListenConfig("127.0.0.1", port))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}", slot
-    srv.should_exit = True
-    thread.join(timeout=15)
+    with running(create_app([slot], ServerConfig(max_body_bytes=1 << 20)), start_timeout=20) as url:
+        yield url, slot
     slot.close()
 
 

@@ -17,35 +17,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from live_server import free_port, running
 
 PROMPT = "Once upon a time"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def running(app, header_timeout_s: float = 10.0) -> Iterator[str]:
-    """Serve ``app`` on a free loopback port in a thread (the same uvicorn setup as `tandem serve`)."""
-    from tandem.app.server.serve import ListenConfig, uvicorn_server
-
-    port = _free_port()
-    srv = uvicorn_server(app, ListenConfig("127.0.0.1", port, header_timeout_s=header_timeout_s))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        assert time.monotonic() < deadline, "server did not start"
-        assert thread.is_alive(), "server thread died"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=15)
 
 
 def _slot(path, max_queue: int = 1):
@@ -335,7 +310,7 @@ def _tandem(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 
 def test_non_loopback_bind_needs_an_api_key(stories260k) -> None:
-    p = _tandem("serve", "-m", str(stories260k), "--host", "0.0.0.0", "--port", str(_free_port()))
+    p = _tandem("serve", "-m", str(stories260k), "--host", "0.0.0.0", "--port", str(free_port()))
     assert p.returncode != 0
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tandem: error:") and "--api-key" in lines[0]
@@ -372,7 +347,7 @@ def test_no_suffix_cache_shared_between_clients(slot) -> None:
 @contextlib.contextmanager
 def _tandem_serve(model) -> Iterator[tuple[int, subprocess.Popen]]:
     """`tandem serve` in a subprocess; on leaving, it must have exited cleanly."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "tandem.app.cli", "serve", "-m", str(model),
                              "--port", str(port), "--ctx", "2048", "--threads", "1", "--no-spec"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -6,41 +6,25 @@ the latencies are printed (p50/p95) for BENCHMARKS, never asserted."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import statistics
-import threading
 import time
 
 import pytest
+from live_server import running
 
 CLIENTS, REQUESTS, TOKENS = 16, 3, 4
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def qwen_server(real_models):
     from tandem.app.server.app import ServerConfig, create_app
     from tandem.app.server.models import make_slot
-    from tandem.app.server.serve import ListenConfig, uvicorn_server
     from tandem.runtime.open_backend import open_backend
 
     slot = make_slot(open_backend(real_models.qwen_05b, n_ctx=1024), name="qwen", max_queue=CLIENTS * REQUESTS)
-    port = _free_port()
-    srv = uvicorn_server(create_app([slot], ServerConfig(max_queue=CLIENTS * REQUESTS)), ListenConfig("127.0.0.1", port))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not srv.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}/v1", slot
-    srv.should_exit = True
-    thread.join(timeout=30)
+    with running(create_app([slot], ServerConfig(max_queue=CLIENTS * REQUESTS)), start_timeout=60) as url:
+        yield f"{url}/v1", slot
     slot.close()
 
 
