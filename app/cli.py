@@ -10,19 +10,19 @@ from collections.abc import Sequence
 from tandem.models.errors import TandemError
 
 COMMAND_MODULES = [
-    "tandem.app.cmd_run",
-    "tandem.app.cmd_chat",
-    "tandem.app.cmd_models",
-    "tandem.app.cmd_pull",
-    "tandem.app.cmd_ngram",
-    "tandem.app.cmd_serve",
-    "tandem.app.cmd_convert",
-    "tandem.app.cmd_twin",
-    "tandem.app.cmd_plan",
-    "tandem.app.cmd_export_onnx",
-    "tandem.app.cmd_distill",
-    "tandem.app.cmd_bench",
-    "tandem.app.cmd_moefy",
+    "tandem.app.commands.run",
+    "tandem.app.commands.chat",
+    "tandem.app.commands.models",
+    "tandem.app.commands.pull",
+    "tandem.app.commands.ngram",
+    "tandem.app.commands.serve",
+    "tandem.app.commands.convert",
+    "tandem.app.commands.twin",
+    "tandem.app.commands.plan",
+    "tandem.app.commands.export_onnx",
+    "tandem.app.commands.distill",
+    "tandem.app.commands.bench",
+    "tandem.app.commands.moefy",
 ]
 """Modules that add sub-commands; each defines ``register(subparsers)``."""
 

@@ -20,8 +20,8 @@ import time
 
 import numpy as np
 
-from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
-from tandem.runtime.selfcheck import batch_step_difference
+from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.selfcheck import batch_step_difference
 
 PROMPT = ("<|im_start|>user\nExplain, with a short Python example, how a hash map handles collisions, "
           "and compare open addressing with separate chaining in terms of memory and speed.<|im_end|>\n"

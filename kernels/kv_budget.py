@@ -1,7 +1,7 @@
 """Which KV entries to keep: attention sinks + recent window, and CAKE layer budgets.
 
 Pure functions on attention statistics; the cache classes in
-``tandem.runtime.torch_engine.kv_compress`` call them.
+``tandem.runtime.kv.compress`` call them.
 
 * StreamingLLM keeps the first ``sinks`` tokens (they soak up attention mass) and the
   most recent ``window`` tokens.

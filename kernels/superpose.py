@@ -6,7 +6,7 @@ next-token distribution is then re-scored per draft with an n-gram model (which 
 see each draft's own context) and the k x top-m candidates are pruned back to k.
 
 Everything here is a pure function on numpy arrays so it can be tested exactly; the
-loop that calls the model lives in :mod:`tandem.runtime.superposed`.
+loop that calls the model lives in :mod:`tandem.runtime.autocomplete.superposed`.
 """
 
 from __future__ import annotations

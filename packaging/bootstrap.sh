@@ -31,5 +31,5 @@ if ! ls "$WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
 fi
 .venv/bin/python -m pip install --quiet --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-*.whl
 .venv/bin/python -m pip install --quiet -e ".[dev]"
-.venv/bin/python -m tandem.runtime.selfcheck
+.venv/bin/python -m tandem.runtime.backends.selfcheck
 echo "Tandem is installed in .venv: try .venv/bin/tandem --help"

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.models.chat_template import Message, prompt_ids, render_chat
 from tandem.models.errors import PromptError
-from tandem.runtime.backend import Backend
+from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.generate import Event, Strategy, autoregressive, generate
 
 

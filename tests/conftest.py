@@ -93,7 +93,7 @@ def vocab_gguf() -> Path:
 
 @pytest.fixture()
 def stories_backend(stories260k: Path):
-    from tandem.runtime.llama_backend import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 
     backend = LlamaCppBackend(stories260k, LlamaConfig(n_ctx=512))
     yield backend
@@ -136,7 +136,7 @@ def stories_twin(stories260k: Path, tmp_path_factory: pytest.TempPathFactory) ->
 @pytest.fixture(scope="session")
 def stories_moe(stories260k: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """stories260K MoEfied into 8 experts per layer, top-2, routers calibrated on its own samples."""
-    from tandem.app.cmd_moefy import moefy_file
+    from tandem.app.commands.moefy import moefy_file
 
     out = tmp_path_factory.mktemp("moefy") / "stories260K-moe8x2.gguf"
     return moefy_file(stories260k, out, 8, 2, n_tokens=400).path

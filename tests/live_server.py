@@ -3,6 +3,7 @@ exactly as `tandem serve` sets it up (``app.server.serve.uvicorn_server``)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -36,3 +37,13 @@ def running(app, *, start_timeout: float = 20.0, header_timeout_s: float = 10.0)
     finally:
         srv.should_exit = True
         thread.join(timeout=15)
+
+
+def sse_events(lines) -> list:
+    """The JSON events (and the final ``[DONE]``) of a server-sent-event stream's lines."""
+    out = []
+    for line in lines:
+        if line.startswith("data:"):
+            data = line[5:].strip()
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out

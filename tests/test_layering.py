@@ -45,3 +45,76 @@ def test_kernels_do_no_io() -> None:
         if n.split(".")[0] in io_modules
     ]
     assert not bad, "\n".join(bad)
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the four installed packages, by its dotted name."""
+    out = {}
+    for top in ("app", "runtime", "kernels", "models"):
+        for path in (ROOT / top).rglob("*.py"):
+            parts = [p for p in path.relative_to(ROOT / top).with_suffix("").parts if p != "__init__"]
+            out[".".join(["tandem", top, *parts])] = path
+    return out
+
+
+def _runtime_imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """Tandem modules ``path`` imports when run, at module level *or inside a function*
+    (a function-local import only hides a cycle), not those under ``if TYPE_CHECKING``."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.Import):
+                found.update(a.name for a in child.names if a.name in known)
+            elif isinstance(child, ast.ImportFrom) and child.module:
+                found.update(n for n in [child.module, *(f"{child.module}.{a.name}" for a in child.names)]
+                             if n in known)
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return found
+
+
+def import_cycles() -> list[list[str]]:
+    """Strongly connected groups of more than one module in the import graph (Tarjan)."""
+    known = _modules()
+    graph = {name: _runtime_imports(path, known) for name, path in known.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while (w := stack.pop()) != v:
+                group.append(w)
+            if group:
+                cycles.append(sorted([v, *group]))
+
+    for name in graph:
+        if name not in index:
+            connect(name)
+    return cycles
+
+
+def test_no_import_cycles() -> None:
+    """Modules form a DAG, counting function-local imports: a cycle broken by moving an
+    import into a function is still a cycle."""
+    assert not import_cycles(), "\n".join(" <-> ".join(c) for c in import_cycles())
+
+
+def test_installed_packages_never_import_the_developer_benchmarks() -> None:
+    bad = [f"{p.relative_to(ROOT)} imports {n}" for top in ("app", "runtime", "kernels", "models")
+           for p in (ROOT / top).rglob("*.py") for n in imports_of(p) if n.split(".")[0] == "benchmarks"]
+    assert not bad, "\n".join(bad)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tandem.kernels.sampling import SamplingParams, softmax
-from tandem.runtime.backend import MemoryReport, SpecialTokens
+from tandem.runtime.backends.protocol import MemoryReport, SpecialTokens
 
 PURE = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
 """Sampling settings under which the sampler's distribution is the model's softmax."""

@@ -46,8 +46,8 @@ from tandem.app.server.openai import (
 from tandem.app.server.request_log import RequestLog, logged_stream, record
 from tandem.app.server.worker import Job, QueueFull
 from tandem.models.errors import PromptError, TandemError
+from tandem.runtime.autocomplete.infill import InfillChunk, InfillDone
 from tandem.runtime.generate import DoneEvent, TokenEvent
-from tandem.runtime.infill import InfillChunk, InfillDone
 
 
 @dataclass(frozen=True)

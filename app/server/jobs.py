@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 from tandem.app.server.models import ModelSlot
 from tandem.app.server.openai import GenRequest
 from tandem.kernels.sampling import Sampler
+from tandem.runtime.autocomplete.superposed import SuperposedResult
 from tandem.runtime.generate import DoneEvent, Event, generate
-from tandem.runtime.superposed import SuperposedResult
 
 
 @dataclass
@@ -98,7 +98,7 @@ def _sampled_drafts(slot: ModelSlot, prompt: list[int], req: GenRequest, stops: 
 
 def infill_prompt(slot: ModelSlot, prefix: str, suffix: str) -> list[int]:
     """A FIM prompt for /v1/completions with a ``suffix`` (in the model's own FIM format)."""
-    from tandem.runtime import fim
+    from tandem.runtime.autocomplete import fim
 
     target = slot.target
     budget = fim.FimBudget(n_ctx=target.n_ctx, n_batch=min(512, target.n_ctx // 2))

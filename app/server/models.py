@@ -9,8 +9,8 @@ from typing import Any
 from tandem.app.server.worker import ModelWorker
 from tandem.models.errors import TandemError
 from tandem.models.ngram import NgramModel
-from tandem.runtime.autocomplete import AutocompleteConfig, Autocompleter, load_ngram_for
-from tandem.runtime.backend import Backend
+from tandem.runtime.autocomplete.drafts import AutocompleteConfig, Autocompleter, load_ngram_for
+from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.chat import ChatEngine
 
 
@@ -23,7 +23,7 @@ def speculative_factory(target: Backend, draft: str | None, llama_config=None) -
     Speculative decoding is lossless: without it output is the same, only slower.
     """
     try:
-        from tandem.runtime.speculative import SpecOptions, build_strategy
+        from tandem.runtime.speculative.loop import SpecOptions, build_strategy
     except ImportError:
         return None, "off (speculative runtime not installed)"
     # no suffix tree shared across requests: it would let one client probe another's text
@@ -70,8 +70,8 @@ def load_model(model: str, *, draft: str | None = None, speculative: bool = True
                n_threads: int | None = None, ngram_name: str | None = None, max_queue: int = 64) -> ModelSlot:
     """Open ``model`` (and its drafter ``draft``) from a path or the store, ready to serve."""
     from tandem.models.store import resolve_model
-    from tandem.runtime.llama_backend import LlamaConfig
-    from tandem.runtime.open_backend import open_backend
+    from tandem.runtime.backends.llama import LlamaConfig
+    from tandem.runtime.backends.opener import open_backend
 
     if draft and not speculative:
         raise TandemError("--draft needs speculative decoding on (drop --no-spec).")

@@ -9,7 +9,7 @@ from pathlib import Path
 from textual.app import App
 from textual.binding import Binding
 
-from tandem.app.history import History, HistoryDamaged, default_path
+from tandem.app.history.store import History, HistoryDamaged, default_path
 from tandem.app.tui.chat_screen import ChatScreen
 from tandem.app.tui.engine import ModelChoice, restored_choice
 from tandem.app.tui.modals import NoModelScreen

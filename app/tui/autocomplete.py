@@ -23,7 +23,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Label, TextArea
 
 from tandem.models.errors import TandemError
-from tandem.runtime.autocomplete import (
+from tandem.runtime.autocomplete.drafts import (
     AutocompleteConfig,
     Autocompleter,
     SuggestResult,

@@ -23,7 +23,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Label, OptionList
 from textual.worker import Worker
 
-from tandem.app.history import INTERRUPTED, ChatRecord, MessageRecord
+from tandem.app.history.store import INTERRUPTED, ChatRecord, MessageRecord
 from tandem.app.tui.chat_actions import ChatActions
 from tandem.app.tui.engine import LoadProgress, ModelChoice, engine_record
 from tandem.app.tui.model_loading import ModelLoading

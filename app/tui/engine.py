@@ -76,7 +76,7 @@ def restored_choice(current: ModelChoice, record: dict[str, Any]) -> ModelChoice
 
 def speculative_available() -> bool:
     try:
-        from tandem.runtime import speculative
+        from tandem.runtime.speculative import loop as speculative
     except ImportError:
         return False
     return hasattr(speculative, "build_strategy")
@@ -104,9 +104,9 @@ def load_engine(choice: ModelChoice, progress: Callable[[str], None] | None = No
     backend is opened here (same threads and context as the target) and handed to the
     strategy, so the engine can report its memory.
     """
+    from tandem.runtime.backends.opener import backend_kind, open_backend
     from tandem.runtime.chat import ChatEngine
-    from tandem.runtime.open_backend import backend_kind, open_backend
-    from tandem.runtime.planner import plan_for_run
+    from tandem.runtime.planning.planner import plan_for_run
 
     def say(stage: str) -> None:
         if progress is not None:
@@ -117,7 +117,7 @@ def load_engine(choice: ModelChoice, progress: Callable[[str], None] | None = No
         # ONNX exports and Hugging Face folders: the planner prices llama.cpp models only,
         # so such a target gets a budget check before it loads (BudgetError if it cannot fit).
         if backend_kind(choice.target) != "gguf":
-            from tandem.runtime.plan_other import plan_unplanned
+            from tandem.runtime.planning.other_targets import plan_unplanned
 
             plan_unplanned(choice.target, backend_kind(choice.target), choice.budget, choice.n_ctx)
         say("loading the model")
@@ -141,8 +141,8 @@ def load_engine(choice: ModelChoice, progress: Callable[[str], None] | None = No
     try:
         if not speculative_available():
             raise TandemError("Speculative decoding is not available in this build: run without a drafter.")
-        from tandem.runtime.placement import Placed, place
-        from tandem.runtime.speculative import SpecOptions, build_strategy
+        from tandem.runtime.planning.placement import Placed, place
+        from tandem.runtime.speculative.loop import SpecOptions, build_strategy
 
         planned = plan.draft if plan is not None else None
         placed = Placed()

@@ -13,7 +13,7 @@ from textual import events
 from textual.containers import VerticalScroll
 from textual.widget import Widget
 
-from tandem.app.history import INTERRUPTED
+from tandem.app.history.store import INTERRUPTED
 from tandem.app.tui.search import SearchScreen
 from tandem.app.tui.widgets import MessageView
 

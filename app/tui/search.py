@@ -15,8 +15,8 @@ from textual.containers import Vertical
 from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
-from tandem.app.history import History
-from tandem.app.history_search import HIT_END, HIT_START, SearchHit
+from tandem.app.history.search import HIT_END, HIT_START, SearchHit
+from tandem.app.history.store import History
 from tandem.app.tui.modals import Dialog
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from tandem.app.history import COMPLETE, INTERRUPTED, ChatRecord, History, MessageRecord
+from tandem.app.history.store import COMPLETE, INTERRUPTED, ChatRecord, History, MessageRecord
 from tandem.kernels.sampling import SamplingParams
 from tandem.models.errors import TandemError
 from tandem.runtime.generate import DoneEvent, Event, TokenEvent

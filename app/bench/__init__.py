@@ -1,0 +1,1 @@
+"""`tandem bench`: plain Tandem against every drafting mode and llama-cpp-python."""

@@ -1,0 +1,1 @@
+"""One module per `tandem` subcommand: each adds its parser and runs it."""

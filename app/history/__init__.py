@@ -1,0 +1,1 @@
+"""Chat history: crash-safe SQLite with migrations and full-text search."""

@@ -1,0 +1,348 @@
+"""Chat history in SQLite: chats with their settings, and messages written as they stream.
+
+Why SQLite in WAL mode with autocommit: every streamed fragment is its own small
+transaction, so a reply cut short by Esc, a crash or ``kill -9`` keeps everything it had
+produced, and the database is never left half-written (SQLite's journal guarantees each
+transaction is all-or-nothing). ``synchronous=NORMAL`` in WAL mode survives process
+crashes (only a power cut can lose the last few commits) and keeps per-fragment commits
+cheap.
+
+A reply is inserted with status ``interrupted`` and only marked ``complete`` when the
+generation finishes, so whatever kills the process, what is on disk is labelled honestly.
+
+The schema carries a version (``PRAGMA user_version``); the migrations of
+:mod:`tandem.app.history.schema` upgrade an older file step by step, and a file from a
+newer Tandem is refused with a clear error. Search is :mod:`tandem.app.history.search`.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tandem.app.history.schema import MIGRATIONS, SCHEMA_VERSION
+from tandem.app.history.search import SearchHit, search_messages
+from tandem.models.errors import TandemError
+from tandem.models.paths import data_dir
+
+COMPLETE = "complete"
+INTERRUPTED = "interrupted"
+STATUSES = (COMPLETE, INTERRUPTED)
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass
+class ChatRecord:
+    id: int
+    title: str
+    system_prompt: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Sampling parameters and ``max_tokens`` as plain JSON values."""
+    model: str | None = None
+    drafter: str | None = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    engine: dict[str, Any] | None = None
+    """The model files the chat last used: ``{"target": path, "drafter": path | None,
+    "draft_mode": str | None}`` (names alone cannot find a file given by path)."""
+
+
+@dataclass
+class MessageRecord:
+    id: int
+    chat_id: int
+    role: str
+    content: str
+    stats: dict[str, Any] | None = None
+    status: str = COMPLETE
+    created_at: float = 0.0
+
+
+def default_path() -> Path:
+    return data_dir() / "chats.sqlite3"
+
+
+class HistoryDamaged(TandemError):
+    """The history file fails SQLite's integrity check or cannot be read as a database."""
+
+
+def _json_dict(raw: Any) -> dict | None:
+    """A stored JSON object, or ``None`` when the column is empty or damaged: a bad
+    ``params`` or ``stats`` value costs that value, never the chat."""
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _chat(row: sqlite3.Row) -> ChatRecord:
+    return ChatRecord(
+        id=row["id"], title=str(row["title"] or ""), system_prompt=str(row["system_prompt"] or ""),
+        params=_json_dict(row["params"]) or {}, model=row["model"], drafter=row["drafter"],
+        created_at=row["created_at"], updated_at=row["updated_at"],
+        engine=_json_dict(row["engine"]),
+    )
+
+
+def _message(row: sqlite3.Row) -> MessageRecord:
+    return MessageRecord(
+        id=row["id"], chat_id=row["chat_id"], role=row["role"], content=str(row["content"] or ""),
+        stats=_json_dict(row["stats"]), status=row["status"],
+        created_at=row["created_at"],
+    )
+
+
+class History:
+    """The chat store. Safe to share between the UI thread and one generation worker."""
+
+    def __init__(self, path: Path | str | None = None) -> None:
+        self.path = Path(path) if path is not None else default_path()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TandemError(f"Cannot create the folder for the chat history {self.path}: {exc.strerror}. "
+                              "Set TANDEM_HOME to a writable folder or pass --history FILE.") from None
+        self._lock = threading.RLock()
+        try:
+            self._db = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=10.0
+            )
+            self._db.row_factory = sqlite3.Row
+            # structure only: rows that break a CHECK (an unknown role) are still readable
+            damage = [r[0] for r in self._db.execute("PRAGMA quick_check").fetchall()
+                      if r[0] != "ok" and not r[0].startswith(("CHECK constraint failed", "NULL value in"))]
+            if damage:
+                self._db.close()
+                raise HistoryDamaged(f"The chat history at {self.path} is damaged ({damage[0].splitlines()[-1]}).")
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+            self._reindex_unfinished()
+        except sqlite3.DatabaseError as exc:
+            if hasattr(self, "_db"):  # connect itself may have failed
+                self._db.close()
+            if "malformed" in str(exc):  # a file that is no database at all is left alone
+                raise HistoryDamaged(f"The chat history at {self.path} is damaged ({exc}).") from None
+            raise TandemError(f"The chat history at {self.path} cannot be opened: {exc}.") from None
+
+    # -- plumbing -----------------------------------------------------------------
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One atomic transaction (the connection is otherwise in autocommit mode)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise TandemError(
+                f"The chat history at {self.path} was written by a newer Tandem "
+                f"(schema {version}, this one knows {SCHEMA_VERSION}): upgrade Tandem."
+            )
+        for step in range(version, SCHEMA_VERSION):
+            with self._tx() as db:
+                MIGRATIONS[step](db)
+                db.execute(f"PRAGMA user_version={step + 1}")
+
+    def _reindex_unfinished(self) -> None:
+        """Index replies whose writer died mid-stream: streamed fragments are indexed when
+        a reply finishes, so a crash leaves its text out of search until this runs."""
+        with self._tx() as db:
+            db.execute("DELETE FROM messages_fts WHERE rowid IN (SELECT id FROM messages WHERE status = ?)",
+                       (INTERRUPTED,))
+            db.execute("INSERT INTO messages_fts(rowid, content) SELECT id, content FROM messages WHERE status = ?",
+                       (INTERRUPTED,))
+
+    @property
+    def schema_version(self) -> int:
+        with self._lock:
+            return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def integrity_ok(self) -> bool:
+        with self._lock:
+            return self._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> History:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- chats --------------------------------------------------------------------
+    def create_chat(
+        self, title: str = "New chat", *, system_prompt: str = "", params: dict | None = None,
+        model: str | None = None, drafter: str | None = None,
+    ) -> ChatRecord:
+        now = time.time()
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO chats (title, system_prompt, params, model, drafter, created_at, updated_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (title, system_prompt, json.dumps(params or {}), model, drafter, now, now),
+            )
+            chat_id = int(cur.lastrowid or 0)
+        return self.get_chat(chat_id)
+
+    def get_chat(self, chat_id: int) -> ChatRecord:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM chats WHERE id = ?", (chat_id,)).fetchone()
+        if row is None:
+            raise TandemError(f"No chat {chat_id} in the history.")
+        return _chat(row)
+
+    def list_chats(self) -> list[ChatRecord]:
+        """Most recently used first."""
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM chats ORDER BY updated_at DESC, id DESC").fetchall()
+        return [_chat(r) for r in rows]
+
+    def update_chat(self, chat_id: int, **changes: Any) -> ChatRecord:
+        """Change any of title, system_prompt, params, model, drafter, engine."""
+        allowed = {"title", "system_prompt", "params", "model", "drafter", "engine"}
+        unknown = set(changes) - allowed
+        if unknown:
+            raise ValueError(f"cannot update chat fields {sorted(unknown)}")
+        if "params" in changes:
+            changes["params"] = json.dumps(changes["params"] or {})
+        if "engine" in changes:
+            changes["engine"] = json.dumps(changes["engine"]) if changes["engine"] else None
+        if changes:
+            cols = ", ".join(f"{k} = ?" for k in changes)
+            with self._tx() as db:
+                db.execute(
+                    f"UPDATE chats SET {cols}, updated_at = ? WHERE id = ?",
+                    (*changes.values(), time.time(), chat_id),
+                )
+        return self.get_chat(chat_id)
+
+    def delete_chat(self, chat_id: int) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM chats WHERE id = ?", (chat_id,))
+
+    def _touch(self, db: sqlite3.Connection, chat_id: int) -> None:
+        db.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (time.time(), chat_id))
+
+    # -- messages -----------------------------------------------------------------
+    def messages(self, chat_id: int) -> list[MessageRecord]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM messages WHERE chat_id = ? ORDER BY id", (chat_id,)
+            ).fetchall()
+        return [_message(r) for r in rows]
+
+    def get_message(self, message_id: int) -> MessageRecord:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
+        if row is None:
+            raise TandemError(f"No message {message_id} in the history.")
+        return _message(row)
+
+    def add_message(
+        self, chat_id: int, role: str, content: str, *, status: str = COMPLETE,
+        stats: dict | None = None,
+    ) -> MessageRecord:
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, not {role!r}")
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, not {status!r}")
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO messages (chat_id, role, content, stats, status, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (chat_id, role, content, json.dumps(stats) if stats else None, status, time.time()),
+            )
+            self._touch(db, chat_id)
+            message_id = int(cur.lastrowid or 0)
+        return self.get_message(message_id)
+
+    def start_reply(self, chat_id: int) -> MessageRecord:
+        """An empty assistant message, ``interrupted`` until :meth:`finish_reply` says otherwise."""
+        return self.add_message(chat_id, "assistant", "", status=INTERRUPTED)
+
+    def append(self, message_id: int, text: str) -> None:
+        """Add streamed text to a message, committed at once (one small transaction)."""
+        if not text:
+            return
+        with self._lock:
+            self._db.execute(
+                "UPDATE messages SET content = content || ? WHERE id = ?", (text, message_id)
+            )
+
+    def update_stats(self, message_id: int, stats: dict | None) -> None:
+        with self._lock:
+            self._db.execute(
+                "UPDATE messages SET stats = ? WHERE id = ?",
+                (json.dumps(stats) if stats else None, message_id),
+            )
+
+    def finish_reply(self, message_id: int, status: str, stats: dict | None = None) -> None:
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, not {status!r}")
+        with self._tx() as db:
+            db.execute(
+                "UPDATE messages SET status = ?, stats = ? WHERE id = ?",
+                (status, json.dumps(stats) if stats else None, message_id),
+            )
+
+    def set_content(self, message_id: int, content: str) -> None:
+        with self._lock:
+            self._db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
+
+    def delete_from(self, chat_id: int, message_id: int) -> int:
+        """Delete a message and every later one in its chat (regenerate, edit-and-resend)."""
+        with self._tx() as db:
+            cur = db.execute(
+                "DELETE FROM messages WHERE chat_id = ? AND id >= ?", (chat_id, message_id)
+            )
+            self._touch(db, chat_id)
+            return cur.rowcount
+
+    # -- search -------------------------------------------------------------------
+    def search(self, query: str, limit: int = 50) -> list[SearchHit]:
+        """Messages of every chat that hold all the words of ``query`` (the last one as a
+        prefix, so results follow typing), best match first."""
+        with self._lock:
+            return search_messages(self._db, query, limit)
+
+    # -- export -------------------------------------------------------------------
+    def export_markdown(self, chat_id: int) -> str:
+        return chat_markdown(self.get_chat(chat_id), self.messages(chat_id))
+
+
+def chat_markdown(chat: ChatRecord, messages: list[MessageRecord]) -> str:
+    """A chat as a Markdown document: title, settings, then one section per message."""
+    lines = [f"# {chat.title}", ""]
+    if chat.model:
+        lines.append(f"- Model: `{chat.model}`" + (f", drafter `{chat.drafter}`" if chat.drafter else ""))
+    if chat.params:
+        settings = ", ".join(f"{k}={v}" for k, v in chat.params.items() if v not in (None, []))
+        lines.append(f"- Settings: {settings}")
+    if chat.system_prompt:
+        lines += ["", "## System", "", chat.system_prompt]
+    for m in messages:
+        heading = {"user": "User", "assistant": "Assistant", "system": "System"}[m.role]
+        if m.status == INTERRUPTED:
+            heading += " (interrupted)"
+        lines += ["", f"## {heading}", "", m.content]
+    return "\n".join(lines).rstrip() + "\n"

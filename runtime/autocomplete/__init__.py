@@ -1,0 +1,1 @@
+"""Autocomplete: k drafts by superposed decoding, fill-in-the-middle prompts, `/infill`."""

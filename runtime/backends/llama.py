@@ -1,0 +1,324 @@
+"""The GGUF backend: llama.cpp through llama-cpp-python's low-level API.
+
+``llama_cpp.Llama`` loads the model and context; evaluation goes straight to
+``llama_decode`` with a batch whose logits flags are set only for the positions asked
+for, so plain decoding copies one row of logits and verification copies k+1.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+from llama_cpp import _internals
+
+from tandem.models.errors import ModelFormatError, TandemError, UnsupportedModel
+from tandem.models.gguf_file import GGUFInfo, check_runnable, inspect_gguf
+from tandem.runtime.backends.llama_vocab import LlamaVocab, TokenizerDelegate, load_model
+from tandem.runtime.backends.protocol import MemoryReport, check_room, chunked_logits
+
+KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+"""KV cache element types by name (ggml type ids), as llama.cpp's ``-ctk``/``-ctv``."""
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    n_ctx: int | None = None
+    """Context length; ``None`` means the model's own, capped at 4096."""
+    n_batch: int = 512
+    n_threads: int | None = None
+    n_gpu_layers: int = 0
+    type_k: str = "f16"
+    type_v: str = "f16"
+    flash_attn: bool = False
+    exact: bool = True
+    """Compute a short verify batch exactly as one-token decode steps would, so greedy
+    speculative output is token-identical to plain greedy output: weights are not
+    repacked into llama.cpp's extra CPU buffer types (``use_extra_bufts``), whose batched
+    kernels sum in another order than the one-row ones. (Flash attention must be off
+    too; a quantized V cache needs it, so ``exact`` holds only for f16/f32/bf16 V.)
+    ``False`` trades that identity for llama.cpp's fastest CPU kernels."""
+
+
+EXACT_BATCH = 7
+"""Longest batch computed bit-for-bit like one-token steps in the exact configuration:
+llama.cpp switches matmul kernels at 8 rows (see :attr:`LlamaCppBackend.exact_batch`)."""
+
+
+def model_params(cfg: LlamaConfig) -> llama_cpp.llama_model_params:
+    params = llama_cpp.llama_model_default_params()
+    params.n_gpu_layers = cfg.n_gpu_layers
+    params.use_extra_bufts = not cfg.exact
+    return params
+
+
+def context_params(cfg: LlamaConfig, n_ctx: int, threads: int) -> llama_cpp.llama_context_params:
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = n_ctx
+    params.n_batch = min(cfg.n_batch, n_ctx)
+    params.n_ubatch = min(cfg.n_batch, n_ctx)
+    params.n_threads = threads
+    params.n_threads_batch = threads
+    params.type_k = KV_TYPES[cfg.type_k]
+    params.type_v = KV_TYPES[cfg.type_v]
+    flash = cfg.flash_attn or cfg.type_v not in ("f16", "f32", "bf16")
+    params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash
+                              else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+    params.no_perf = True
+    return params
+
+
+@llama_cpp.llama_log_callback
+def _llama_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    """Silence llama.cpp's log: a failure surfaces as our one-line error (from the
+    exception), and its warnings (e.g. a context a few draft slots past the trained
+    length) are noise to a user. llama-cpp-python's own callback maps this build's log
+    levels to an older enum and printed warnings while hiding errors.
+    ``TANDEM_LLAMA_LOG=1`` shows everything, for debugging."""
+    if os.environ.get("TANDEM_LLAMA_LOG"):
+        os.write(2, text)
+
+
+llama_cpp.llama_log_set(_llama_log, ctypes.c_void_p(0))
+
+
+def default_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def kv_bytes_per_token(info: GGUFInfo, type_k: str = "f16", type_v: str = "f16") -> int:
+    """Bytes of K and V per token of context, from the GGUF hyperparameters."""
+    import gguf
+
+    n_layer = int(info.arch_value("block_count", 0))
+    n_head = int(info.arch_value("attention.head_count", 1))
+    n_head_kv = int(info.arch_value("attention.head_count_kv", n_head))
+    n_embd = int(info.arch_value("embedding_length", 0))
+    k_dim = int(info.arch_value("attention.key_length", n_embd // max(n_head, 1)))
+    v_dim = int(info.arch_value("attention.value_length", k_dim))
+
+    def row_bytes(type_name: str, width: int) -> int:
+        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(KV_TYPES[type_name])]
+        return width // block * size
+
+    return n_layer * (row_bytes(type_k, k_dim * n_head_kv) + row_bytes(type_v, v_dim * n_head_kv))
+
+
+def head_dim(info: GGUFInfo) -> int:
+    n_head = int(info.arch_value("attention.head_count", 1))
+    return int(info.arch_value("attention.key_length", int(info.arch_value("embedding_length", 0)) // max(n_head, 1)))
+
+
+def check_kv_types(info: GGUFInfo, type_k: str, type_v: str) -> None:
+    """Quantized KV rows are split per head, so the head size must hold whole blocks."""
+    import gguf
+
+    for name in (type_k, type_v):
+        if name not in KV_TYPES:
+            raise TandemError(f"Unknown KV cache type {name!r}; choose one of {', '.join(KV_TYPES)}.")
+        block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(KV_TYPES[name])][0]
+        if head_dim(info) % block:
+            raise UnsupportedModel(
+                f"KV cache type {name} stores blocks of {block} values but this model's attention "
+                f"heads have {head_dim(info)}; use f16 (or bf16) for this model."
+            )
+
+
+class LlamaCppBackend(TokenizerDelegate):
+    """A GGUF model and its KV cache (see :class:`tandem.runtime.backends.protocol.Backend`)."""
+
+    def __init__(self, path: str | os.PathLike[str], config: LlamaConfig | None = None) -> None:
+        self.config = config or LlamaConfig()
+        self.path = Path(path)
+        self.info = inspect_gguf(self.path)
+        check_runnable(self.info)
+        self.name = self.path.stem
+        cfg = self.config
+        check_kv_types(self.info, cfg.type_k, cfg.type_v)
+        trained = int(self.info.arch_value("context_length", 2048) or 2048)
+        n_ctx = cfg.n_ctx or min(trained, 4096)
+        threads = cfg.n_threads or default_threads()
+        self._model_handle = load_model(self.path, model_params(cfg))
+        try:
+            self._context = _internals.LlamaContext(
+                model=self._model_handle, params=context_params(cfg, n_ctx, threads), verbose=False)
+        except (ValueError, RuntimeError) as exc:
+            self._model_handle.close()
+            raise ModelFormatError(
+                f"llama.cpp could not create a context of {n_ctx} tokens for {self.path} "
+                f"(architecture {self.info.architecture!r}): {exc}"
+            ) from None
+        self._ctx = self._context.ctx
+        self._model = self._model_handle.model
+        self.tokenizer = LlamaVocab(self._model_handle)
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self._n_vocab = self.tokenizer.n_vocab
+        self._n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
+        # llama-cpp-python caps n_batch at the requested n_ctx; chunk by what the context took.
+        self._n_batch = int(llama_cpp.llama_n_batch(self._ctx))
+        self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
+        self._tokens: list[int] = []
+        self.kv_bytes_per_token = kv_bytes_per_token(self.info, cfg.type_k, cfg.type_v)
+
+    # -- protocol -------------------------------------------------------------------
+    @property
+    def n_vocab(self) -> int:
+        return self._n_vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self._n_ctx
+
+    @property
+    def tokens(self) -> list[int]:
+        return list(self._tokens)
+
+    def evaluate(self, tokens: Sequence[int], logits_for: Sequence[int] | None = None) -> np.ndarray:
+        tokens = list(tokens)
+        if not tokens:
+            raise ValueError("evaluate needs at least one token")
+
+        def fill(batch, start: int, count: int) -> None:
+            for i in range(count):
+                batch.token[i] = tokens[start + i]
+
+        return self._decode(len(tokens), fill, logits_for, self._batch, tokens)
+
+    def _decode(self, n: int, fill, logits_for: Sequence[int] | None, batch, ids: list[int]) -> np.ndarray:
+        """Append ``n`` positions (inputs written by ``fill``) in chunks of the context's
+        batch size, recording ``ids`` in ``tokens``; return the logits rows asked for."""
+        check_room(len(self._tokens), n, self._n_ctx)
+
+        def run(start: int, stop: int, rows: list[int]) -> list[np.ndarray]:
+            count = stop - start
+            n_past = len(self._tokens)
+            batch.n_tokens = count
+            fill(batch, start, count)
+            for i in range(count):
+                batch.pos[i] = n_past + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = False
+            for i in rows:
+                batch.logits[i] = True
+            rc = llama_cpp.llama_decode(self._ctx, batch)
+            if rc != 0:
+                self.truncate(n_past)
+                raise TandemError(f"llama.cpp failed to evaluate a batch (llama_decode returned {rc}).")
+            self._tokens.extend(ids[start:stop])
+            return [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, i), shape=(self._n_vocab,))
+                    for i in rows]
+
+        return chunked_logits(n, self._n_batch, self._n_vocab, logits_for, run)
+
+    # -- superposed input (embeddings instead of token ids) ---------------------------
+    @property
+    def n_embd(self) -> int:
+        return int(llama_cpp.llama_model_n_embd(self._model))
+
+    def token_embeddings(self) -> np.ndarray:
+        """The input token-embedding matrix ``E`` (n_vocab, n_embd) as float32, read from the GGUF.
+
+        llama.cpp keeps the matrix inside ggml buffers it does not expose, so it is read
+        (and dequantized for quantized types) from the file once and cached: superposed
+        decoding feeds ``m @ E`` instead of a token id.
+        """
+        cached = getattr(self, "_token_embd", None)
+        if cached is not None:
+            return cached
+        import gguf
+
+        reader = gguf.GGUFReader(str(self.path))
+        tensor = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+        if tensor is None:
+            raise ModelFormatError(f"{self.path.name} has no token_embd.weight tensor to read embeddings from.")
+        qtype = gguf.GGMLQuantizationType(int(tensor.tensor_type))
+        if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+            data = np.asarray(tensor.data, dtype=np.float32)
+        else:
+            data = gguf.quants.dequantize(tensor.data, qtype).astype(np.float32)
+        matrix = np.ascontiguousarray(data.reshape(-1, self.n_embd))
+        if matrix.shape[0] < self._n_vocab:
+            raise ModelFormatError(f"{self.path.name}: token_embd.weight has {matrix.shape[0]} rows for a vocab of {self._n_vocab}.")
+        self._token_embd = matrix
+        return matrix
+
+    def token_embedding_rows(self, ids: Sequence[int]) -> np.ndarray:
+        """Rows ``E[ids]`` only, read from the file on first use (superposition mixes at
+        most k rows a step: no need to hold the whole table, see :mod:`.embedding_rows`)."""
+        rows = getattr(self, "_embd_rows", None)
+        if rows is None:
+            from tandem.runtime.backends.embedding_rows import EmbeddingRows
+
+            rows = self._embd_rows = EmbeddingRows(self.info, self.n_embd, self._n_vocab)
+        return rows.rows(ids)
+
+    def evaluate_embeddings(self, embeds: np.ndarray, logits_for: Sequence[int] | None = None) -> np.ndarray:
+        """Like :meth:`evaluate`, but each position's input is an embedding row, not a token.
+
+        ``embeds`` has shape (n, n_embd). Positions are recorded in ``tokens`` as ``-1``
+        (no token id describes a mixed input), so a later :func:`prefill` never reuses them.
+        """
+        embeds = np.ascontiguousarray(np.atleast_2d(embeds), dtype=np.float32)
+        n, width = embeds.shape
+        if n == 0 or width != self.n_embd:
+            raise ValueError(f"evaluate_embeddings needs rows of width {self.n_embd}, got shape {embeds.shape}")
+        if getattr(self, "_embd_batch", None) is None:
+            self._embd_batch = llama_cpp.llama_batch_init(self._n_batch, width, 1)
+
+        def fill(batch, start: int, count: int) -> None:
+            chunk = embeds[start : start + count]
+            ctypes.memmove(batch.embd, chunk.ctypes.data, chunk.nbytes)
+
+        return self._decode(n, fill, logits_for, self._embd_batch, [-1] * n)
+
+    def truncate(self, n: int) -> None:
+        n = max(0, n)
+        if n >= len(self._tokens):
+            return
+        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1):
+            # Some caches (recurrent models) cannot drop a suffix: rebuild the prefix.
+            keep = self._tokens[:n]
+            llama_cpp.llama_memory_clear(self._mem, True)
+            self._tokens = []
+            if keep:
+                self.evaluate(keep)
+            return
+        del self._tokens[n:]
+
+    @property
+    def exact_batch(self) -> int | None:
+        """:data:`EXACT_BATCH` in the exact configuration (llama.cpp's CPU matmul takes
+        another kernel path from 8 rows on, measured on Intel AMX and AMD Zen 5 CPUs:
+        ``tests/test_llama_backend.py`` checks it on every machine it runs on); ``None``
+        when the fast configuration gives no such guarantee."""
+        exact = self.config.exact and not self.config.flash_attn and self.config.type_v in ("f16", "f32", "bf16")
+        return EXACT_BATCH if exact else None
+
+    def memory(self) -> MemoryReport:
+        weights = int(llama_cpp.llama_model_size(self._model))
+        kv = self.kv_bytes_per_token * self._n_ctx
+        scratch = self._n_vocab * 4 * self._n_batch  # logits buffer for a full batch
+        device = "cuda" if self.config.n_gpu_layers else "cpu"
+        return MemoryReport(weights=weights, kv_cache=kv, scratch=scratch, device=device)
+
+    def close(self) -> None:
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_embd_batch", None) is not None:
+            llama_cpp.llama_batch_free(self._embd_batch)
+            self._embd_batch = None
+        self._context.close()
+        self._model_handle.close()
+
+    def __enter__(self) -> LlamaCppBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,64 @@
+"""Open any model Tandem runs: a GGUF file (llama.cpp), an ONNX export (onnxruntime) or a
+Hugging Face folder (the torch engine), behind the one Backend protocol, so `run`, `chat`,
+`serve` and every drafter slot accept all three."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tandem.runtime.backends.protocol import Backend
+
+
+def backend_kind(path: str | Path) -> str:
+    """``onnx``, ``torch`` (a Hugging Face folder) or ``gguf``, from what is on disk."""
+    path = Path(path)
+    if path.suffix == ".onnx" or (path.is_dir() and any(path.glob("*.onnx"))):
+        return "onnx"
+    if path.is_dir() and (path / "config.json").exists():
+        return "torch"
+    return "gguf"
+
+
+def open_backend(path: str | Path, *, n_ctx: int | None = None, n_threads: int | None = None,
+                 llama_config=None) -> Backend:
+    """The backend for ``path``; ``llama_config`` (a planned ``LlamaConfig``) wins for GGUF."""
+    kind = backend_kind(path)
+    if kind == "onnx":
+        from tandem.runtime.backends.onnx import OnnxBackend, OnnxConfig
+
+        return OnnxBackend(path, OnnxConfig(n_ctx=n_ctx, n_threads=n_threads))
+    if kind == "torch":
+        from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
+
+        return TorchBackend(path, TorchConfig(n_ctx=n_ctx, n_threads=n_threads))
+    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+
+    backend = LlamaCppBackend(path, llama_config or LlamaConfig(n_ctx=n_ctx, n_threads=n_threads))
+    try:
+        check_finite_logits(backend)
+    except BaseException:
+        backend.close()
+        raise
+    return backend
+
+
+PROBE_TEXT = " The quick brown fox jumps over the lazy dog."
+
+
+def check_finite_logits(backend: Backend) -> None:
+    """One short forward pass after loading: damaged weights (a NaN or infinite scale in
+    a quantized block) give NaN or infinite logits, which would otherwise be "generated"
+    as garbage. Reports them as a corrupted file instead; the cache is left empty."""
+    import numpy as np
+
+    from tandem.models.errors import ModelFormatError
+
+    bos = backend.special.bos
+    ids = ([] if bos is None else [bos]) + backend.tokenize(PROBE_TEXT)[: max(1, min(16, backend.n_ctx - 2))]
+    try:
+        logits = backend.evaluate(ids or [0], logits_for=range(len(ids or [0])))
+    finally:
+        backend.truncate(0)
+    if not np.isfinite(logits).all():
+        raise ModelFormatError(f"{backend.name}: the model computes NaN or infinite values on a test prompt; "
+                               "its weights are damaged (re-download or re-convert the file).")

@@ -1,0 +1,158 @@
+"""Does llama.cpp, as built on this machine, run quantized models? Checked in a child process.
+
+A llama.cpp build can compile code paths the CPU then executes wrongly: with
+``GGML_NATIVE=ON`` on an Intel AMX CPU, every quantized model segfaults at its first
+decode (ggml-org/llama.cpp#20824). A segfault in a test or in a user's first chat says
+nothing useful, so setup ends with this check: a tiny Llama model with random weights
+is written, quantized with llama.cpp's own quantizer to the types real models use
+(Q4_0, Q4_K, Q6_K, Q8_0), and a child process loads each and decodes a few tokens. A
+crash is reported as one message naming the cause and the fix.
+
+``python -m tandem.runtime.backends.selfcheck`` exits 0 when all runs, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+QUANT_TYPES = ("q4_0", "q4_1", "q4_k_m", "q8_0")
+"""q4_k_m also writes Q6_K tensors: together these cover the kernels real GGUFs use."""
+
+N_EMBD, N_FF, N_LAYER, N_HEAD, N_VOCAB = 256, 512, 2, 4, 259
+
+
+def write_tiny_llama(path: Path, seed: int = 0) -> Path:
+    """An F32 Llama GGUF (random weights, byte-level SentencePiece-style vocabulary) whose
+    rows are multiples of 256, so every quantization type applies to every matrix."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tandem-selfcheck")
+    w.add_context_length(256)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(N_LAYER)
+    w.add_feed_forward_length(N_FF)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD)
+    w.add_rope_dimension_count(N_EMBD // N_HEAD)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    tokens = [b"<unk>", b"<s>", b"</s>"] + [f"<0x{i:02X}>".encode() for i in range(256)]
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * len(tokens))
+    w.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+                      + [gguf.TokenType.BYTE] * 256)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", mat(N_VOCAB, N_EMBD))
+    for i in range(N_LAYER):
+        for name, shape in (("attn_q", (N_EMBD, N_EMBD)), ("attn_k", (N_EMBD, N_EMBD)),
+                            ("attn_v", (N_EMBD, N_EMBD)), ("attn_output", (N_EMBD, N_EMBD)),
+                            ("ffn_gate", (N_FF, N_EMBD)), ("ffn_up", (N_FF, N_EMBD)),
+                            ("ffn_down", (N_EMBD, N_FF))):
+            w.add_tensor(f"blk.{i}.{name}.weight", mat(*shape))
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+    w.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+    w.add_tensor("output.weight", mat(N_VOCAB, N_EMBD))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def decode_in_child(path: Path, timeout_s: float = 120.0) -> str | None:
+    """Load ``path`` and decode 8 tokens in a child process; ``None`` if that worked, else
+    what went wrong (a signal, an error message, a hang)."""
+    code = (
+        "import sys, numpy as np\n"
+        "from tandem.runtime.backends.llama import LlamaCppBackend, LlamaConfig\n"
+        "b = LlamaCppBackend(sys.argv[1], LlamaConfig(n_ctx=64, n_threads=1))\n"
+        "logits = b.evaluate([1, 72, 101, 108, 108, 111], logits_for=range(6))\n"
+        "for _ in range(8): logits = b.evaluate([int(np.argmax(logits[-1]))])\n"
+        "assert np.isfinite(logits).all(), 'non-finite logits'\n"
+    )
+    try:
+        done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"decoding hung for {timeout_s:.0f} s"
+    return describe_exit(done.returncode, done.stderr)
+
+
+def describe_exit(returncode: int, stderr: str) -> str | None:
+    """``None`` for success, else one line: the signal that killed the child, or its last
+    line of error output."""
+    if returncode == 0:
+        return None
+    if returncode < 0:
+        return f"the process was killed by {signal.Signals(-returncode).name}"
+    return (stderr.strip().splitlines() or [f"exit status {returncode}"])[-1]
+
+
+def batch_step_difference(backend, ids: list[int], m: int) -> float:
+    """Max |logit difference| between the last ``m`` of ``ids`` evaluated as one batch and
+    as ``m`` one-token steps, after the same prefix (0.0: bit-identical). What greedy
+    identity of speculative decoding rests on (see ``Backend.exact_batch``)."""
+    head, tail = ids[:-m], ids[-m:]
+    backend.truncate(0)
+    backend.evaluate(head)
+    batch = backend.evaluate(tail, logits_for=range(m))
+    backend.truncate(len(head))
+    steps = np.stack([backend.evaluate([t])[0] for t in tail])
+    return float(np.abs(batch - steps).max())
+
+
+def run_selfcheck() -> list[str]:
+    """One problem line per quantization type that does not run (empty: all fine)."""
+    from tandem.models.quantize import quantize_gguf
+
+    problems = []
+    with tempfile.TemporaryDirectory(prefix="tandem-selfcheck-") as tmp:
+        f32 = write_tiny_llama(Path(tmp) / "tiny-f32.gguf")
+        for qtype in QUANT_TYPES:
+            out = Path(tmp) / f"tiny-{qtype}.gguf"
+            quantize_gguf(f32, out, qtype)
+            problem = decode_in_child(out)
+            if problem:
+                problems.append(f"{qtype}: {problem}")
+    return problems
+
+
+ADVICE = (
+    "llama.cpp, as built here, cannot run quantized models on this CPU. The usual cause is a\n"
+    "build for the wrong instruction set (e.g. GGML_NATIVE=ON with AMX on Intel Xeon:\n"
+    "ggml-org/llama.cpp#20824). Rebuild with the flags packaging/cpu_flags.sh prints:\n"
+    '  CMAKE_ARGS="$(bash packaging/cpu_flags.sh)" pip install --force-reinstall --no-cache-dir \\\n'
+    "      --no-binary llama-cpp-python llama-cpp-python==0.3.36\n"
+    "(bash packaging/bootstrap.sh does this; remove ~/.cache/tandem-build to force a rebuild)."
+)
+
+
+def main() -> int:
+    os.environ.setdefault("TANDEM_LLAMA_LOG", "")
+    problems = run_selfcheck()
+    if not problems:
+        print(f"self-check: llama.cpp runs {', '.join(QUANT_TYPES)} models on this CPU")
+        return 0
+    print("self-check FAILED:\n  " + "\n  ".join(problems) + "\n" + ADVICE, file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

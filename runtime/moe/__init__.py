@@ -1,0 +1,1 @@
+"""Mixture-of-experts: the expert layer and expert offloading (cache, stores)."""

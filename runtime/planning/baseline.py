@@ -1,0 +1,250 @@
+"""What a `tandem run` process holds before any model: measured once per machine, cached.
+
+A budget is the process's peak resident memory as the OS reports it (``/usr/bin/time
+-f %M``, ``VmHWM``), so the plan counts the interpreter, the libraries `tandem run`
+imports and the llama.cpp code it will fault in — not as a constant fitted on one
+machine, but measured here: a child process imports exactly what `tandem run` imports
+(every sub-command's parser, the llama.cpp backend, speculative decoding), and its
+resident size plus the llama.cpp code not yet resident (an upper bound of what decoding
+faults in, :func:`tandem.runtime.planning.memprobe.unresident_code`) is the baseline.
+
+The figure depends on the machine (libraries, page size, allocator) and on the code and
+package versions, so it is cached under the user cache dir keyed by all of them
+(:func:`machine_key`) and written atomically. The memory bandwidth behind the
+predicted decode speed is measured in the same child (best of several copies) and
+cached with it, so identical `tandem plan` calls print identical speeds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tandem.models.errors import TandemError
+
+BASELINE_VERSION = 4
+CLI_MODULE = "tandem.app.cli"
+"""`tandem`'s entry point; building its parser imports every sub-command module."""
+
+RUN_PATH_MODULES = (
+    "tandem.runtime.backends.llama",
+    "tandem.runtime.planning.planner",
+    "tandem.runtime.planning.placement",
+    "tandem.runtime.planning.calibration",
+    "tandem.runtime.speculative.loop",
+    "tandem.runtime.speculative.overlap",
+    "tandem.runtime.generate",
+    "tandem.runtime.speculative.drafters.model",
+    "tandem.runtime.backends.opener",
+    "tandem.runtime.text",
+    "tandem.kernels.sampling",
+    "numpy.random",
+    "numpy.ctypeslib",
+)
+"""Modules a GGUF `tandem run` imports beyond the command line's parsers (the parsers
+import every sub-command module: :func:`tandem.app.cli.build_parser`)."""
+
+
+@dataclass(frozen=True)
+class MachineBaseline:
+    rss: int
+    """Resident bytes of a process that imported what `tandem run` imports."""
+    code: int
+    """llama.cpp library code mapped but not yet resident (faulted in while running)."""
+    bandwidth_gbs: float
+    """Sustained memory copy bandwidth (GB/s), best of several measurements."""
+    draft_index_per_token: float
+    """Resident bytes per context token of the model-free drafters' index (suffix
+    trie and prompt lookup; Python objects), at its worst: tokens that never repeat."""
+    llama_context: int
+    """Resident bytes a llama.cpp model and context take beyond the items the memory
+    model prices from llama.cpp's own sizes (context structures, the thread pool and
+    its work buffers, first-decode allocations): measured by running a tiny model."""
+
+    @property
+    def total(self) -> int:
+        return self.rss + self.code
+
+
+def _package_versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for name in ("llama_cpp_python", "numpy", "tandem", "torch", "textual"):
+        try:
+            out.append(f"{name}={version(name)}")
+        except PackageNotFoundError:
+            out.append(f"{name}=-")
+    return ",".join(out)
+
+
+def _code_stamp() -> str:
+    """Names, sizes and mtimes of Tandem's own modules: an edit that adds an import
+    changes the baseline, so it is measured again."""
+    root = Path(__file__).resolve().parents[2]
+    h = hashlib.sha256()
+    for sub in ("app", "runtime", "models", "kernels"):
+        for f in sorted((root / sub).rglob("*.py")):
+            st = f.stat()
+            h.update(f"{f.relative_to(root)}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def machine_key() -> str:
+    """This machine and software: CPU model and flags, kernel, Python, package versions,
+    Tandem's code."""
+    cpu = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "flags", "Features")):
+                cpu += line
+                if line.startswith(("flags", "Features")):
+                    break
+    parts = [cpu, platform.machine(), platform.release(), sys.version, sys.executable, _package_versions(),
+             _code_stamp(), str(BASELINE_VERSION), str(os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def cache_file() -> Path:
+    from tandem.models.paths import cache_dir
+
+    return cache_dir() / "machine-baseline" / f"{machine_key()}.json"
+
+
+def _measure() -> MachineBaseline:
+    proc = subprocess.run([sys.executable, "-m", "tandem.runtime.planning.baseline"], capture_output=True, text=True,
+                          timeout=300, check=False)
+    if proc.returncode != 0:
+        raise TandemError(f"Could not measure this machine's process baseline: {proc.stderr.strip()[-500:]}")
+    return MachineBaseline(**json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+_CACHED: MachineBaseline | None = None
+
+
+def machine_baseline() -> MachineBaseline:
+    """This machine's baseline: from the cache, else measured in a child and cached."""
+    global _CACHED
+    if _CACHED is not None:
+        return _CACHED
+    path = cache_file()
+    try:
+        _CACHED = MachineBaseline(**json.loads(path.read_text()))
+        return _CACHED
+    except (OSError, ValueError, TypeError):
+        pass
+    _CACHED = _measure()
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(asdict(_CACHED)))
+        os.replace(tmp, path)
+    return _CACHED
+
+
+def _child() -> int:
+    """Import what `tandem run` imports, then report resident memory and bandwidth."""
+    import importlib
+
+    # The command line is what a run's process really imports; it is named here as data
+    # (the module whose import cost is measured), not used: runtime/ never calls into app/.
+    importlib.import_module(CLI_MODULE).build_parser()
+    for name in RUN_PATH_MODULES:
+        importlib.import_module(name)
+    import llama_cpp
+
+    llama_cpp.llama_backend_init()
+    from tandem.runtime.planning.hardware import measure_ram_bandwidth, process_rss
+    from tandem.runtime.planning.memprobe import unresident_code
+
+    rss, code = process_rss(), unresident_code()
+    # Measured after the baseline is read: their objects and buffers are not part of it.
+    context = _llama_context_overhead()
+    per_token = _draft_index_per_token()
+    bandwidth = measure_ram_bandwidth(reps=7)
+    print(json.dumps({"rss": rss, "code": code, "bandwidth_gbs": round(bandwidth, 1),
+                      "draft_index_per_token": round(per_token, 1), "llama_context": context}))
+    return 0
+
+
+def _rss_anon() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _llama_context_overhead() -> int:
+    """Run a tiny Llama model (random weights, written here) as `tandem run` runs a
+    model — the backend with every core, a prompt filling its context, a verification
+    of 9 rows, decode steps — and return the anonymous memory it took beyond the KV
+    cache, compute buffer, logits and runtime the memory model prices for it."""
+    import tempfile
+
+    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.selfcheck import write_tiny_llama
+    from tandem.runtime.planning.llama_sizes import ContextSetup, LlamaSizes
+    from tandem.runtime.planning.memory_model import Setup, work_buffer
+    from tandem.runtime.planning.shapes import shape_from_gguf
+
+    n_ctx = rows = 0
+    with tempfile.TemporaryDirectory(prefix="tandem-baseline-") as folder:
+        path = write_tiny_llama(Path(folder) / "tiny.gguf")
+        shape = shape_from_gguf(path)
+        n_ctx, rows = shape.n_ctx_train, 9
+        sizes = LlamaSizes(path, persist=False)
+        try:
+            compute = sizes.context(ContextSetup(n_ctx, n_ctx, outputs=rows)).compute
+            runtime = sizes.runtime
+        finally:
+            sizes.close()
+        before = _rss_anon()
+        backend = LlamaCppBackend(path, LlamaConfig(n_ctx=n_ctx, n_batch=n_ctx))
+        try:
+            backend.evaluate([3 + i % 250 for i in range(n_ctx - rows - 8)])
+            backend.evaluate([5] * rows, logits_for=list(range(rows)))
+            for _ in range(4):
+                backend.evaluate([7])
+            grown = _rss_anon() - before
+        finally:
+            backend.close()
+    work = work_buffer(shape, Setup(n_ctx, n_ctx, output_rows=rows))
+    priced = shape.kv_bytes_per_token() * n_ctx + compute + 2 * 4 * rows * shape.n_vocab + runtime + work
+    return max(0, grown - priced)
+
+
+def _draft_index_per_token(n: int = 4096) -> float:
+    """Resident growth per token of the model-free drafters over ``n`` never-repeating
+    tokens: a prompt, then drafting rounds as generation does (propose, commit)."""
+    import random
+
+    from tandem.kernels.sampling import Sampler, SamplingParams
+    from tandem.runtime.planning.hardware import process_rss
+    from tandem.runtime.speculative.drafters.chain import ChainDrafter
+    from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter
+    from tandem.runtime.speculative.drafters.suffix import SuffixDrafter, global_cache
+
+    rng = random.Random(0)
+    tokens = rng.sample(range(1 << 20), n)
+    drafter = ChainDrafter([SuffixDrafter(global_cache=global_cache("baseline-probe:1048576")),
+                            PromptLookupDrafter()])
+    sampler = Sampler(SamplingParams(temperature=0))
+    before = process_rss()
+    prompt = n - 256
+    drafter.propose(tokens[:prompt], 8, sampler)
+    for end in range(prompt + 8, n + 1, 8):
+        drafter.commit(tokens[:end], 8)
+        drafter.propose(tokens[:end], 8, sampler)
+    return (process_rss() - before) / n
+
+
+if __name__ == "__main__":
+    sys.exit(_child())

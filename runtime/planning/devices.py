@@ -1,0 +1,109 @@
+"""Which devices a plan's models go on, and whether an estimate fits the budgets.
+
+Split out of :mod:`tandem.runtime.planning.planner`, which walks its ladder of settings and asks
+here, rung by rung, where target and drafter fit:
+
+* a llama.cpp build that offloads (CUDA/Metal, or any profile with a GPU) gives the
+  small drafter GPU layers first and the target the rest (Dovetail);
+* otherwise the drafter is priced on the CPU (llama.cpp, host memory) and, on a detected
+  CUDA GPU with torch, in the torch engine there: VRAM for float32 weights, KV cache,
+  workspace and the CUDA context, plus the CUDA runtime's host side
+  (:func:`tandem.runtime.planning.memory_model.torch_gpu_items`); ``ModelPlan.devices`` lists
+  every device it fits on, the GPU first, and a measured calibration picks between them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from tandem.runtime.planning.hardware import Machine
+from tandem.runtime.planning.memory_model import Estimate, ModelShape, Setup, estimate
+
+if TYPE_CHECKING:
+    from tandem.runtime.planning.planner import ModelPlan
+
+SAFETY = 0.03
+"""Share of the budget kept free for what the model does not see (allocator slack)."""
+
+
+def torch_cuda_ok(machine: Machine) -> bool:
+    """Whether a drafter could run on a detected CUDA GPU through the torch engine (whether
+    it fits is priced per rung, in VRAM)."""
+    gpu = machine.gpu
+    if gpu is None or gpu.kind != "cuda" or machine.source != "detected" or machine.vram_budget <= 0:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def cuda_context_held() -> bool:
+    """Whether this process already holds a CUDA context (``torch.cuda.is_initialized()``).
+
+    Planning on a detected GPU asks CUDA for free VRAM, which creates the context, and
+    the host baseline is read from this process's RSS: the context's host share is then
+    already in the baseline and must not be priced again. False when torch was never
+    imported (it cannot have created a context)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
+def gpu_offload_ok(machine: Machine) -> bool:
+    """Whether llama.cpp can offload layers here (a CUDA/Metal build) or in the profile."""
+    if not machine.gpus or machine.vram_budget <= 0:
+        return False
+    if machine.source != "detected":
+        return True
+    import llama_cpp
+
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def fits(est: Estimate, machine: Machine, baseline: int) -> bool:
+    host_room = machine.host_budget * (1 - SAFETY) - baseline
+    gpu = machine.gpu
+    if gpu is not None and gpu.unified:
+        return est.host + est.gpu <= host_room and est.gpu <= machine.vram_budget
+    return est.host <= host_room and est.gpu <= machine.vram_budget * (1 - SAFETY)
+
+
+def max_gpu_layers(shape: ModelShape, setup: Setup, machine: Machine, baseline: int, others: Estimate) -> int:
+    """Most llama.cpp ``n_gpu_layers`` whose GPU share fits next to ``others``; -1 = all."""
+    if not gpu_offload_ok(machine):
+        return 0
+    for g in [-1, *range(shape.n_layer, 0, -1)]:
+        est = estimate(shape, replace(setup, n_gpu_layers=g))
+        both = Estimate(est.items + others.items)
+        if fits(both, machine, baseline):
+            return g
+    return 0
+
+
+def place_draft(machine: Machine, baseline: int, gpu_ok: bool, torch_cuda: bool, t_shape: ModelShape,
+                target: ModelPlan, k: int, d_shape: ModelShape, draft: ModelPlan,
+                ) -> tuple[ModelPlan, ModelPlan, Estimate] | None:
+    """(target, drafter, estimate) with the drafter on every device it fits on, or None.
+
+    A llama.cpp build that offloads gives the small drafter GPU layers first and the
+    target the rest. Otherwise the drafter is priced on the CPU (llama.cpp, host memory)
+    and, with a usable CUDA GPU, in the torch engine there (VRAM, plus the CUDA
+    runtime's host side); ``devices`` lists those that fit, the GPU first."""
+    t_setup = target.setup(k + 1)
+    if gpu_ok:
+        g = max_gpu_layers(d_shape, draft.setup(), machine, baseline, Estimate())
+        draft = replace(draft, n_gpu_layers=g)
+        d_est = estimate(d_shape, draft.setup(), include_process=False)
+        target = replace(target, n_gpu_layers=max_gpu_layers(t_shape, t_setup, machine, baseline, d_est))
+        est = estimate(t_shape, target.setup(k + 1), d_shape, draft.setup(), k=k)
+        return (target, draft, est) if fits(est, machine, baseline) else None
+    options = {"cpu": estimate(t_shape, t_setup, d_shape, draft.setup(), k=k)}
+    if torch_cuda:
+        options["cuda"] = estimate(t_shape, t_setup, d_shape, draft.setup(), k=k, draft_device="cuda",
+                                   cuda_context_held=machine.source == "detected" and cuda_context_held())
+    devices = tuple(d for d in ("cuda", "cpu") if d in options and fits(options[d], machine, baseline))
+    if not devices:
+        return None
+    return target, replace(draft, device=devices[0], devices=devices), options[devices[0]]

@@ -1,0 +1,277 @@
+"""What llama.cpp itself allocates for a model and a context, asked of llama.cpp.
+
+The memory model must not guess llama.cpp's compute buffer (its graph allocator packs
+hundreds of tensors; a formula fitted on one build misses on the next) or the heap its
+model loader keeps (vocabulary, merges, tensor metadata). Both are read here from
+llama.cpp, in a child process, without loading any weights:
+
+* the model is loaded with ``no_alloc`` (llama.cpp's "memory-fit" mode: metadata only,
+  allocations simulated) — the child's growth in anonymous resident memory is the
+  model's **runtime** (vocabulary, merges, tensor metadata, backend setup);
+* a context is created for each setup asked about, also simulated; llama.cpp logs the
+  size its scheduler reserved for the compute buffer, which is what a real context
+  allocates. ``n_outputs_max`` is set to the rows of logits the caller will ask for:
+  without it llama.cpp reserves room for ``n_batch`` rows of logits (150 MB for a
+  151k vocabulary at batch 256), pages a run that asks for a few rows never touches.
+  With it, the reservation is the high-water mark of the largest graph a run reaches
+  (a full ubatch at a full context), so a filled context touches all of it.
+
+Each answer takes a few milliseconds once the child has read the model's metadata
+(~0.7 s for a 151k vocabulary), so the child stays up while a plan is made
+(:func:`sizes_for`; :func:`close_all` ends it) and the answers are cached on disk per
+model file and llama.cpp version (:func:`cache_path`). Run as
+``python -m tandem.runtime.planning.llama_sizes MODEL.gguf``: reads one JSON setup per line,
+writes one JSON answer per line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tandem.models.errors import TandemError
+
+SIZES_VERSION = 1
+"""Bumped when what is measured changes, so older cache files are measured again."""
+
+
+@dataclass(frozen=True)
+class ContextSetup:
+    """The context parameters that move llama.cpp's buffers."""
+
+    n_ctx: int
+    n_batch: int
+    type_k: str = "f16"
+    type_v: str = "f16"
+    flash_attn: bool = False
+    outputs: int = 1
+
+    def key(self) -> str:
+        return f"{self.n_ctx}/{self.n_batch}/{self.type_k}/{self.type_v}/{int(self.flash_attn)}/{self.outputs}"
+
+
+@dataclass(frozen=True)
+class ContextSizes:
+    compute: int
+    """Bytes of llama.cpp's host compute buffer (the scheduler's reservation)."""
+    output: int
+    """Bytes of its output buffer at creation (grows to ``outputs`` rows when asked)."""
+    context: int
+    """Anonymous resident bytes the context's own structures took in the child."""
+
+
+def _llama_cpp_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("llama_cpp_python")
+    except Exception:  # noqa: BLE001 - any metadata failure: key on nothing rather than fail
+        return "unknown"
+
+
+def cache_path(model: Path) -> Path:
+    """The cache file of one model file (keyed by its path, size and mtime, and the
+    llama.cpp version, so a changed file or an upgraded llama.cpp is measured again)."""
+    import hashlib
+
+    from tandem.models.paths import cache_dir
+
+    st = model.stat()
+    key = f"{model.resolve()}|{st.st_size}|{st.st_mtime_ns}|{_llama_cpp_version()}|{SIZES_VERSION}"
+    return cache_dir() / "llama-sizes" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
+
+
+def _write_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+_MEMO: dict[str, dict] = {}
+"""Answers already known to this process, by cache file name."""
+
+
+class LlamaSizes:
+    """llama.cpp's sizes for one GGUF file: answers from the disk cache, else from a
+    child process started on the first miss and kept until :meth:`close`."""
+
+    def __init__(self, model: str | os.PathLike[str], *, persist: bool = True) -> None:
+        self.model = Path(model)
+        self._persist = persist
+        self._cache_file = cache_path(self.model)
+        # One answer per process too (tests give every test its own cache dir).
+        self._cache: dict = _MEMO.setdefault(self._cache_file.name, {})
+        if not self._cache:
+            with contextlib.suppress(OSError, ValueError):
+                self._cache.update(json.loads(self._cache_file.read_text()))
+        self._proc: subprocess.Popen | None = None
+        self._dirty = False
+
+    @property
+    def runtime(self) -> int:
+        """Anonymous resident bytes llama.cpp keeps for the loaded model (no weights)."""
+        if "runtime" not in self._cache:
+            self._start()
+        return int(self._cache["runtime"])
+
+    def context(self, setup: ContextSetup) -> ContextSizes:
+        hit = self._cache.get("contexts", {}).get(setup.key())
+        if hit is None:
+            self._start()
+            assert self._proc is not None and self._proc.stdin is not None and self._proc.stdout is not None
+            self._proc.stdin.write(json.dumps(asdict(setup)) + "\n")
+            self._proc.stdin.flush()
+            line = self._proc.stdout.readline()
+            if not line:
+                self._fail()
+            hit = json.loads(line)
+            if "error" in hit:
+                raise TandemError(f"llama.cpp cannot make a context for {self.model.name} ({setup}): {hit['error']}")
+            self._cache.setdefault("contexts", {})[setup.key()] = hit
+            self._dirty = True
+        return ContextSizes(int(hit["compute"]), int(hit["output"]), int(hit["context"]))
+
+    def _start(self) -> None:
+        if self._proc is not None:
+            return
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "tandem.runtime.planning.llama_sizes", str(self.model)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        if not line:
+            self._fail()
+        self._cache["runtime"] = json.loads(line)["runtime"]
+        self._dirty = True
+
+    def _fail(self) -> None:
+        err = ""
+        if self._proc is not None:
+            self._proc.kill()
+            err = (self._proc.stderr.read() if self._proc.stderr else "").strip()[-500:]
+            self._proc.wait()
+            self._proc = None
+        raise TandemError(f"Could not read llama.cpp's buffer sizes for {self.model}: {err or 'the probe exited'}")
+
+    def close(self) -> None:
+        """End the child (if any) and write what it answered to the cache."""
+        if self._proc is not None:
+            with contextlib.suppress(OSError, ValueError):
+                assert self._proc.stdin is not None
+                self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+        if self._dirty and self._persist:
+            with contextlib.suppress(OSError):
+                _write_atomic(self._cache_file, self._cache)
+            self._dirty = False
+
+
+_OPEN: dict[str, LlamaSizes] = {}
+
+
+def sizes_for(model: str | os.PathLike[str]) -> LlamaSizes:
+    """The process-wide :class:`LlamaSizes` of ``model`` (one child per file at most)."""
+    key = str(Path(model).resolve())
+    if key not in _OPEN:
+        _OPEN[key] = LlamaSizes(model)
+    return _OPEN[key]
+
+
+def close_all() -> None:
+    """End every sizing child and flush the caches (the planner calls this when done)."""
+    while _OPEN:
+        _OPEN.popitem()[1].close()
+
+
+# -- the child ---------------------------------------------------------------------------
+def _rss_anon() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _serve(model: str) -> int:
+    import ctypes
+
+    import llama_cpp
+
+    # Imported first: it installs its own (silencing) log callback, replaced here.
+    from tandem.runtime.backends.llama import LlamaConfig, context_params, model_params
+    from tandem.runtime.backends.llama_vocab import LlamaVocab, load_model
+
+    lines: list[str] = []
+
+    @llama_cpp.llama_log_callback
+    def log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        lines.append(text.decode("utf-8", "replace"))
+
+    llama_cpp.llama_log_set(log, ctypes.c_void_p(0))
+    llama_cpp.llama_backend_init()
+    before = _rss_anon()
+    # The backend's own parameters, so what is sized is what it will open.
+    mp = model_params(LlamaConfig())
+    mp.no_alloc = True
+    mp.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE  # no mapping: the memory-fit pass reads metadata only
+    mp.n_gpu_layers = 0
+    try:
+        loaded = load_model(Path(model), mp)
+    except TandemError as exc:
+        print(f"{exc}\n{''.join(lines[-5:])}", file=sys.stderr)
+        return 1
+    handle = loaded.model
+    # What the backend builds on top: its vocabulary object, special tokens, the
+    # coverage guard (a pass over every token's text) and a tokenize/detokenize round.
+    vocab = LlamaVocab(loaded)
+    special = vocab.special
+    ids = vocab.tokenize("def main():\n    print('Hello, world!')  # ünïcödé ✓\n" * 4)
+    b"".join(vocab.token_bytes(t) for t in ids)
+    print(json.dumps({"runtime": _rss_anon() - before, "eog": len(special.eog)}), flush=True)
+    for raw in sys.stdin:
+        setup = ContextSetup(**json.loads(raw))
+        cfg = LlamaConfig(n_ctx=setup.n_ctx, n_batch=setup.n_batch, type_k=setup.type_k, type_v=setup.type_v,
+                          flash_attn=setup.flash_attn)
+        cp = context_params(cfg, setup.n_ctx, 1)
+        cp.n_outputs_max = min(setup.outputs, cp.n_batch)
+        lines.clear()
+        start = _rss_anon()
+        ctx = llama_cpp.llama_init_from_model(handle, cp)
+        if not ctx:
+            print(json.dumps({"error": "".join(lines[-3:]).strip() or "context creation failed"}), flush=True)
+            continue
+        context = _rss_anon() - start
+        compute = _logged_mib(lines, "compute buffer size")
+        output = _logged_mib(lines, "output buffer size")
+        llama_cpp.llama_free(ctx)
+        print(json.dumps({"compute": compute, "output": output, "context": context}), flush=True)
+    loaded.close()
+    return 0
+
+
+def _logged_mib(lines: list[str], what: str) -> int:
+    """Bytes of the host buffers llama.cpp logged as ``... <what> = X MiB`` (the log
+    rounds to 0.01 MiB: rounded up here)."""
+    import math
+
+    total = 0.0
+    for line in lines:
+        if what in line and "=" in line and ("CPU" in line or "Host" in line):
+            total += float(line.rsplit("=", 1)[1].split()[0])
+    return math.ceil((total + 0.005) * 1024 * 1024)
+
+
+if __name__ == "__main__":
+    sys.exit(_serve(sys.argv[1]))

@@ -1,0 +1,488 @@
+"""Fit a target + drafter pair to a memory budget, and say why.
+
+The planner walks a ladder of options from best to most frugal and keeps the first that
+fits, so the plan is the fastest one it knows to fit. The order follows what users lose:
+
+1. lossless and nearly free: a smaller prefill batch for the target (only prefill slows);
+2. the drafter shrinks before the target is touched (anchors §4/§8: incumbents OOM or
+   silently cut the user's context because the drafter was not budgeted): a windowed
+   draft context (acceptance barely moves), a q8_0 draft KV, a small draft batch, fewer
+   drafts per round; each rung is tried with the drafter's own weights and then with a
+   Q8_0 copy of an F32/F16 drafter (made once by llama.cpp's quantizer, cached: the
+   target verifies every token, so it changes speed, never the output); then the draft
+   model is dropped (model-free drafting, which costs ~no memory, stays);
+3. the target's KV cache goes to q8_0 (small quality cost, said so), again trying the
+   drafter ladder first;
+4. the context: an explicit ``--ctx`` is never shrunk — the plan fails and lists what
+   would fit (the largest context, KV quantization, a smaller quant). A default context
+   is shrunk with a stated reason.
+
+A budget is the whole process's peak resident memory (RSS, what ``/usr/bin/time -f %M``
+reports): the planner adds the process baseline — measured once per machine in a child
+that imports what `tandem run` imports, cached (:mod:`tandem.runtime.planning.baseline`);
+:data:`PROFILE_BASELINE` for a profile — and, when model-free drafting runs, its index
+over the context. An explicit ``--ctx`` past what the model was trained for is refused.
+
+Where the drafter runs: with a llama.cpp build that offloads, it takes GPU layers first.
+Otherwise, on a detected CUDA GPU, it may run in the torch engine there, priced in VRAM
+(float32 weights, its KV cache, a workspace, the CUDA context; see
+:func:`tandem.runtime.planning.memory_model.torch_gpu_items`) under the ``--vram`` budget; the
+plan lists every device it fits on (``ModelPlan.devices``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from tandem.models.errors import BudgetError, TandemError
+from tandem.runtime.planning.devices import (
+    SAFETY,
+    fits,
+    gpu_offload_ok,
+    max_gpu_layers,
+    place_draft,
+    torch_cuda_ok,
+)
+from tandem.runtime.planning.hardware import Machine, format_size, process_rss
+from tandem.runtime.planning.memory_model import (
+    Estimate,
+    Item,
+    ModelShape,
+    Setup,
+    estimate,
+    shape_from_gguf,
+)
+from tandem.runtime.planning.suggest import leanest_kv, suggest
+
+PROFILE_BASELINE = 80 * 1024**2
+"""Python, numpy, llama-cpp-python and the app, resident before any model (measured
+~45 MiB for the CLI here; the TUI adds ~30 MiB)."""
+DECODE_EFFICIENCY = 0.6
+"""Share of memory bandwidth a decode step achieves reading weights (llama.cpp CPU)."""
+ACCEPTANCE_PRIOR = 0.7
+"""Per-token acceptance assumed for a same-family model drafter before measuring."""
+CPU_VERIFY_COST = (1.0, 1.7, 1.9, 2.1, 2.4, 2.55, 2.7, 2.85, 3.0)
+"""c(k): a CPU verify of k drafts relative to one decode step (issue 3's measurement)."""
+DRAFT_CELLS = (1024, 512, 256)
+"""Context cells of a windowed drafter, from roomiest to leanest. llama.cpp pads a KV
+cache to 256 cells (and the torch engine's cache doubles from 256), so memory moves in
+those steps: each window is what its cells leave after the k + 1 draft and verify slots
+(251 tokens at k = 4 in 256 cells: a 128 window there priced and measured the same
+memory, but slid during SpecMemo's 192-token run and cost 5 % more target calls)."""
+DRAFT_LENGTHS = (8, 4, 2)
+LEAN_DRAFT_BATCH = 8
+"""Prefill batch of the leanest drafter: a windowed drafter only ever re-reads its window,
+and a small batch shrinks its compute buffer, output buffer and logits rows."""
+DRAFT_QUANT = "q8_0"
+"""Type of the drafter copy the ladder tries (lossless for the output: the target verifies)."""
+MIN_CTX = 256
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    path: str
+    n_ctx: int
+    n_batch: int = 256
+    type_k: str = "f16"
+    type_v: str = "f16"
+    flash_attn: bool = False
+    """Off, as the backend's default: speculative output is then bit-identical to plain
+    greedy output (a quantized V cache turns it on: llama.cpp needs it there)."""
+    n_gpu_layers: int = 0
+    n_threads: int | None = None
+    window: int | None = None
+    """Drafter only: draft from the last ``window`` tokens (its own context cap)."""
+    device: str = "cpu"
+    """Drafter only: ``cuda`` runs it in the torch engine on the GPU (Dovetail placement)
+    when llama.cpp here cannot offload; ``cpu`` is llama.cpp (with ``n_gpu_layers``)."""
+    devices: tuple[str, ...] = ("cpu",)
+    """Drafter only: every device it fits on. ``device`` is the planner's default; when
+    there is more than one, :mod:`tandem.runtime.planning.placement` picks between them from a
+    measured calibration (cached) before generating."""
+    quant: str | None = None
+    """Drafter only: ``path`` is a copy of ``source`` quantized to this type (cached in the
+    user cache dir; :func:`plan_for_run` makes it if it is missing)."""
+    source: str | None = None
+    """Drafter only: the file the user named, when ``path`` is a quantized copy of it."""
+
+    def setup(self, output_rows: int = 1) -> Setup:
+        return Setup(self.n_ctx, self.n_batch, self.type_k, self.type_v, self.flash_attn,
+                     self.n_gpu_layers, output_rows)
+
+    def llama_config(self):
+        """The :class:`~tandem.runtime.backends.llama.LlamaConfig` that realises this plan."""
+        from tandem.runtime.backends.llama import LlamaConfig
+
+        return LlamaConfig(n_ctx=self.n_ctx, n_batch=self.n_batch, n_threads=self.n_threads,
+                           n_gpu_layers=self.n_gpu_layers, type_k=self.type_k, type_v=self.type_v,
+                           flash_attn=self.flash_attn)
+
+    def torch_config(self, device: str | None = None):
+        """The :class:`~tandem.runtime.backends.torch_engine.backend.TorchConfig` the planner priced
+        for a torch drafter on ``device`` (default: this plan's): same context and batch,
+        so its KV cache and workspace stay what the VRAM budget was checked against."""
+        from tandem.runtime.backends.torch_engine.backend import TorchConfig
+
+        return TorchConfig(device=device or self.device, n_ctx=self.n_ctx, n_batch=self.n_batch,
+                           n_threads=self.n_threads)
+
+
+@dataclass
+class Plan:
+    fits: bool
+    machine: str
+    host_budget: int
+    vram_budget: int
+    baseline: int
+    target: ModelPlan
+    draft: ModelPlan | None
+    speculate: bool
+    draft_max: int
+    memory: Estimate
+    tokens_per_s: float
+    """Predicted plain decode speed."""
+    speedup: float
+    """Predicted speculative speedup over plain decoding (1.0 when not speculating)."""
+    reasons: list[str] = field(default_factory=list)
+    suggestions: list[str] = field(default_factory=list)
+
+    @property
+    def host_total(self) -> int:
+        return self.baseline + self.memory.host
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["memory"] = self.memory.as_dict()
+        d["memory"]["baseline_bytes"] = self.baseline
+        d["memory"]["host_total_bytes"] = self.host_total
+        d["speculative_tokens_per_s"] = self.tokens_per_s * self.speedup
+        return d
+
+    def check(self) -> Plan:
+        """Raise :class:`BudgetError` (with the suggestions) when the plan does not fit."""
+        if not self.fits:
+            hint = "; ".join(self.suggestions) or "raise --budget"
+            why = self.reasons[-1] if self.reasons else "The plan does not fit the budget"
+            raise BudgetError(f"{why}. What would fit: {hint}.")
+        return self
+
+
+def _decode_speed(shape: ModelShape, setup: Setup, machine: Machine) -> float:
+    """Plain tokens/s: each step reads the weights and (on average) half the KV once."""
+    est = estimate(shape, setup, include_process=False)
+
+    def read(device: str) -> float:
+        return sum(i.bytes * (0.5 if "KV" in i.label else 1.0) for i in est.items
+                   if i.device == device and ("weights" in i.label or "KV" in i.label))
+
+    t = read("host") / (machine.ram_bandwidth_gbs * 1e9 * DECODE_EFFICIENCY)
+    if machine.gpu:
+        t += read("gpu") / (machine.gpu.bandwidth_gbs * 1e9 * DECODE_EFFICIENCY)
+    return 1.0 / max(t, 1e-9)
+
+
+def predicted_speedup(alpha: float, k: int, c_draft: float, verify_cost: float) -> float:
+    """§0: E[tokens/round] / (k·c + c_verify(k)), in units of one target step."""
+    if k <= 0:
+        return 1.0
+    expected = (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else k + 1
+    return expected / (k * c_draft + verify_cost)
+
+
+def _verify_cost(k: int, on_gpu: bool) -> float:
+    if on_gpu:
+        return 1.0 + 0.02 * k
+    return CPU_VERIFY_COST[min(k, len(CPU_VERIFY_COST) - 1)] + 0.15 * max(0, k - len(CPU_VERIFY_COST) + 1)
+
+
+@dataclass
+class PlanRequest:
+    target: Path
+    draft: Path | None = None
+    ctx: int | None = None
+    """Context wanted; ``None`` means the model's own, capped at 4096 (may be shrunk)."""
+    machine: Machine | None = None
+    draft_max: int = 8
+    threads: int | None = None
+    allow_kv_quant: bool = True
+    acceptance: float = ACCEPTANCE_PRIOR
+    """Per-token acceptance of the drafter (measured, or the prior)."""
+    drop_slow_draft: bool = True
+    """Drop a drafter predicted to gain < 5 %. A drafter the user named explicitly is
+    kept when it fits (``False``): the adaptive policy then turns drafting off at run
+    time if it does not pay, using measured rather than predicted costs."""
+    model_free: bool | None = None
+    """Whether model-free drafting (suffix trie, prompt lookup) runs, whose index grows
+    with the context; ``None``: when a draft model is named (``--draft-mode auto``)."""
+    baseline: int | None = None
+    """Resident bytes before the models load; ``None``: this process's RSS plus the
+    llama.cpp code it will still fault in (:func:`tandem.runtime.planning.memprobe.unresident_code`),
+    or the profile constant when planning another machine."""
+
+
+def _draft_rungs(d_shape: ModelShape, ctx: int, draft_max: int, quant: str | None):
+    """Drafter settings ((window, batch, kv, quant), k, note) from best to leanest, each
+    with the drafter's own weights first and then with its ``quant`` copy (if any)."""
+    d_ctx_full = min(ctx, d_shape.n_ctx_train)
+    d_kv = "q8_0" if d_shape.kv_type_ok("q8_0") else "f16"
+    rungs = [((None, 256, "f16"), draft_max, "full drafter")]
+    windows = [c - draft_max - 1 for c in DRAFT_CELLS]
+    rungs += [((w, 64, "f16"), draft_max, f"draft window {w}") for w in windows if 0 < w < d_ctx_full]
+    rungs += [((max(8, min(DRAFT_CELLS[-1] - k - 1, d_ctx_full)), LEAN_DRAFT_BATCH, d_kv), k, "lean drafter")
+              for k in DRAFT_LENGTHS if k <= draft_max]
+    for (window, batch, kv), k, note in rungs:
+        for q in (None, quant) if quant else (None,):
+            yield (window, batch, kv, q), k, note
+
+
+def _ladder(t_shape: ModelShape, d_shape: ModelShape | None, ctx: int, draft_max: int, quant: str | None):
+    """Candidate (target KV, target batch, drafter settings or None, k, note), best first."""
+    for kv in ("f16", "q8_0"):
+        if kv != "f16" and not t_shape.kv_type_ok(kv):
+            continue
+        for t_batch in (256, 64):
+            if d_shape is not None:
+                for draft_cfg, k, note in _draft_rungs(d_shape, ctx, draft_max, quant):
+                    yield kv, t_batch, draft_cfg, k, note
+            yield kv, t_batch, None, draft_max, "no draft model"
+
+
+def _draft_quant(path: Path, shape: ModelShape) -> tuple[str, ModelShape] | None:
+    """A :data:`DRAFT_QUANT` copy worth trying: for an F32/F16/BF16 drafter whose copy is
+    at least 20 % smaller (its rows must hold whole blocks)."""
+    if shape.weight_type not in ("f32", "f16", "bf16"):
+        return None
+    copy = shape_from_gguf(path, as_type=DRAFT_QUANT)
+    return (DRAFT_QUANT, copy) if copy.weights_bytes <= 0.8 * shape.weights_bytes else None
+
+
+def check_context(ctx: int | None, shape: ModelShape) -> None:
+    """Refuse a context longer than the model was trained for: past it, positions the
+    model never saw make its output degrade into noise (no RoPE scaling is configured),
+    and the memory for it would be spent on that. (The k draft slots the planner adds
+    past a context at the limit are fine: llama.cpp only warns.)"""
+    if ctx is not None and ctx > shape.n_ctx_train:
+        raise TandemError(f"--ctx {ctx} is longer than {shape.name} was trained for ({shape.n_ctx_train} tokens); "
+                          f"use --ctx {shape.n_ctx_train} or less.")
+    if ctx is not None and ctx < 1:
+        raise TandemError(f"--ctx {ctx} must be a positive number of tokens.")
+
+
+def detected_baseline() -> int:
+    """Resident bytes of a `tandem run` process before its models, on this machine: the
+    measured, cached baseline (:mod:`tandem.runtime.planning.baseline`), or this process's
+    own resident size plus the llama.cpp code it will still fault in when that is
+    larger (the chat app imports Textual; a test process holds much more)."""
+    from tandem.runtime.planning.baseline import machine_baseline
+    from tandem.runtime.planning.memprobe import unresident_code
+
+    return max(machine_baseline().total, process_rss() + unresident_code())
+
+
+def make_plan(req: PlanRequest) -> Plan:
+    """The fastest plan that fits ``req.machine``'s budgets (see the module docstring)."""
+    from tandem.runtime.planning.llama_sizes import close_all
+
+    try:
+        return _make_plan(req)
+    finally:
+        close_all()  # the sizing children end with the plan; their answers are cached
+
+
+def _make_plan(req: PlanRequest) -> Plan:
+    machine = req.machine
+    if machine is None:
+        from tandem.runtime.planning.hardware import resolve_machine
+
+        machine = resolve_machine()
+    if req.baseline is not None:
+        baseline = req.baseline
+    elif machine.source == "detected":
+        baseline = detected_baseline()
+    else:
+        baseline = PROFILE_BASELINE
+    t_shape = shape_from_gguf(req.target)
+    d_shapes: dict[str | None, ModelShape] = {}
+    quant = None
+    if req.draft:
+        d_shapes[None] = shape_from_gguf(req.draft)
+        q = _draft_quant(req.draft, d_shapes[None])
+        if q is not None:
+            quant, d_shapes[quant] = q
+    explicit = req.ctx is not None
+    check_context(req.ctx, t_shape)
+    # A default context leaves the k candidate cells inside what the model was trained on.
+    ctx = wanted = req.ctx or max(MIN_CTX, min(t_shape.n_ctx_train, 4096) - req.draft_max)
+    reasons: list[str] = []
+    model_free = req.draft is not None if req.model_free is None else req.model_free
+    per_token = draft_index_per_token(machine) if model_free else 0.0
+    while True:
+        # The model-free drafters' index grows with the context: priced with it, outside
+        # the rungs (no rung changes it), and listed as its own row.
+        index = int(per_token * (ctx + req.draft_max))
+        plan = _try_ctx(req, machine, baseline + index, t_shape, d_shapes, quant, ctx, reasons)
+        if plan.fits or explicit or ctx <= MIN_CTX:
+            break
+        smaller = max(MIN_CTX, ctx // 2)
+        reasons.append(f"the default context {ctx} does not fit the budget; trying {smaller}")
+        ctx = smaller
+    plan.baseline = baseline
+    if index:
+        row = Item(f"model-free drafting index (suffix trie and lookup, {ctx + req.draft_max} tokens)",
+                   "speculation", "host", index)
+        plan.memory = Estimate((*plan.memory.items, row))
+    if not plan.fits:
+        # Suggestions are for the context asked for (or the default one), not the last one tried.
+        index = int(per_token * (wanted + req.draft_max))
+        plan.suggestions = suggest(machine.host_budget * (1 - SAFETY) - baseline - index, baseline + index, SAFETY,
+                                   t_shape, wanted, req.draft_max, req.allow_kv_quant)
+    return plan
+
+
+MODEL_FREE_PER_TOKEN = 7300.0
+"""Bytes per context token of the model-free drafters' index on a profile machine (the
+suffix trie's worst case, random tokens; measured 7.2 kB on CPython 3.11 x86-64). On
+this machine it is measured (:mod:`tandem.runtime.planning.baseline`)."""
+
+
+def draft_index_per_token(machine: Machine) -> float:
+    if machine.source != "detected":
+        return MODEL_FREE_PER_TOKEN
+    from tandem.runtime.planning.baseline import machine_baseline
+
+    return machine_baseline().draft_index_per_token
+
+
+def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelShape,
+             d_shapes: dict[str | None, ModelShape], quant: str | None, ctx: int, reasons: list[str]) -> Plan:
+    gpu_ok = gpu_offload_ok(machine)
+    torch_cuda = bool(d_shapes) and not gpu_ok and torch_cuda_ok(machine)
+    d_shape = d_shapes.get(None)
+    for kv, t_batch, draft_cfg, k, note in _ladder(t_shape, d_shape, ctx, req.draft_max, quant):
+        if kv != "f16" and not req.allow_kv_quant:
+            continue
+        # Model-free drafting verifies k drafts too, with or without a draft model.
+        target = ModelPlan(str(req.target), ctx + k, t_batch, kv, kv, n_threads=req.threads)
+        if draft_cfg is None or d_shape is None or req.draft is None:
+            g = max_gpu_layers(t_shape, target.setup(k + 1), machine, baseline, Estimate()) if gpu_ok else 0
+            target = replace(target, n_gpu_layers=g)
+            est = estimate(t_shape, target.setup(k + 1), k=k)
+            if fits(est, machine, baseline):
+                return _finish(machine, baseline, t_shape, d_shape, target, None, k, est, note, reasons,
+                               req.acceptance, req.drop_slow_draft)
+            continue
+        window, d_batch, d_kv, q = draft_cfg
+        d_ctx = (window or min(ctx, d_shape.n_ctx_train)) + k + 1
+        path = str(req.draft)
+        if q is not None:
+            from tandem.models.quantize import cached_copy_path
+
+            path = str(cached_copy_path(req.draft, q))
+        draft = ModelPlan(path, d_ctx, d_batch, d_kv, d_kv, n_threads=req.threads, window=window, quant=q,
+                          source=str(req.draft) if q else None)
+        placed = place_draft(machine, baseline, gpu_ok, torch_cuda, t_shape, target, k, d_shapes[q], draft)
+        if placed is None:
+            continue
+        target, draft, est = placed
+        return _finish(machine, baseline, t_shape, d_shapes[q], target, draft, k, est, note, reasons,
+                       req.acceptance, req.drop_slow_draft, d_shape)
+    kv = leanest_kv(t_shape, req.allow_kv_quant)
+    est = estimate(t_shape, Setup(ctx, 64, kv, kv))
+    reasons = [*reasons, f"{t_shape.name} alone needs {(est.host + baseline) / 2**20:.1f} MiB of host memory "
+               f"at context {ctx} (with {kv} KV and a small batch) but the budget is "
+               f"{machine.host_budget / 2**20:.1f} MiB, {SAFETY:.0%} of it kept free"]
+    return Plan(False, machine.describe(), machine.host_budget, machine.vram_budget, baseline,
+                ModelPlan(str(req.target), ctx), None, False, 0, est, 0.0, 1.0, reasons)
+
+
+def _finish(machine: Machine, baseline: int, t_shape: ModelShape, d_shape: ModelShape | None,
+            target: ModelPlan, draft: ModelPlan | None, k: int, est: Estimate, note: str,
+            reasons: list[str], alpha: float, drop_slow_draft: bool = True,
+            d_original: ModelShape | None = None) -> Plan:
+    reasons = list(reasons)
+    speed = _decode_speed(t_shape, target.setup(), machine)
+    speedup = 1.0
+    if target.n_gpu_layers:
+        reasons.append(f"target: {_layers(target.n_gpu_layers, t_shape)} on the GPU"
+                       + ("" if _layers(target.n_gpu_layers, t_shape) == "all layers" else ", the rest on CPU threads"))
+    else:
+        reasons.append("target on CPU threads" + (" (no GPU offload in this llama.cpp build)"
+                                                  if machine.gpus and not gpu_offload_ok(machine) else ""))
+    if target.type_k != "f16":
+        reasons.append(f"target KV cache quantized to {target.type_k}: f16 did not fit even without a "
+                       "draft model (small quality cost)")
+    if target.n_batch < 256:
+        reasons.append(f"prefill batch {target.n_batch} to shrink the compute buffer (prefill is slower)")
+    if draft is not None and d_shape is not None:
+        d_speed = _decode_speed(d_shape, draft.setup(), machine)
+        c = speed / d_speed
+        # The adaptive policy picks the length at run time; k only caps it (and the memory).
+        speedup = max(predicted_speedup(alpha, j, c, _verify_cost(j, bool(target.n_gpu_layers)))
+                      for j in range(1, k + 1))
+        where = "GPU" if draft.n_gpu_layers else "CPU"
+        if draft.device == "cuda":
+            where = (f"GPU through the torch engine ({format_size(est.total('gpu', 'draft'))} of VRAM with "
+                     "float32 weights and the CUDA context; this llama.cpp build cannot offload; Dovetail placement)")
+        reasons.append(f"drafter {d_shape.name} on the {where} ({note}), up to {k} drafts per round; "
+                       f"cost ratio c = {c:.3f}")
+        if len(draft.devices) > 1:
+            reasons.append("the drafter also fits on the CPU (llama.cpp): a measured calibration picks the faster")
+        elif draft.device == "cpu" and machine.gpu is not None and machine.gpu.kind == "cuda" and not gpu_offload_ok(machine):
+            reasons.append("the drafter's float32 copy for the GPU (torch engine) does not fit the GPU budget "
+                           "or no CUDA device is usable: it stays on the CPU")
+        if draft.quant and d_original is not None:
+            reasons.append(f"drafter weights from a {draft.quant.upper()} copy ({format_size(d_shape.weights_bytes)} "
+                           f"instead of {format_size(d_original.weights_bytes)}; made once with llama.cpp's "
+                           "quantizer and cached): the target verifies every token, so the output is unchanged")
+        if draft.window:
+            reasons.append(f"drafter context capped at {draft.window} tokens (drafts from a sliding window) "
+                           "to fit the budget before touching the target's context")
+        if speedup < 1.05:
+            reasons.append(f"predicted speedup {speedup:.2f}x is too small: the draft model is not worth it here"
+                           + ("" if drop_slow_draft else "; kept as asked, the adaptive policy switches "
+                              "drafting off at run time if it does not pay"))
+    elif d_shape is not None:
+        reasons.append("draft model dropped: it does not fit next to the target; model-free drafting stays on")
+    if draft is not None and speedup < 1.05 and drop_slow_draft:
+        draft, speedup = None, 1.0
+        est = estimate(t_shape, target.setup(k + 1), k=k)
+    extra = est.speculation_extra()
+    reasons.append(f"predicted peak memory {format_size(baseline + est.host)} host"
+                   + (f" + {format_size(est.gpu)} GPU" if est.gpu else "")
+                   + f" (speculation {format_size(extra)}) of a {format_size(machine.host_budget)} budget")
+    return Plan(True, machine.describe(), machine.host_budget, machine.vram_budget, baseline, target,
+                draft, draft is not None, k, est, speed, speedup, reasons)
+
+
+def _layers(g: int, shape: ModelShape) -> str:
+    return "all layers" if g < 0 or g > shape.n_layer else f"{g}/{shape.n_layer} layers"
+
+
+def plan_for_run(target_path: str | Path, draft_path: str | Path | None = None, budget: int | str | None = None,
+                 ctx: int | None = None, *, vram: int | str | None = None, profile: str | None = None,
+                 threads: int | None = None, draft_max: int = 8, acceptance: float = ACCEPTANCE_PRIOR,
+                 drop_slow_draft: bool = True, model_free: bool | None = None) -> Plan:
+    """The one call ``tandem run`` / ``tandem chat`` make: plan for this machine (or a
+    profile) and raise :class:`BudgetError` with suggestions when nothing fits.
+
+    ``plan.target.llama_config()`` (and ``plan.draft.llama_config()``, or
+    ``plan.draft.torch_config()`` on ``cuda``, when a draft model is kept) are the
+    backends' configs; open the drafter from ``plan.draft.path``, which may be a
+    quantized copy of the file asked for (made here, once, and cached);
+    ``plan.draft_max`` caps the draft length, and ``plan.draft.window`` the drafter's
+    context (wrap it in :class:`tandem.runtime.speculative.overlap.WindowedDrafter`).
+    """
+    import tandem.runtime.backends.llama  # noqa: F401  (resident before the baseline is read)
+    from tandem.runtime.planning.hardware import resolve_machine
+
+    machine = resolve_machine(profile, budget, vram, measure_bandwidth=False)
+    req = PlanRequest(Path(target_path), Path(draft_path) if draft_path else None, ctx, machine,
+                      draft_max=draft_max, threads=threads, acceptance=acceptance,
+                      drop_slow_draft=drop_slow_draft, model_free=model_free)
+    plan = make_plan(req).check()
+    if plan.draft is not None and plan.draft.quant and plan.draft.source:
+        from tandem.models.quantize import cached_copy
+
+        plan.draft = replace(plan.draft, path=str(cached_copy(plan.draft.source, plan.draft.quant)))
+    return plan

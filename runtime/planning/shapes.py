@@ -1,0 +1,153 @@
+"""Model shapes for the memory model: what it needs to know about a model, read from a
+GGUF header or a Hugging Face config without loading any weights (split out of
+:mod:`tandem.runtime.planning.memory_model`, which re-exports these names)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from tandem.models.errors import TandemError
+
+KV_TYPE_SIZES = {"f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q8_0": (32, 34), "q5_1": (32, 24),
+                 "q5_0": (32, 22), "q4_1": (32, 20), "q4_0": (32, 18)}
+"""(block, bytes per block) of each KV cache type, as ggml stores them."""
+KV_PAD = 256
+"""llama.cpp rounds the KV cache's cell count up to this many (padding for kernels)."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the memory model needs to know about one model."""
+
+    name: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    n_ff: int
+    n_vocab: int
+    n_ctx_train: int
+    layer_bytes: tuple[int, ...]
+    """Weight bytes of each block, in order."""
+    input_bytes: int
+    """Token embedding (always on the host in llama.cpp)."""
+    output_bytes: int
+    """Final norm and output head (offloaded only when every layer is)."""
+    weight_type: str = "f32"
+    n_params: int = 0
+    path: str | None = None
+    """The GGUF file llama.cpp would load, for asking llama.cpp its own buffer sizes
+    (:mod:`tandem.runtime.planning.llama_sizes`); a quantized copy names its source, whose
+    graph (and so compute buffer) is the same. ``None``: not a GGUF (torch, ONNX)."""
+    file_bytes: int = 0
+    """Bytes of the file llama.cpp maps (the whole file is resident while it loads:
+    header and tensor data); 0: not a GGUF."""
+
+    @property
+    def weights_bytes(self) -> int:
+        return sum(self.layer_bytes) + self.input_bytes + self.output_bytes
+
+    def kv_bytes_per_token(self, type_k: str = "f16", type_v: str = "f16") -> int:
+        """Bytes of K and V per token over all layers (same rule as llama.cpp)."""
+        def row(type_name: str, width: int) -> int:
+            block, size = KV_TYPE_SIZES[type_name]
+            return width // block * size
+
+        width_k, width_v = self.head_dim_k * self.n_head_kv, self.head_dim_v * self.n_head_kv
+        return self.n_layer * (row(type_k, width_k) + row(type_v, width_v))
+
+    def kv_type_ok(self, type_name: str) -> bool:
+        block = KV_TYPE_SIZES[type_name][0]
+        return self.head_dim_k % block == 0 and self.head_dim_v % block == 0
+
+
+_BLOCK = re.compile(r"^blk\.(\d+)\.")
+
+
+QUANT_COPY_TYPES = ("q8_0", "f16")
+"""Types :func:`shape_from_gguf` can price a llama.cpp-quantized copy in (whole-file
+types with one rule per tensor; the mixed K-quant presets choose per tensor)."""
+
+
+def _copy_nbytes(name: str, shape: tuple[int, ...], nbytes: int, as_type: str) -> int:
+    """Bytes of one tensor after ``llama_model_quantize`` to ``as_type``: 2-D+ weights
+    take the type when their rows hold whole blocks and fall back to f16 otherwise
+    (checked against llama.cpp on stories260K, whose 172-wide ffn_down stays f16);
+    1-D tensors (norms, biases) keep their type."""
+    if len(shape) < 2 or not name.endswith("weight"):
+        return nbytes
+    block, size = KV_TYPE_SIZES[as_type if shape[0] % KV_TYPE_SIZES[as_type][0] == 0 else "f16"]
+    return math.prod(shape) // block * size
+
+
+def shape_from_gguf(path_or_info, as_type: str | None = None) -> ModelShape:
+    """A :class:`ModelShape` from a GGUF header (no tensor data is read); with
+    ``as_type`` (one of :data:`QUANT_COPY_TYPES`), the shape of the copy llama.cpp's
+    quantizer would make, so the planner can price a quantized drafter before making it."""
+    from tandem.models.gguf_file import GGUFInfo, check_runnable, inspect_gguf
+
+    info: GGUFInfo = path_or_info if isinstance(path_or_info, GGUFInfo) else inspect_gguf(path_or_info)
+    check_runnable(info)  # an unknown architecture or metadata that would make llama.cpp's size probe abort
+    if as_type is not None and as_type not in QUANT_COPY_TYPES:
+        raise TandemError(f"Cannot price a {as_type} copy; choose one of {', '.join(QUANT_COPY_TYPES)}.")
+    n_layer = int(info.arch_value("block_count", 0) or 0)
+    n_head = int(info.arch_value("attention.head_count", 1) or 1)
+    n_embd = int(info.arch_value("embedding_length", 0) or 0)
+    k_dim = int(info.arch_value("attention.key_length", n_embd // max(n_head, 1)))
+    layers = [0] * n_layer
+    inp = out = 0
+    types: dict[int, int] = {}
+    for t in info.tensors:
+        nbytes = t.nbytes if as_type is None else _copy_nbytes(t.name, tuple(t.shape), t.nbytes, as_type)
+        m = _BLOCK.match(t.name)
+        if m and int(m.group(1)) < n_layer:
+            layers[int(m.group(1))] += nbytes
+            types[t.ggml_type] = types.get(t.ggml_type, 0) + nbytes
+        elif t.name.startswith("token_embd"):
+            inp += nbytes
+        else:
+            out += nbytes
+    tokens = info.metadata.get("tokenizer.ggml.tokens")
+    n_vocab = getattr(tokens, "length", None) or (len(tokens) if isinstance(tokens, list) else 0)
+    import gguf
+
+    wtype = gguf.GGMLQuantizationType(max(types, key=types.get)).name.lower() if types else "f32"
+    return ModelShape(
+        name=info.path.stem if as_type is None else f"{info.path.stem} ({as_type.upper()} copy)", n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+        n_head_kv=int(info.arch_value("attention.head_count_kv", n_head) or n_head),
+        head_dim_k=k_dim, head_dim_v=int(info.arch_value("attention.value_length", k_dim)),
+        n_ff=int(info.arch_value("feed_forward_length", 0) or 0), n_vocab=int(n_vocab),
+        n_ctx_train=int(info.arch_value("context_length", 2048) or 2048),
+        layer_bytes=tuple(layers), input_bytes=inp, output_bytes=out, weight_type=as_type or wtype,
+        n_params=info.n_params, path=str(info.path),
+        file_bytes=info.file_size - info.weights_bytes + inp + out + sum(layers),
+    )
+
+
+def shape_from_hf(folder: str | Path, dtype_bytes: int = 4) -> ModelShape:
+    """A :class:`ModelShape` from a Hugging Face Llama folder (config.json), weights in
+    ``dtype_bytes`` per parameter (the torch engine's dtype, not the file's)."""
+    cfg_path = Path(folder) / "config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise TandemError(f"Cannot read {cfg_path}: {exc}") from None
+    e, layers, ff, v = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
+    h = cfg["num_attention_heads"]
+    hkv = cfg.get("num_key_value_heads", h)
+    hd = cfg.get("head_dim", e // h)
+    per_layer = e * h * hd + 2 * e * hkv * hd + h * hd * e + 3 * e * ff + 2 * e
+    tied = cfg.get("tie_word_embeddings", False)
+    return ModelShape(
+        name=Path(folder).name, n_layer=layers, n_embd=e, n_head=h, n_head_kv=hkv, head_dim_k=hd,
+        head_dim_v=hd, n_ff=ff, n_vocab=v, n_ctx_train=cfg.get("max_position_embeddings", 2048),
+        layer_bytes=(per_layer * dtype_bytes,) * layers, input_bytes=v * e * dtype_bytes,
+        output_bytes=(e + (0 if tied else v * e)) * dtype_bytes, weight_type=f"{8 * dtype_bytes}-bit float",
+        n_params=layers * per_layer + v * e * (1 if tied else 2) + e,
+    )

@@ -1,0 +1,400 @@
+"""Cross-vocabulary drafting: any drafter model for any target (UAG text, OmniDraft, TLI).
+
+The drafter never sees target ids. Each round it is brought to the committed *text*:
+the target context's bytes are re-encoded with the drafter's tokenizer and its KV cache
+is rolled back to where that encoding departs from what it holds (back-translation;
+accepted draft fragments that re-encode differently are recomputed). It then drafts
+tokens in its own vocabulary, which are turned into target ids:
+
+* ``text`` (default): the drafted *text* is re-tokenized with the target tokenizer
+  behind a committed look-behind window (:mod:`.xvocab_text`, after HF's Universal
+  Assisted Generation). A committed trailing space is held back from a drafter whose
+  pieces carry leading spaces, so it drafts ``▁little`` rather than a lone space. The
+  drafter drafts greedily and the proposal is a deterministic function of the context,
+  verified with a one-hot ``q``: exactly lossless for greedy *and* sampling (under
+  sampling a token is accepted with probability ``p(x)``). When no text translation
+  exists the round falls back to ``omni``'s token-level translation (also
+  deterministic here).
+* ``omni`` (OmniDraft): left to right, the longest n-gram-cache match, else the direct
+  map, else stop. The cache learns from every committed round which drafter sequences
+  spell which target tokens, and is persisted per tokenizer pair. Greedy is exactly
+  lossless (the verifier accepts only the target's argmax); sampling is near-lossless,
+  as in the paper (a merged token can arise from other drafter paths).
+* ``tli`` (token-level intersection): drafter logits outside the shared vocabulary are
+  suppressed and its distribution is scattered onto the target vocabulary, so ``q`` is
+  the exact proposal distribution and sampling is exactly lossless with a sampled draft.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.vocab_map import (
+    UNMAPPED,
+    Translation,
+    aligned_spans,
+    byte_offsets,
+    intersection_mask,
+    merged_confidence,
+    restrict_logits,
+    scatter_to_target,
+    text_confidence,
+    translate,
+)
+from tandem.models.errors import TandemError
+from tandem.runtime.backends.protocol import Backend, prefill
+from tandem.runtime.speculative.drafters.base import Draft
+from tandem.runtime.speculative.drafters.model import token_probability
+from tandem.runtime.speculative.drafters.xvocab.stats import XVocabStats
+from tandem.runtime.speculative.drafters.xvocab.text import (
+    TextProposal,
+    TextTranslator,
+    encodable_prefix,
+    encodable_units,
+)
+from tandem.runtime.speculative.drafters.xvocab.translation_cache import (
+    NGramCache,
+    default_cache_path,
+    vocab_fingerprint,
+)
+from tandem.runtime.speculative.drafters.xvocab.vocab_map import (
+    Tokenizer,
+    VocabPair,
+    complete_utf8_prefix,
+)
+
+MODES = ("text", "omni", "tli")
+
+
+@dataclass
+class XVocabConfig:
+    mode: str = "text"
+    """text | omni | tli (see the module docstring)."""
+    text_draft_cap: float = 3.0
+    """``text`` mode: drafter tokens per requested target token, at most (a target
+    token often spells several drafter tokens, and the newest is held back)."""
+    learn: bool = True
+    """Add n-gram cache entries from every committed round."""
+    persist: bool = True
+    """Load the cache from, and save it to, the user data dir."""
+    cache_capacity: int = 50_000
+    cache_path: Path | None = None
+    """Override the per-pair file in the data dir."""
+
+
+@dataclass
+class _Synced:
+    """The committed context as the drafter sees it."""
+
+    context: list[int]
+    text: bytes
+    draft_ids: list[int]
+    offset: int
+    """Bytes the drafter's decoding has before ``text`` (SentencePiece's dummy space)."""
+    held: bytes = b""
+    """Committed bytes after ``text`` not given to the drafter (a trailing space its
+    next piece will carry); its draft must start with them."""
+
+
+class CrossVocabDrafter:
+    """A :class:`~tandem.runtime.speculative.drafters.base.Drafter` over a backend with another tokenizer."""
+
+    def __init__(
+        self,
+        drafter: Backend,
+        target: Tokenizer,
+        config: XVocabConfig | None = None,
+        *,
+        cache: NGramCache | None = None,
+        owns_backend: bool = True,
+        stop_threshold: float | None = None,
+    ) -> None:
+        self.config = cfg = config or XVocabConfig()
+        if cfg.mode not in MODES:
+            raise TandemError(f"Unknown cross-vocabulary mode {cfg.mode!r}; choose one of {', '.join(MODES)}.")
+        self.drafter = drafter
+        self.name = f"xvocab-{cfg.mode}:{drafter.name}"
+        self.owns_backend = owns_backend
+        self.stop_threshold = stop_threshold
+        """SpecDec++: stop drafting once ``1 - prod(confidence)`` exceeds it."""
+        self.calls = 0
+        """Drafter forward calls so far (for ``DecodeStats.draft_calls``)."""
+        self.pair = VocabPair.build(drafter, target)
+        if self.pair.shared == 0:
+            raise TandemError(f"{drafter.name} and {target.name} share no tokens: cannot draft across them.")
+        self.n_target = len(self.pair.target_pieces)
+        self.mask = intersection_mask(self.pair.direct)
+        self._bos = drafter.special.bos
+        self._eog = drafter.special.eog | ({drafter.special.eos} if drafter.special.eos is not None else set())
+        fp = (vocab_fingerprint(self.pair.draft_pieces), vocab_fingerprint(self.pair.target_pieces))
+        self.cache_path = cfg.cache_path or default_cache_path(*fp)
+        if cache is not None:
+            self.cache = cache
+        elif cfg.persist:
+            self.cache = NGramCache.load(self.cache_path, cfg.cache_capacity)
+        else:
+            self.cache = NGramCache(cfg.cache_capacity)
+        self.stats = XVocabStats()
+        self.text = TextTranslator(target, self.pair.target_pieces) if cfg.mode == "text" else None
+        self._synced: dict[bool, _Synced] = {}
+        self.last_drafted = b""
+        self._draft_units = encodable_units(self.pair.draft_pieces)
+        """``text`` mode: the drafted text (after the committed context) of the last round."""
+        self._learnt_ctx: list[int] = []
+        self._unlearnt: list[int] | None = None
+        self._learnt_byte = 0
+        self._dirty = False
+
+    # -- back-translation ---------------------------------------------------------------
+    def _sync(self, context: Sequence[int], hold_space: bool = False) -> _Synced | None:
+        """Encode the committed target text with the drafter's tokenizer (memoised).
+
+        ``hold_space``: leave a trailing space out when the drafter's pieces carry
+        leading spaces, so the drafter writes ``▁word`` instead of a lone ``▁`` it
+        rarely saw in training (the 656k target ends most tokens with a space)."""
+        context = list(context)
+        old = self._synced.get(hold_space)
+        if old is not None and old.context == context:
+            return old
+        full = self.pair.target_text(context)
+        held = b" " if hold_space and self.pair.draft_space_prefix and full.endswith(b" ") else b""
+        text = full[: len(full) - len(held)]
+        if complete_utf8_prefix(text) != len(text):
+            return None  # mid-character (or invalid) bytes: nothing to encode exactly
+        s = text.decode("utf-8")
+        if encodable_prefix(s, self._draft_units) != len(s):
+            return None  # llama.cpp would abort on a character the drafter's vocabulary lacks
+        if self.pair.draft_space_prefix and s.startswith(" "):
+            s = s[1:]
+        ids = self.drafter.tokenize(s, add_bos=self._bos is not None) if s else []
+        if not s and self._bos is not None:
+            ids = [self._bos]
+        decoded = self.pair.draft_text(ids)
+        if not ids or not decoded.endswith(text):
+            return None
+        self._synced[hold_space] = synced = _Synced(context, text, ids, len(decoded) - len(text), held)
+        return synced
+
+    # -- drafting -----------------------------------------------------------------------
+    def propose(self, context: Sequence[int], max_tokens: int, sampler: Sampler) -> Draft:
+        empty = Draft([], None, self.name)
+        if max_tokens <= 0:
+            return empty
+        self._learn_pending()
+        text_mode = self.text is not None
+        budget = max(1, int(self.config.text_draft_cap * max_tokens)) if text_mode else max_tokens
+        synced = self._sync(context, hold_space=text_mode)
+        if synced is None or len(synced.draft_ids) + budget > self.drafter.n_ctx:
+            self.stats.unsynced += synced is None
+            return empty
+        self.stats.rounds += 1
+        if text_mode:
+            return self._propose_text(context, synced, max_tokens, budget, sampler)
+        history = list(synced.draft_ids)
+        logits = prefill(self.drafter, history)
+        self.calls += 1
+        tli = self.config.mode == "tli"
+        drafted: list[int] = []
+        q_of: list[float] = []
+        rows: list[np.ndarray] = []
+        conf: list[float] = []
+        survive = 1.0
+        for j in range(max_tokens):
+            raw = logits
+            if tli:
+                logits = restrict_logits(logits, self.mask)
+            q = sampler.distribution(logits, history)
+            d = int(np.argmax(q)) if sampler.greedy else sampler.draw(q)
+            drafted.append(d)
+            q_of.append(float(q[d]))
+            rows.append(q)
+            history.append(d)
+            conf.append(token_probability(raw, d))
+            survive *= conf[-1]
+            if d in self._eog or (not tli and not self._may_translate(drafted)):
+                break
+            if self.stop_threshold is not None and 1.0 - survive > self.stop_threshold:
+                break
+            if j + 1 < max_tokens:
+                logits = self.drafter.evaluate([d])[-1]
+                self.calls += 1
+        self.stats.drafted += len(drafted)
+        if tli:
+            tokens = [int(self.pair.direct[d]) for d in drafted]
+            q_rows = None if sampler.greedy else np.stack([self._scatter(r) for r in rows])
+            from_cache, confidence = 0, conf
+        else:
+            tr = translate(drafted, q_of, self.pair.direct, self.cache.longest_match, max_tokens)
+            tokens, from_cache = tr.tokens, tr.cache_hits
+            q_rows = None if sampler.greedy else self._omni_rows(tr, rows)
+            confidence = merged_confidence(tr, conf)
+        self.stats.proposed += len(tokens)
+        self.stats.from_cache += from_cache
+        return Draft(tokens, q_rows, self.name, confidence)
+
+    def _propose_text(self, context: Sequence[int], synced: _Synced, max_tokens: int, budget: int,
+                      sampler: Sampler) -> Draft:
+        """Draft greedily until the re-tokenized text yields ``max_tokens`` stable target
+        tokens (or ``budget`` drafter tokens, the drafter's end of text, or SpecDec++'s
+        stop). Greedy drafting makes the proposal a function of the context: one-hot q."""
+        assert self.text is not None
+        history = list(synced.draft_ids)
+        logits = prefill(self.drafter, history)
+        self.calls += 1
+        held, drafted, conf, ends = synced.held, [], [], []
+        text, prop, survive, final = b"", TextProposal(), 1.0, False
+        for j in range(budget):
+            d = int(np.argmax(sampler.penalized(logits, history)))
+            drafted.append(d)
+            history.append(d)
+            conf.append(token_probability(logits, d))
+            survive *= conf[-1]
+            text += self.pair.draft_pieces[d]
+            ends.append(len(text) - len(held))
+            if d in self._eog:
+                final = True
+            elif not (text.startswith(held) if len(text) >= len(held) else held.startswith(text)):
+                break  # the drafter does not even agree with the committed text
+            elif len(text) > len(held):
+                prop = self.text.propose(context, text[len(held):])
+                if len(prop.tokens) >= max_tokens:
+                    break
+            if final or (self.stop_threshold is not None and 1.0 - survive > self.stop_threshold):
+                break
+            if j + 1 < budget:
+                logits = self.drafter.evaluate([d])[-1]
+                self.calls += 1
+        if final and text.startswith(held):
+            prop = self.text.propose(context, text[len(held):], final=True)
+        tokens = prop.tokens[:max_tokens]
+        if final and prop.held_back == 0 and len(tokens) < max_tokens and self.pair.direct[drafted[-1]] != UNMAPPED:
+            tokens.append(int(self.pair.direct[drafted[-1]]))
+            prop.ends.append(ends[-1])
+        self.last_drafted = text[len(held) :] if text.startswith(held) else b""
+        self.stats.drafted += len(drafted)
+        self.stats.anchored += prop.anchored
+        if not tokens and drafted and not held:
+            return self._fallback(drafted, conf, max_tokens)
+        self.stats.proposed += len(tokens)
+        return Draft(tokens, None, self.name, text_confidence(prop.ends[: len(tokens)], ends, conf))
+
+    def _fallback(self, drafted: list[int], conf: list[float], max_tokens: int) -> Draft:
+        """Token-level (OmniDraft) translation of a greedy draft: deterministic, one-hot q."""
+        tr = translate(drafted, conf, self.pair.direct, self.cache.longest_match, max_tokens)
+        self.stats.fallbacks += bool(tr.tokens)
+        self.stats.proposed += len(tr.tokens)
+        self.stats.from_cache += tr.cache_hits
+        return Draft(tr.tokens, None, self.name, merged_confidence(tr, conf))
+
+    def _may_translate(self, drafted: list[int]) -> bool:
+        """Cheap early stop: the newest drafter token is neither mapped nor continuing a
+        cache path that could cover it, so translation would stop before it anyway."""
+        d = drafted[-1]
+        if self.pair.direct[d] != UNMAPPED or not len(self.cache):
+            return self.pair.direct[d] != UNMAPPED
+        tail = drafted[-self.cache.max_draft_len :]
+        return any(self.cache.has_path(tail[i:]) for i in range(len(tail)))
+
+    def _scatter(self, q: np.ndarray) -> np.ndarray:
+        return scatter_to_target(q, self.pair.direct, self.n_target)
+
+    def _omni_rows(self, tr: Translation, rows: list[np.ndarray]) -> np.ndarray:
+        """Proposal rows for sampled OmniDraft: the drafter's distribution at that
+        position moved onto the target vocabulary, with the proposed token carrying the
+        product probability of the drafter tokens it merges (near-lossless, see module)."""
+        out = np.zeros((len(tr.tokens), self.n_target), dtype=np.float64)
+        for i, (t, pos, qt) in enumerate(zip(tr.tokens, tr.draft_pos, tr.q_tokens, strict=True)):
+            if i > 0 and tr.draft_pos[i - 1] == pos:
+                out[i, t] = 1.0  # implied by the previous token of the same cache entry
+                continue
+            out[i] = self._scatter(rows[pos])
+            out[i, t] = max(out[i, t], qt)
+        return out
+
+    # -- learning -----------------------------------------------------------------------
+    def commit(self, context: Sequence[int], n_accepted: int) -> None:
+        """Learning re-encodes the committed text with the drafter's tokenizer: it is
+        deferred to the next proposal (or :meth:`close`) and done then in one pass, so a
+        drafter the policy has switched off costs nothing per round."""
+        self.stats.accepted += n_accepted
+        if self.config.learn and self.config.mode != "tli":
+            self._unlearnt = list(context)
+
+    def _learn_pending(self) -> None:
+        if self._unlearnt is not None:
+            context, self._unlearnt = self._unlearnt, None
+            self.learn(context)
+
+    def learn(self, context: Sequence[int]) -> int:
+        """Add cache entries from the committed text (every aligned drafter/target span
+        and every target token the drafter spells with several tokens); returns how many
+        were new. Learns each part of a growing context once."""
+        context = list(context)
+        n_seen = len(self._learnt_ctx)
+        if context[:n_seen] != self._learnt_ctx:
+            self._learnt_byte = 0
+        synced = self._sync(context)
+        if synced is None or len(context) < 2:
+            return 0
+        tp = [self.pair.target_pieces[t] for t in context]
+        t_ends = byte_offsets(tp)
+        d_ends = [e - synced.offset for e in byte_offsets([self.pair.draft_pieces[d] for d in synced.draft_ids])]
+        stop = t_ends[-2]  # the drafter's encoding of the last token may still change
+        new = 0
+        for (d0, d1), (t0, t1) in aligned_spans(d_ends, t_ends, self._learnt_byte, stop):
+            dseq, tseq = synced.draft_ids[d0:d1], context[t0:t1]
+            if not dseq or not tseq or any(not self.pair.draft_pieces[d] for d in dseq):
+                continue
+            if any(not tp[t] for t in range(t0, t1)):
+                continue
+            if len(dseq) == 1 and len(tseq) == 1 and self.pair.direct[dseq[0]] == tseq[0]:
+                continue
+            new += self.cache.add(dseq, tseq)
+        first = next((i for i, e in enumerate(t_ends) if e > self._learnt_byte), len(context))
+        for i in range(first, len(context) - 1):
+            new += self._learn_token(context[i])
+        self._learnt_ctx, self._learnt_byte = context[:-1], max(self._learnt_byte, stop)
+        self.stats.learnt += new
+        self._dirty |= new > 0
+        return new
+
+    def _learn_token(self, t: int) -> int:
+        """OmniDraft's rule: a target token whose text the drafter spells with several
+        tokens adds that spelling (only when it decodes back to exactly the same bytes)."""
+        piece = self.pair.target_pieces[t]
+        if not piece or complete_utf8_prefix(piece) != len(piece):
+            return 0
+        s = piece.decode("utf-8")
+        if encodable_prefix(s, self._draft_units) != len(s):
+            return 0
+        if self.pair.draft_space_prefix:
+            if not s.startswith(" "):
+                return 0
+            s = s[1:]
+        ids = self.drafter.tokenize(s, add_bos=False) if s else []
+        if len(ids) < 2 or self.pair.draft_text(ids) != piece:
+            return 0
+        return int(self.cache.add(ids, [t]))
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def telemetry(self) -> dict[str, float]:
+        return self.stats.as_dict(len(self.cache))
+
+    def save(self) -> None:
+        if self.config.persist and self._dirty:
+            self.cache.save(self.cache_path)
+            self._dirty = False
+
+    def close(self) -> None:
+        try:
+            self._learn_pending()
+            self.save()
+        finally:
+            if self.owns_backend:
+                self.drafter.close()
+

@@ -1,0 +1,88 @@
+"""Drafter and target on different devices (or CPU-thread groups), working at once.
+
+Dovetail (algorithms.md §2) puts the drafter on one device and the target on another.
+Here the two overlap through **pre-drafting** (PEARL's post-verify idea): while the
+target verifies round r's draft ``d1..dk``, a background thread already drafts round
+r+1 assuming every draft is accepted — it proposes ``b, e1..ek`` after ``context + d``,
+where ``b`` is its guess of the target's bonus token. If the target accepts all k and
+emits ``b``, round r+1 starts with ``e1..ek`` ready and no drafting time; otherwise the
+pre-draft is dropped (the drafter's cache rolls back by common prefix, as it always
+does). The target verifies every draft, so the output is exactly the target's.
+
+llama.cpp's ``llama_decode`` runs without the GIL (ctypes releases it), so the two
+threads really run in parallel. On a CPU-only machine the "devices" are thread groups:
+``target_threads + draft_threads`` cores. Which placement to use is chosen from measured
+costs by :mod:`tandem.runtime.planning.placement`.
+
+:class:`WindowedDrafter` implements the planner's drafter context cap: the drafter
+sees BOS plus a window of recent tokens that moves in half-window jumps, so its cache
+is rebuilt once per half window instead of the drafter stopping when its context fills.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tandem.kernels.sampling import Sampler
+from tandem.runtime.backends.protocol import Backend
+from tandem.runtime.speculative.drafters.base import Draft, Drafter
+from tandem.runtime.speculative.loop import speculative
+from tandem.runtime.speculative.policy import FixedLength
+
+
+class WindowedDrafter:
+    """Wrap a drafter so it only ever sees ``[BOS] + context[start:]`` (at most ``window``
+    tokens); ``start`` advances by half a window when the context outgrows it."""
+
+    def __init__(self, inner: Drafter, window: int, keep_first: int = 1) -> None:
+        if window < 8:
+            raise ValueError("a draft window needs at least 8 tokens")
+        self.inner, self.window, self.keep_first = inner, window, keep_first
+        self.name = f"{inner.name}@{window}"
+        self._start = keep_first
+
+    def _view(self, context: Sequence[int], room: int) -> list[int]:
+        limit = self.window - room
+        while len(context) - self._start + self.keep_first > limit:
+            self._start += max(1, self.window // 2)
+        if self._start > len(context):  # a new, shorter conversation
+            self._start = self.keep_first
+        return list(context[: self.keep_first]) + list(context[self._start:])
+
+    def propose(self, context: Sequence[int], max_tokens: int, sampler: Sampler) -> Draft:
+        if len(context) + max_tokens + 1 <= self.window:
+            self._start = self.keep_first
+        return self.inner.propose(self._view(context, max_tokens + 1), max_tokens, sampler)
+
+    def commit(self, context: Sequence[int], n_accepted: int) -> None:
+        self.inner.commit(self._view(context, 1), n_accepted)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    # Knobs and counters the speculative loop and the adaptive policy read or set on
+    # model drafters pass through to the wrapped one.
+    budget = property(lambda self: getattr(self.inner, "budget", None),
+                      lambda self, v: setattr(self.inner, "budget", v))
+    stop_threshold = property(lambda self: getattr(self.inner, "stop_threshold", None),
+                              lambda self, v: setattr(self.inner, "stop_threshold", v))
+    calls = property(lambda self: getattr(self.inner, "calls", 0))
+
+
+def set_threads(backend: Backend, n: int) -> None:
+    """Change a llama.cpp backend's thread count in place (no reload)."""
+    ctx = getattr(backend, "_ctx", None)
+    if ctx is not None and n > 0:
+        import llama_cpp
+
+        llama_cpp.llama_set_n_threads(ctx, n, n)
+
+
+def split_speculative(drafter: Drafter, k: int, *, predraft: bool = True):
+    """The speculative strategy with fixed draft length ``k`` and, when ``predraft``, the
+    next round drafted in a background thread during verification (the device split).
+
+    Stats: ``extra['predraft_hits']`` / ``['predraft_misses']`` count rounds that started
+    with a ready draft or dropped one.
+    """
+    return speculative(drafter, FixedLength(k), predraft=predraft)

@@ -1,0 +1,184 @@
+"""Server: logprobs on chat and completions (the target's, with drafting on), the JSON-lines
+request log, and /v1/models listing the store. A real uvicorn server, the `openai` client."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from live_server import running, sse_events
+
+from tandem.runtime.logprobs import log_softmax
+
+PROMPT = "Once upon a time"
+
+
+@pytest.fixture(scope="module")
+def served(stories260k: Path, tmp_path_factory: pytest.TempPathFactory):
+    from tandem.app.server.app import ServerConfig, create_app
+    from tandem.app.server.models import make_slot
+    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+
+    log = tmp_path_factory.mktemp("server") / "logs" / "requests.jsonl"
+    target = LlamaCppBackend(stories260k, LlamaConfig(n_ctx=256, n_threads=1))
+    slot = make_slot(target, name="stories")  # speculative decoding on (model-free drafting)
+    app = create_app([slot], ServerConfig(request_log=log))
+    with running(app, start_timeout=20) as url:
+        yield url, slot, log
+    target.close()
+
+
+def _reference(slot, text: str, n: int) -> tuple[list[int], np.ndarray]:
+    """Plain evaluation: the target's log-softmax at each generated position."""
+    with slot.engine.lock:
+        prompt = slot.target.tokenize(PROMPT, add_bos=True)
+        ids = slot.target.tokenize(PROMPT + text, add_bos=True)[len(prompt):]
+        slot.target.truncate(0)
+        rows = slot.target.evaluate(prompt + ids[:-1], logits_for=range(len(prompt) - 1, len(prompt) + len(ids) - 1))
+        slot.target.truncate(0)
+    return ids, log_softmax(rows)
+
+
+def test_completion_logprobs_with_the_openai_client(served) -> None:
+    from openai import OpenAI
+
+    url, slot, _ = served
+    client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    r = client.completions.create(model="stories", prompt=PROMPT, max_tokens=12, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert len(lp.token_logprobs) == len(lp.tokens) == len(lp.top_logprobs) == 12
+    assert lp.text_offset[0] == 0 and lp.text_offset[1] == len(lp.tokens[0])
+    ids, ref = _reference(slot, r.choices[0].text, 12)
+    for i, value in enumerate(lp.token_logprobs):
+        assert value == pytest.approx(ref[i, ids[i]], abs=1e-3)
+        assert len(lp.top_logprobs[i]) == 3 and max(lp.top_logprobs[i].values()) == pytest.approx(value, abs=1e-6)
+
+
+def test_chat_logprobs_streamed_and_whole_agree(served) -> None:
+    from openai import OpenAI
+
+    url, _, _ = served
+    client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": PROMPT}]
+    whole = client.chat.completions.create(model="stories", messages=messages, max_tokens=10, temperature=0,
+                                           logprobs=True, top_logprobs=2)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == 10 and "".join(c.token for c in content) == whole.choices[0].message.content
+    assert all(len(c.top_logprobs) == 2 and c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob for c in content)
+    assert all(c.logprob <= 0 and bytes(c.bytes).decode() == c.token for c in content)
+    streamed = []
+    for chunk in client.chat.completions.create(model="stories", messages=messages, max_tokens=10, temperature=0,
+                                                logprobs=True, top_logprobs=2, stream=True):
+        if chunk.choices and chunk.choices[0].logprobs:
+            streamed += chunk.choices[0].logprobs.content
+    assert [c.token for c in streamed] == [c.token for c in content]
+    assert [c.logprob for c in streamed] == pytest.approx([c.logprob for c in content], abs=1e-4)
+
+
+def test_no_logprobs_unless_asked_and_bad_values_rejected(served) -> None:
+    url, _, _ = served
+    body = {"model": "stories", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 3}
+    r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200 and r.json()["choices"][0].get("logprobs") is None
+    for bad in ({"logprobs": "yes"}, {"top_logprobs": 3}, {"logprobs": True, "top_logprobs": 21},
+                {"logprobs": True, "n": 2}):
+        r = httpx.post(f"{url}/v1/chat/completions", json={**body, **bad}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] in ("logprobs", "top_logprobs"), (bad, r.text)
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": PROMPT, "logprobs": 6}, timeout=60)
+    assert r.status_code == 400
+
+
+def test_every_request_is_one_log_line(served) -> None:
+    url, _, log = served
+    before = log.read_text().splitlines() if log.exists() else []
+    httpx.post(f"{url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 5, "temperature": 0}, timeout=60)
+    with httpx.stream("POST", f"{url}/v1/completions", timeout=60,
+                      json={"prompt": PROMPT, "max_tokens": 4, "temperature": 0, "stream": True}) as r:
+        assert sse_events(r.iter_lines())[-1] == "[DONE]"
+    httpx.post(f"{url}/v1/completions", json={"prompt": PROMPT, "max_tokens": "x"}, timeout=60)
+    httpx.post(f"{url}/infill", json={"input_prefix": "Once upon", "input_suffix": "", "n_predict": 3}, timeout=60)
+    deadline = time.monotonic() + 10
+    while len(log.read_text().splitlines()) < len(before) + 4:  # the stream's line lands as it closes
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+    whole, stream, bad, infill = [json.loads(line) for line in log.read_text().splitlines()[len(before):]]
+    assert infill["route"] == "/infill" and infill["model"] == "stories" and infill["status"] == 200
+    assert whole["route"] == "/v1/completions" and whole["status"] == 200 and whole["model"] == "stories"
+    assert whole["completion_tokens"] == 5 and whole["prompt_tokens"] > 0 and whole["ttft_ms"] >= 0
+    assert "tokens_per_call" in whole and "acceptance_rate" in whole and not whole["stream"]
+    assert stream["stream"] and stream["completion_tokens"] == 4 and stream["status"] == 200
+    assert bad["status"] == 400 and "completion_tokens" not in bad
+    assert PROMPT not in log.read_text()  # counts and timings, never the text
+
+
+def test_models_lists_the_store_with_context_and_memory(served, stories260k: Path) -> None:
+    from tandem.models.paths import models_dir
+
+    url, _, _ = served
+    shutil.copy(stories260k, models_dir() / "spare.gguf")
+    data = httpx.get(f"{url}/v1/models", timeout=60).json()["data"]
+    assert [m["id"] for m in data] == ["stories", "spare"]
+    served_meta, spare = data[0]["meta"], data[1]["meta"]
+    assert served_meta["served"] and served_meta["n_ctx"] == 256
+    assert not spare["served"] and spare["context_length"] == 2048 and spare["architecture"] == "llama"
+    plan = spare["memory_plan"]
+    assert plan["n_ctx"] == 2048 and plan["kv_cache_bytes"] > 0
+    assert plan["total_bytes"] == plan["weights_bytes"] + plan["kv_cache_bytes"]
+    assert spare["planner"]["status"] in ("pending", "ready")  # the planner runs in the background
+    deadline = time.monotonic() + 120
+    while spare["planner"]["status"] == "pending":
+        assert time.monotonic() < deadline, "the planner's plan never arrived"
+        time.sleep(0.1)
+        spare = httpx.get(f"{url}/v1/models", timeout=60).json()["data"][1]["meta"]
+    planner = spare["planner"]
+    assert planner["status"] == "ready" and planner["fits"] is True and planner["n_ctx"] > 0
+    assert planner["host_bytes"] > plan["weights_bytes"]
+
+
+def test_plan_cache_makes_each_file_version_once(tmp_path: Path) -> None:
+    from tandem.app.server.catalog import PENDING, PlanCache
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x")
+    calls: list[Path] = []
+    cache = PlanCache(make=lambda p: calls.append(p) or {"status": "ready"})
+    try:
+        first = cache.get(model)
+        deadline = time.monotonic() + 10
+        while cache.get(model) == PENDING:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert first in (PENDING, {"status": "ready"}) and cache.get(model) == {"status": "ready"}
+        assert calls == [model]
+        model.write_bytes(b"xy")  # a new version of the file: planned again
+        while cache.get(model) == PENDING or len(calls) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert len(calls) == 2
+    finally:
+        cache.close()
+
+
+@pytest.mark.parametrize("flag,expected", [([], "default"), (["--request-log", "off"], None),
+                                           (["--request-log", "REQ"], "given")])
+def test_serve_request_log_flag(stories260k: Path, tmp_path: Path, flag: list[str], expected: str | None) -> None:
+    from tandem.app.cli import build_parser
+    from tandem.app.commands.serve import open_server
+    from tandem.models.paths import data_dir
+
+    flag = [str(tmp_path / "r.jsonl") if f == "REQ" else f for f in flag]
+    args = build_parser().parse_args(["serve", "-m", str(stories260k), "--no-spec", "--ctx", "128",
+                                      "--threads", "1", *flag])
+    slot, app = open_server(args)
+    try:
+        path = app.state.server.config.request_log
+        want = {"default": data_dir() / "logs" / "requests.jsonl", None: None, "given": tmp_path / "r.jsonl"}
+        assert path == want[expected]
+    finally:
+        slot.close()

@@ -1,0 +1,50 @@
+"""`tandem run` prints a llama.cpp-style summary on stderr (unless --quiet or --json)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tandem.app.commands.run import run_summary
+from tandem.runtime.generate import GenerationStats
+
+
+def _stats(**changes) -> GenerationStats:
+    base = dict(prompt_tokens=5, generated_tokens=1, ttft_s=0.05, total_s=0.05, tokens_per_s=0.0, target_calls=1,
+                tokens_per_call=1.0, drafted_tokens=0, accepted_tokens=0, acceptance_rate=None,
+                finish_reason="length", memory_bytes=0)
+    return GenerationStats(**{**base, **changes})
+
+
+def test_summary_lines() -> None:
+    (one,) = run_summary(_stats(), {"drafter": None})
+    assert "generated 1" in one and "tok/s" not in one
+    lines = run_summary(_stats(generated_tokens=40, tokens_per_s=31.5, target_calls=16, tokens_per_call=2.5,
+                               drafted_tokens=30, accepted_tokens=24, acceptance_rate=0.8), {"drafter": "suffix"})
+    assert "31.5 tok/s" in lines[0]
+    assert "24/30 drafted tokens accepted (80.0 %)" in lines[1] and "2.50 tokens per target call" in lines[1]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "tandem.app.cli", "run", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def test_run_prints_a_summary_on_stderr_unless_quiet_or_json(stories260k: Path) -> None:
+    base = ["-m", str(stories260k), "-p", "Once upon a time", "-n", "12", "--threads", "1",
+            "--draft-mode", "ngram", "--draft-len", "3"]
+    r = _cli(*base)
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("tandem: ")]
+    assert "generated 12" in lines[0] and "tok/s decode" in lines[0]
+    assert "tokens per target call" in lines[1] and "drafter" in lines[1]
+    assert "tandem:" not in r.stdout
+    quiet = _cli(*base, "--quiet")
+    assert quiet.returncode == 0 and "tandem: " not in quiet.stderr and quiet.stdout == r.stdout
+    as_json = _cli(*base, "--json")
+    assert as_json.returncode == 0 and "tandem: " not in as_json.stderr
+    assert json.loads(as_json.stdout)["stats"]["generated_tokens"] == 12

@@ -1,0 +1,233 @@
+"""Adaptive speculation: the c(k) cache and the length policy (synthetic inputs, no timing
+assertions)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from toy_models import ToyBackend, random_table
+
+from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.speculative.policy import (
+    AdaptiveConfig,
+    AdaptivePolicy,
+    CostCurve,
+    FixedLength,
+    OnlineCost,
+    load_cost_curve,
+    measure_cost_curve,
+)
+
+CPU = CostCurve((1.0, 1.7, 1.9, 2.1, 2.4, 2.55, 2.7, 2.85, 3.0), 0.1)
+
+
+def feed(policy: AdaptivePolicy, accept_prob: float, rounds: int, seed: int = 0) -> list[int]:
+    """Simulate rounds where each drafted token is accepted with ``accept_prob``."""
+    rng = np.random.default_rng(seed)
+    lengths = []
+    for _ in range(rounds):
+        k = policy.next_length()
+        lengths.append(k)
+        if k == 0:
+            continue
+        accepted = 0
+        while accepted < k and rng.random() < accept_prob:
+            accepted += 1
+        policy.observe(k, accepted, draft_s=0.0, verify_s=policy.cost(k) * 0.1, round_s=policy.cost(k) * 0.1)
+    return lengths
+
+
+def test_policy_turns_off_at_zero_acceptance_and_probes() -> None:
+    policy = AdaptivePolicy(CPU, AdaptiveConfig(max_len=8, probe_every=8, probe_max=64))
+    lengths = feed(policy, 0.0, 400)
+    tail = lengths[100:]
+    assert sum(k > 0 for k in tail) <= 10  # probes only, with back-off
+    assert any(k > 0 for k in tail)  # ... but it does probe again
+    assert policy.best_length() == 0
+
+
+def test_policy_speculates_when_acceptance_is_high() -> None:
+    policy = AdaptivePolicy(CPU, AdaptiveConfig(max_len=8))
+    lengths = feed(policy, 0.97, 300)
+    assert np.median(lengths[50:]) >= 4
+    assert policy.predicted_speedup(policy.best_length()) > 1.5
+
+
+def test_policy_length_grows_with_acceptance_and_shrinks_with_cost() -> None:
+    def settle(curve: CostCurve, p: float) -> int:
+        policy = AdaptivePolicy(curve, AdaptiveConfig(max_len=8))
+        feed(policy, p, 300)
+        return policy.best_length()
+
+    assert settle(CPU, 0.7) <= settle(CPU, 0.95)
+    gpu = CostCurve.linear(0.02)
+    assert settle(gpu, 0.7) >= settle(CPU, 0.7)
+    assert settle(CostCurve.linear(1.0), 0.9) == 0  # verify as dear as decoding: never pays
+
+
+def test_drafter_cost_counts() -> None:
+    cheap = AdaptivePolicy(CostCurve.linear(0.05), AdaptiveConfig(max_len=8))
+    dear = AdaptivePolicy(CostCurve.linear(0.05), AdaptiveConfig(max_len=8), draft_cost=0.5)
+    for p in (cheap, dear):
+        p.reached[:] = 100
+        p.accepted[:] = 80
+    assert dear.best_length() < cheap.best_length()
+
+
+def test_expected_tokens_formula() -> None:
+    policy = AdaptivePolicy(CPU, AdaptiveConfig(max_len=4, prior_weight=1e-9))
+    policy.reached[:] = 1000
+    policy.accepted[:] = 500
+    alpha = 0.5
+    for k in range(5):  # geometric case: (1 - a^(k+1)) / (1 - a)
+        assert abs(policy.expected_tokens(k) - (1 - alpha ** (k + 1)) / (1 - alpha)) < 1e-6
+
+
+def test_cost_curve_measured_once_and_cached(stories260k: Path, monkeypatch) -> None:
+    with LlamaCppBackend(stories260k, LlamaConfig(n_ctx=256, n_threads=1)) as backend:
+        backend.evaluate([1, 2, 3])
+        curve = load_cost_curve(backend, k_max=4)
+        assert backend.tokens == [1, 2, 3]  # the measurement left the cache as it was
+        assert curve.c[0] == 1.0 and len(curve.c) == 5
+        assert all(b >= a for a, b in zip(curve.c, curve.c[1:], strict=False))
+
+        import tandem.runtime.speculative.policy as adaptive
+
+        def fail(*a, **k):
+            raise AssertionError("measured again")
+
+        monkeypatch.setattr(adaptive, "measure_cost_curve", fail)
+        assert load_cost_curve(backend, k_max=4) == curve
+    from tandem.models.paths import cache_dir
+
+    table = json.loads((cache_dir() / "verify_cost.json").read_text())
+    assert len(table) == 1 and next(iter(table.values()))["c"] == list(curve.c)
+
+
+def test_measure_on_toy_backend_restores_cache() -> None:
+    toy = ToyBackend(random_table(5, np.random.default_rng(0)))
+    toy.evaluate([1, 2])
+    curve = measure_cost_curve(toy, k_max=3, reps=1, context=8)
+    assert toy.tokens == [1, 2] and len(curve.c) == 4
+
+
+def test_trim_gates_cheap_drafts_by_confidence_and_calibrates() -> None:
+    policy = AdaptivePolicy(CPU, AdaptiveConfig(max_len=8, probe_every=1000), cheap_drafter=True)
+    assert policy.next_length() == policy.config.free_max_len  # asking a model-free drafter is free
+    assert policy.trim([0.99] * 6, 6) >= 3  # a confident long match is worth verifying
+    assert policy.trim([0.2, 0.2], 2) == 0  # a weak one is not: plain round
+    # Confident drafts that keep failing: calibration drops and gating follows.
+    for _ in range(60):
+        n = policy.trim([0.95] * 4, 4)
+        policy.observe(n, 0, 0.0, 0.1 * CPU(n), 0.1 * CPU(n)) if n else None
+    assert policy.calibration() < 0.6  # from 1.0, until gating stops verifying them
+    assert policy.trim([0.95] * 4, 4) == 0
+    assert FixedLength(3).trim([0.0, 0.0], 2) == 2  # fixed policies verify everything
+
+
+def test_mixed_chain_keeps_model_free_out_of_model_stats() -> None:
+    policy = AdaptivePolicy(CPU, AdaptiveConfig(max_len=8, probe_every=1000), cheap_sources=frozenset({"suffix"}))
+    for _ in range(40):  # the model drafter keeps failing: its budget goes to 0
+        assert policy.next_length() == policy.config.free_max_len  # model-free drafters are still asked
+        k = policy.model_budget
+        if k:
+            policy.observe(k, 0, 0.0, 0.1 * CPU(k), 0.1 * CPU(k), source="model:x")
+    assert policy.model_budget == 0
+    before = policy.acceptance().copy()
+    n = policy.trim([0.99] * 8, 8, source="suffix")  # a confident suffix draft still goes through
+    assert n >= 4
+    policy.observe(n, n, 0.0, 0.1 * CPU(n), 0.1 * CPU(n), source="suffix")
+    assert np.array_equal(policy.acceptance(), before)  # and does not touch the model's estimate
+
+
+def test_untimed_round_teaches_acceptance_but_not_cost() -> None:
+    """The first drafting round pays the drafter's catch-up on the whole prompt (and a GPU's
+    first launches): one such outlier must not switch speculation off for good."""
+    policy = AdaptivePolicy(CostCurve.linear(0.05, t1_s=0.01), AdaptiveConfig(max_len=8), draft_cost=0.1)
+    before = policy.acceptance().copy()
+    policy.observe(4, 4, draft_s=0.5, verify_s=0.012, round_s=0.52, timed=False)
+    assert policy.draft_cost == 0.1 and policy.overhead == 0.0
+    assert policy.acceptance()[0] > before[0]
+    assert policy.next_length() > 0
+    policy.observe(4, 4, draft_s=0.5, verify_s=0.012, round_s=0.52)  # the same round, timed
+    assert policy.draft_cost > 1.0
+
+
+def test_predraft_only_where_the_acceptance_outlook_allows() -> None:
+    """Drafting faster than verifying: pre-drafting is free, always on. Drafting slower:
+    a rejected pre-draft delays the next round, so it needs a likely hit."""
+    cheap = AdaptivePolicy(CostCurve.linear(0.05), AdaptiveConfig(max_len=8), draft_cost=0.05)
+    assert cheap.predraft_pays(4) and not cheap.predraft_pays(0)
+    dear = AdaptivePolicy(CostCurve.linear(0.05), AdaptiveConfig(max_len=8), draft_cost=0.6)
+    dear.reached[:] = 100
+    dear.accepted[:] = 98
+    assert dear.predraft_pays(4)
+    dear.accepted[:] = 30
+    assert not dear.predraft_pays(4)
+    assert FixedLength(4).predraft_pays(4)
+
+
+def test_online_cost_learns_the_run_s_own_verify_times() -> None:
+    """A stale prior (here: verification as dear as decoding) corrects itself from the
+    calls the run makes; until then the prior answers, so nothing is measured up front."""
+    cost = OnlineCost(CostCurve.linear(1.0, t1_s=0.02))
+    assert cost(3) == 4.0 and not cost.learnt
+    for _ in range(5):
+        cost.observe(0, 0.010)
+        cost.observe(3, 0.015)
+    assert cost.learnt
+    assert abs(cost.t1_s - 0.010) < 1e-9
+    assert abs(cost(3) - 1.5) < 1e-6
+    assert cost(5) == pytest.approx(1 + 5 / 6)  # never seen: the prior, scaled as far off as seen (1/6)
+    assert cost.curve().c[3] == pytest.approx(1.5)
+
+
+def test_chunked_verification_costs_the_chunks_it_reaches() -> None:
+    """With exact_batch 7 a 20-token draft is verified in chunks; greedy stops after the
+    chunk with the first rejection, so a long draft that fails early costs one chunk."""
+    cost = OnlineCost(CostCurve.linear(0.2), chunk=7)
+    assert cost(20) == pytest.approx(3 * cost(6))  # 21 tokens: three calls of 7
+    sure = np.ones(20)
+    early = np.r_[np.zeros(1), np.ones(19)]
+    assert cost.expected_verify(20, sure) == pytest.approx(cost(20))
+    assert cost.expected_verify(20, early) == pytest.approx(cost(6))
+
+
+def test_a_free_draft_competes_with_the_model_drafter() -> None:
+    """Next to a good, cheap model drafter a weak suffix draft is passed over (the model
+    drafts instead); next to a failing one the same draft is verified, priced without
+    the model's drafting cost."""
+    good = AdaptivePolicy(CostCurve.linear(0.1), AdaptiveConfig(max_len=8), draft_cost=0.05,
+                          cheap_sources=frozenset({"suffix"}))
+    good.reached[:] = 100
+    good.accepted[:] = 95
+    good.next_length()
+    assert good.model_budget and good.model_budget > 0
+    assert good.trim([0.6, 0.5], 2, source="suffix") == 0
+    bad = AdaptivePolicy(CostCurve.linear(0.1), AdaptiveConfig(max_len=8, probe_every=1000), draft_cost=2.0,
+                         cheap_sources=frozenset({"suffix"}))
+    bad.reached[:] = 100
+    bad.accepted[:] = 5
+    bad.next_length()
+    assert bad.model_budget == 0
+    assert bad.trim([0.6, 0.5], 2, source="suffix") > 0
+
+
+def test_plain_rounds_measure_t1_before_and_between_speculation() -> None:
+    """Inferred from the prior, t1 would make every learnt c(k) equal the prior's: the
+    policy asks for plain rounds until it has measured one-token calls, and again after
+    ``t1_refresh`` speculative calls."""
+    policy = AdaptivePolicy(OnlineCost(CostCurve.linear(0.1), t1_refresh=4), AdaptiveConfig(max_len=8),
+                            cheap_drafter=True)
+    assert policy.next_length() == 0
+    policy.observe(0, 0, 0.0, 0.010, 0.010)
+    assert policy.next_length() == 0
+    policy.observe(0, 0, 0.0, 0.010, 0.010)
+    assert policy.next_length() > 0
+    for _ in range(4):
+        policy.observe(3, 3, 0.0, 0.030, 0.030)
+    assert policy.next_length() == 0
+    assert policy.cost(3) == pytest.approx(3.0)  # learnt against the measured t1, not the prior's 1.3

@@ -1,0 +1,52 @@
+"""`tandem distill` on a tiny budget: the drafter loads, shares the target's vocabulary,
+and drafts better than the same architecture untrained."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tandem.app.cli import main
+from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.generate import DoneEvent, generate
+from tandem.runtime.speculative.drafters.distill import DistillConfig, distill
+from tandem.runtime.speculative.drafters.model import ModelDrafter, same_vocabulary
+from tandem.runtime.speculative.loop import speculative
+from tandem.runtime.speculative.policy import FixedLength
+
+TINY = dict(stories=24, story_tokens=64, dim=32, layers=1, heads=2, ffn=64, batch=8, seq_len=64, seconds=180.0)
+"""``seconds`` only caps a slow machine: 150 steps take a few seconds on an idle one, and a
+budget that a loaded box runs out of trains a drafter too little to beat an untrained one."""
+
+
+def _acceptance(target: LlamaCppBackend, drafter_path: Path) -> float:
+    with LlamaCppBackend(drafter_path, LlamaConfig(n_ctx=512, n_threads=1)) as backend:
+        assert same_vocabulary(target, backend)
+        drafter = ModelDrafter(backend, owns_backend=False)
+        drafted = accepted = 0
+        for text in ["Once upon a time", "One day, a little", "Tom and Sue"]:
+            prompt = target.tokenize(text, add_bos=True)
+            done = [e for e in generate(target, prompt, Sampler(SamplingParams.greedy_params()),
+                                        strategy=speculative(drafter, FixedLength(3)), max_tokens=48)
+                    if isinstance(e, DoneEvent)][0]
+            drafted += done.stats.drafted_tokens
+            accepted += done.stats.accepted_tokens
+        return accepted / drafted
+
+
+def test_distilled_drafter_beats_untrained(stories260k: Path, tmp_path: Path) -> None:
+    trained = distill(stories260k, tmp_path / "trained.gguf", DistillConfig(steps=150, lr=1e-2, **TINY))
+    untrained = distill(stories260k, tmp_path / "untrained.gguf", DistillConfig(steps=0, **TINY))
+    assert trained.loss_last < trained.loss_first
+    with LlamaCppBackend(stories260k, LlamaConfig(n_ctx=512, n_threads=1)) as target:
+        a_trained, a_untrained = _acceptance(target, trained.out), _acceptance(target, untrained.out)
+    assert a_trained > a_untrained + 0.05, (a_trained, a_untrained)
+
+
+def test_cli_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["distill", str(tmp_path / "missing.gguf"), "-o", str(tmp_path / "x.gguf")]) != 0
+    assert main(["distill", str(tmp_path / "missing.gguf"), "-o", str(tmp_path / "x.gguf"), "--dim", "0"]) != 0
+    err = capsys.readouterr().err
+    assert "error" in err and "Traceback" not in err

@@ -1,0 +1,138 @@
+"""Prompt lookup, the suffix-tree drafter and the chain, on hand-made token sequences.
+
+Expected proposals are derived by brute force over the sequence (a reference matcher
+written independently of the incremental index/trie), not hard-coded.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.runtime.speculative.drafters.base import Draft
+from tandem.runtime.speculative.drafters.chain import ChainDrafter
+from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter
+from tandem.runtime.speculative.drafters.suffix import (
+    GlobalSuffixCache,
+    SuffixDrafter,
+    SuffixParams,
+    SuffixTrie,
+    match_certainty,
+)
+
+GREEDY = Sampler(SamplingParams.greedy_params())
+
+
+def reference_lookup(seq: list[int], k: int, max_n: int, min_n: int) -> list[int]:
+    """Brute force: longest final n-gram with an earlier occurrence; most recent one."""
+    for n in range(min(max_n, len(seq) - 1), min_n - 1, -1):
+        tail = seq[-n:]
+        for start in range(len(seq) - n - 1, -1, -1):
+            if seq[start : start + n] == tail:
+                return seq[start + n : start + n + k]
+    return []
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lookup_matches_brute_force_incrementally(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    seq = [int(t) for t in rng.integers(0, 5, 60)]
+    drafter = PromptLookupDrafter(max_ngram=3, min_ngram=1)
+    for end in range(2, len(seq)):  # grows one token at a time, like commits
+        assert drafter.propose(seq[:end], 4, GREEDY).tokens == reference_lookup(seq[:end], 4, 3, 1)
+
+
+def test_lookup_resets_on_new_conversation() -> None:
+    drafter = PromptLookupDrafter(max_ngram=2, min_ngram=2)
+    assert drafter.propose([1, 2, 3, 1, 2], 3, GREEDY).tokens == [3, 1, 2]
+    assert drafter.propose([7, 8, 9, 7], 3, GREEDY).tokens == []  # 2-gram (9, 7) unseen
+    assert drafter.propose([7, 8, 9, 7, 8], 2, GREEDY).tokens == [9, 7]
+
+
+def substring_counts(seqs: list[list[int]], depth: int) -> dict[tuple[int, ...], int]:
+    counts: dict[tuple[int, ...], int] = {}
+    for s in seqs:
+        for i in range(len(s)):
+            for j in range(i + 1, min(len(s), i + depth) + 1):
+                counts[tuple(s[i:j])] = counts.get(tuple(s[i:j]), 0) + 1
+    return counts
+
+
+def trie_counts(trie: SuffixTrie) -> dict[tuple[int, ...], int]:
+    out: dict[tuple[int, ...], int] = {}
+    stack = [((), trie.root)]
+    while stack:
+        path, node = stack.pop()
+        for t, child in node.children.items():
+            out[path + (t,)] = child.count
+            stack.append((path + (t,), child))
+    return out
+
+
+def test_trie_counts_every_substring_and_evicts_exactly() -> None:
+    rng = np.random.default_rng(1)
+    seqs = [[int(t) for t in rng.integers(0, 4, n)] for n in (30, 17, 25)]
+    trie = SuffixTrie(depth=5)
+    for s in seqs:
+        trie.add(s)
+    assert trie_counts(trie) == substring_counts(seqs, 5)
+    trie.add(seqs[0], delta=-1)
+    assert trie_counts(trie) == substring_counts(seqs[1:], 5)
+
+
+def test_suffix_proposes_most_frequent_continuation() -> None:
+    # "1 2 3 4" seen twice, "1 2 3 9" once: after "... 1 2 3" the drafter proposes 4.
+    context = [1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 1, 2, 3, 9, 6, 1, 2, 3]
+    draft = SuffixDrafter(SuffixParams(min_token_prob=0.1)).propose(context, 4, GREEDY)
+    assert draft.tokens[0] == 4
+    # frequency 2/3, scaled by how much a 3-token match is worth (1 - 0.5^3)
+    assert draft.confidence is not None and draft.confidence[0] == pytest.approx(2 / 3 * match_certainty(3))
+    assert match_certainty(1) == 0.5 and match_certainty(12) > 0.99
+
+
+def test_suffix_respects_spec_factor_and_min_prob() -> None:
+    context = [5, 6, 7, 8, 9, 10, 11, 12, 5]  # match length 1
+    assert SuffixDrafter(SuffixParams(max_spec_factor=1.0)).propose(context, 8, GREEDY).tokens == [6]
+    assert SuffixDrafter(SuffixParams(max_spec_factor=4.0)).propose(context, 8, GREEDY).tokens == [6, 7, 8, 9]
+    branching = [1, 2, 1, 3, 1, 4, 1, 5, 1]  # after 1: 2, 3, 4, 5 each with p = 1/4
+    assert SuffixDrafter(SuffixParams(min_token_prob=0.3)).propose(branching, 4, GREEDY).tokens == []
+
+
+def test_suffix_global_cache_across_requests() -> None:
+    cache = GlobalSuffixCache(SuffixParams(max_cached_requests=2))
+    first = SuffixDrafter(global_cache=cache)
+    story = [10, 11, 12, 13, 14, 15, 16]
+    first.propose(story, 4, GREEDY)
+    first.close()  # the finished request goes to the global trie
+    assert len(cache) == 1
+    second = SuffixDrafter(global_cache=cache)
+    assert second.propose([3, 10, 11, 12], 3, GREEDY).tokens == [13, 14, 15]
+    second.propose([20, 21], 2, GREEDY)
+    second.propose([30, 31], 2, GREEDY)  # a new request: the previous one is stored
+    second.propose([40, 41], 2, GREEDY)
+    assert len(cache) == 2  # FIFO: the first story was evicted
+    assert SuffixDrafter(global_cache=cache).propose([3, 10, 11, 12], 3, GREEDY).tokens == []
+
+
+class Recorder:
+    def __init__(self, name: str, tokens: list[int]) -> None:
+        self.name, self.tokens, self.commits = name, tokens, 0
+
+    def propose(self, context, max_tokens, sampler) -> Draft:
+        return Draft(self.tokens[:max_tokens], None, self.name)
+
+    def commit(self, context, n_accepted) -> None:
+        self.commits += 1
+
+    def close(self) -> None:
+        pass
+
+
+def test_chain_first_nonempty_wins_and_all_see_commits() -> None:
+    empty, a, b = Recorder("empty", []), Recorder("a", [1, 2]), Recorder("b", [3])
+    chain = ChainDrafter([empty, a, b])
+    assert chain.propose([0], 5, GREEDY).source == "a"
+    chain.commit([0, 1], 1)
+    assert (empty.commits, a.commits, b.commits) == (1, 1, 1)
+    assert ChainDrafter([empty, b]).propose([0], 5, GREEDY).tokens == [3]

@@ -1,0 +1,166 @@
+"""Greedy speculative decoding is token-identical to plain decoding on real models, and
+both KV caches hold exactly the committed tokens after every round."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.models.errors import TandemError
+from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.protocol import Backend
+from tandem.runtime.generate import DoneEvent, autoregressive, generate
+from tandem.runtime.speculative.drafters.base import Drafter
+from tandem.runtime.speculative.drafters.chain import ChainDrafter
+from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter
+from tandem.runtime.speculative.drafters.model import ModelDrafter
+from tandem.runtime.speculative.drafters.suffix import GlobalSuffixCache, SuffixDrafter
+from tandem.runtime.speculative.loop import SpecOptions, build_strategy, speculative
+from tandem.runtime.speculative.policy import AdaptiveConfig, AdaptivePolicy, CostCurve, FixedLength
+
+STORY_PROMPTS = [
+    "Once upon a time", "Lily went to the park", "The little dog", "Tom had a big red ball",
+    "One day, a cat", "The sun was shining", "Mom said", "There was a tree",
+    "Sam and Anna", "The bird flew", "A girl named Sue", "The boy was sad because",
+    "In the garden", "The fish swam", "Ben liked to", "It was a rainy day",
+    "The old man", "She found a box", "They played with the", "The car went",
+]
+N_TOKENS = 128
+
+
+def prompts_for(backend: Backend) -> list[list[int]]:
+    """20 story prompts, 2 random-token prompts, 2 repetitive ones (text repeated)."""
+    out = [backend.tokenize(p, add_bos=True) for p in STORY_PROMPTS]
+    rng = np.random.default_rng(0)
+    out += [[int(t) for t in rng.integers(3, backend.n_vocab, 12)] for _ in range(2)]
+    story = "Lily saw a big dog. The dog was happy. Lily saw a big dog. The dog"
+    out += [backend.tokenize(story, add_bos=True), backend.tokenize(story * 2, add_bos=True)]
+    return out
+
+
+def run(target: Backend, prompt: list[int], strategy, **kw) -> DoneEvent:
+    sampler = Sampler(SamplingParams(**kw) if kw else SamplingParams.greedy_params())
+    *_, done = generate(target, prompt, sampler, strategy=strategy, max_tokens=N_TOKENS, stop_at_eog=False)
+    assert isinstance(done, DoneEvent)
+    return done
+
+
+class CacheChecker:
+    """Round hook: target cache == committed minus the last token; drafter cache a prefix."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+
+    def __call__(self, target: Backend, drafter: Drafter, context: list[int]) -> None:
+        self.rounds += 1
+        assert target.tokens == context[:-1]
+        for d in getattr(drafter, "drafters", [drafter]):
+            if isinstance(d, ModelDrafter):
+                cached = d.backend.tokens
+                assert cached == context[: len(cached)]
+
+
+def assert_identical(target: Backend, drafter: Drafter, policy, prompts, **kw) -> dict:
+    checker = CacheChecker()
+    strategy = speculative(drafter, policy, hook=checker)
+    totals = {"drafted": 0, "accepted": 0, "calls": 0, "tokens": 0}
+    for prompt in prompts:
+        plain = run(target, prompt, autoregressive, **kw)
+        spec = run(target, prompt, strategy, **kw)
+        assert spec.tokens == plain.tokens, f"prompt {prompt[:6]}..."
+        assert target.tokens == (prompt + spec.tokens)[: len(target.tokens)]
+        totals["drafted"] += spec.stats.drafted_tokens
+        totals["accepted"] += spec.stats.accepted_tokens
+        totals["calls"] += spec.stats.target_calls
+        totals["tokens"] += spec.stats.generated_tokens
+    assert checker.rounds > 0
+    return totals
+
+
+ONE_THREAD = LlamaConfig(n_ctx=512, n_threads=1)
+"""One thread: on a busy 2-core machine, two spinning threads per call are 100x slower."""
+
+
+@pytest.fixture()
+def stories_target(stories260k):
+    backend = LlamaCppBackend(stories260k, ONE_THREAD)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture()
+def stories_draft(stories260k):
+    backend = LlamaCppBackend(stories260k, ONE_THREAD)
+    yield backend
+    backend.close()
+
+
+def test_greedy_identity_self_drafter(stories_target, stories_draft) -> None:
+    totals = assert_identical(stories_target, ModelDrafter(stories_draft, owns_backend=False),
+                              FixedLength(4), prompts_for(stories_target))
+    assert totals["accepted"] > 0.95 * totals["drafted"]  # same model: near-perfect acceptance
+    assert totals["calls"] < totals["tokens"] / 3
+
+
+@pytest.mark.parametrize("make", [PromptLookupDrafter, lambda: SuffixDrafter(global_cache=GlobalSuffixCache())])
+def test_greedy_identity_model_free(stories_target, make) -> None:
+    totals = assert_identical(stories_target, make(), FixedLength(5), prompts_for(stories_target))
+    assert totals["drafted"] > 0 and totals["calls"] < totals["tokens"]
+
+
+def test_greedy_identity_chain_adaptive_with_penalty(stories_target, stories_draft) -> None:
+    chain = ChainDrafter([SuffixDrafter(), PromptLookupDrafter(), ModelDrafter(stories_draft, owns_backend=False)])
+    policy = AdaptivePolicy(CostCurve.linear(0.3), AdaptiveConfig(max_len=6, stop_threshold=0.5))
+    prompts = prompts_for(stories_target)[::3]
+    assert_identical(stories_target, chain, policy, prompts, temperature=0.0, repetition_penalty=1.3)
+
+
+def test_sampling_mode_runs_and_keeps_caches(stories_target, stories_draft) -> None:
+    checker = CacheChecker()
+    strategy = speculative(ModelDrafter(stories_draft, owns_backend=False), FixedLength(3), hook=checker)
+    done = run(stories_target, prompts_for(stories_target)[0], strategy, temperature=0.8, seed=1)
+    assert done.stats.generated_tokens == N_TOKENS
+    assert 0.5 < done.stats.accepted_tokens / done.stats.drafted_tokens <= 1.0
+
+
+def test_converted_656k_and_twin_oracle(tinystories656k_gguf, small_twin) -> None:
+    """The cost twin computes the 656k model's function: the 656k model is its oracle."""
+    with LlamaCppBackend(small_twin, ONE_THREAD) as target, \
+            LlamaCppBackend(tinystories656k_gguf, ONE_THREAD) as small:
+        prompts = prompts_for(target)[:8]
+        totals = assert_identical(target, ModelDrafter(small, owns_backend=False), FixedLength(6), prompts)
+        assert totals["accepted"] > 0.9 * totals["drafted"]
+        assert_identical(small, ChainDrafter([SuffixDrafter(), PromptLookupDrafter()]), FixedLength(4), prompts)
+
+
+def test_build_strategy_modes(stories_target, stories260k) -> None:
+    prompt = prompts_for(stories_target)[0]
+    plain = run(stories_target, prompt, autoregressive)
+    for opts, draft in [(SpecOptions(mode="off"), None), (SpecOptions(mode="ngram", measure_cost=False), None),
+                        (SpecOptions(mode="model", draft_length=3), stories260k),
+                        (SpecOptions(mode="auto", measure_cost=False), stories260k)]:
+        strategy = build_strategy(stories_target, draft, opts, llama_config=ONE_THREAD)
+        try:
+            assert run(stories_target, prompt, strategy).tokens == plain.tokens
+            assert strategy.describe()["policy"]
+        finally:
+            strategy.close()
+    with pytest.raises(TandemError):
+        build_strategy(stories_target, None, SpecOptions(mode="model"))
+    with pytest.raises(TandemError):
+        build_strategy(stories_target, None, SpecOptions(mode="bogus"))
+
+
+def test_other_vocab_model_mode_refused_auto_picks_xvocab(tinystories656k_gguf, stories260k) -> None:
+    with LlamaCppBackend(tinystories656k_gguf, LlamaConfig(n_ctx=256, n_threads=1)) as target:
+        with pytest.raises(TandemError, match="different vocabulary"):
+            build_strategy(target, stories260k, SpecOptions(mode="model"))
+        strategy = build_strategy(target, stories260k, SpecOptions(mode="auto", draft_length=4),
+                                  llama_config=LlamaConfig(n_ctx=256, n_threads=1))
+        try:
+            assert "xvocab" in strategy.describe()["drafter"]
+            prompt = target.tokenize("Once upon a time", add_bos=True)
+            assert run(target, prompt, strategy).tokens == run(target, prompt, autoregressive).tokens
+        finally:
+            strategy.close()
