@@ -27,7 +27,7 @@ from tandem.runtime.generate import DoneEvent, autoregressive, generate
 from tandem.runtime.planning.calibration import calibrate
 from tandem.runtime.planning.placement import CALIBRATION_K, Option, plan_options
 from tandem.runtime.planning.planner import plan_for_run
-from tandem.runtime.speculative.loop import SpecOptions, build_strategy
+from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 from tandem.runtime.speculative.overlap import set_threads
 
 PROMPTS = ["Once upon a time", "The little dog ran to the park and", "Lily and Tom wanted to build a big castle"]

@@ -37,7 +37,7 @@ from tandem.models.errors import TandemError
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend, default_threads
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.generate import DoneEvent, generate
-from tandem.runtime.speculative.loop import SpecOptions, build_strategy
+from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 
 
 @dataclass

@@ -15,7 +15,8 @@ from tandem.runtime.backends.opener import backend_kind, open_backend
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.chat import chat_prompt
 from tandem.runtime.generate import DoneEvent, GenerationStats, generate
-from tandem.runtime.planning.placement import DEVICE_CHOICES, Placed, place
+from tandem.runtime.planning.calibration import place
+from tandem.runtime.planning.placement import DEVICE_CHOICES, Placed
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -65,7 +66,7 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
 def strategy_from_args(target, args: argparse.Namespace, draft_window: int | None = None,
                        placed: Placed | None = None):
     """The speculative strategy the flags ask for (see runtime.speculative.build_strategy)."""
-    from tandem.runtime.speculative.loop import SpecOptions, build_strategy
+    from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 
     mode = args.draft_mode or ("auto" if args.draft else "off")
     placed = placed or Placed()

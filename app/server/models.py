@@ -23,7 +23,7 @@ def speculative_factory(target: Backend, draft: str | None, llama_config=None) -
     Speculative decoding is lossless: without it output is the same, only slower.
     """
     try:
-        from tandem.runtime.speculative.loop import SpecOptions, build_strategy
+        from tandem.runtime.speculative.factory import SpecOptions, build_strategy
     except ImportError:
         return None, "off (speculative runtime not installed)"
     # no suffix tree shared across requests: it would let one client probe another's text

@@ -141,8 +141,9 @@ def load_engine(choice: ModelChoice, progress: Callable[[str], None] | None = No
     try:
         if not speculative_available():
             raise TandemError("Speculative decoding is not available in this build: run without a drafter.")
-        from tandem.runtime.planning.placement import Placed, place
-        from tandem.runtime.speculative.loop import SpecOptions, build_strategy
+        from tandem.runtime.planning.calibration import place
+        from tandem.runtime.planning.placement import Placed
+        from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 
         planned = plan.draft if plan is not None else None
         placed = Placed()

@@ -1,5 +1,6 @@
-"""The short calibration behind :mod:`tandem.runtime.planning.placement`: measured once per
-(target, drafter, machine, options), cached in ``cache_dir()/placement.json``.
+"""The short calibration behind :mod:`tandem.runtime.planning.placement`, and :func:`place`,
+which applies its choice. Measured once per (target, drafter, machine, options), cached in
+``cache_dir()/placement.json``.
 
 It times, on each device and thread count some option needs,
 
@@ -21,7 +22,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -35,8 +36,10 @@ from tandem.runtime.planning.placement import (
     Choice,
     Costs,
     Option,
+    Placed,
     choose,
     draft_key,
+    plan_options,
     target_key,
 )
 from tandem.runtime.speculative.drafters.base import Drafter
@@ -154,7 +157,7 @@ def calibrate(target: Backend, plan, opts: Sequence[Option], *, mode: str = "aut
     open in llama.cpp. The drafter is measured as it will run (its file, possibly a
     quantized copy, and the llama.cpp or torch config the planner priced); a target on
     the GPU is opened in the torch engine for the measurement and closed again."""
-    from tandem.runtime.speculative.loop import open_model_drafter
+    from tandem.runtime.speculative.factory import open_model_drafter
 
     draft = plan.draft
     key = calibration_key(plan.target.path, draft.path, opts, mode)
@@ -204,3 +207,32 @@ def calibrate(target: Backend, plan, opts: Sequence[Option], *, mode: str = "aut
     with contextlib.suppress(OSError):  # a read-only cache only costs a re-measurement next time
         cache.write_text(json.dumps(data, indent=1))
     return choose(opts, costs)
+
+
+def place(target: Backend, plan, *, mode: str = "auto", device: str = "auto", use_cache: bool = True,
+          notify: Callable[[str], None] = _stderr) -> Placed:
+    """Choose the placement for ``plan`` (the planner's :class:`~tandem.runtime.planning.planner.Plan`
+    with a drafter; ``target`` is its target, open in llama.cpp): calibrate when there is
+    more than one option, restricted by ``device`` (see :data:`DEVICE_CHOICES`), then
+    apply it — thread counts set on the target, the drafter's configs, and the target
+    reopened in the torch engine on the GPU when that is the choice (the llama.cpp one
+    is closed)."""
+    draft = plan.draft
+    opts = plan_options(plan, device)
+    choice = None
+    if len(opts) > 1:
+        choice = calibrate(target, plan, opts, mode=mode, use_cache=use_cache, notify=notify)
+    best = choice.option if choice is not None else opts[0]
+    set_threads(target, best.target_threads)
+    if best.target_device == "cuda":
+        from tandem.runtime.backends.torch_engine.backend import TorchBackend
+
+        target.close()
+        target = TorchBackend(plan.target.path, plan.target.torch_config("cuda"))
+    cost = None
+    if choice is not None:
+        c = choice.costs
+        cost = c.draft_s[draft_key(best.draft_device, best.draft_threads)] / c.decode_s[target_key(best)]
+    return Placed(target, draft.path, replace(draft.llama_config(), n_threads=best.draft_threads),
+                  draft.torch_config("cuda") if best.draft_device == "cuda" else None,
+                  best.draft_device, best.predraft, choice, cost)

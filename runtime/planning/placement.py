@@ -26,11 +26,10 @@ llama.cpp's quantized dot products, so "the target" then means that engine's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 
 from tandem.runtime.backends.protocol import Backend
-from tandem.runtime.speculative.overlap import set_threads
 
 CALIBRATION_K = 4
 """Draft length the options are compared at (the adaptive policy still picks k later)."""
@@ -195,12 +194,6 @@ class Placed:
     """Measured drafter seconds per token / target decode step, for the adaptive policy."""
 
 
-def _stderr(message: str) -> None:
-    import sys
-
-    print(f"tandem: {message}", file=sys.stderr)
-
-
 def plan_options(plan, device: str = "auto") -> list[Option]:
     """The options for ``plan`` (a :class:`~tandem.runtime.planning.planner.Plan` with a drafter) on
     this machine, restricted by ``device`` (see :data:`DEVICE_CHOICES`); a
@@ -220,34 +213,3 @@ def plan_options(plan, device: str = "auto") -> list[Option]:
                           f"{', '.join(draft.devices)}.")
     opts = options(devices, draft.n_threads or default_threads(), target_gpu=target_gpu)
     return [o for o in opts if o.target_device == "cuda"] if device == "target-gpu" else opts
-
-
-def place(target: Backend, plan, *, mode: str = "auto", device: str = "auto", use_cache: bool = True,
-          notify: Callable[[str], None] = _stderr) -> Placed:
-    """Choose the placement for ``plan`` (the planner's :class:`~tandem.runtime.planning.planner.Plan`
-    with a drafter; ``target`` is its target, open in llama.cpp): calibrate when there is
-    more than one option, restricted by ``device`` (see :data:`DEVICE_CHOICES`), then
-    apply it — thread counts set on the target, the drafter's configs, and the target
-    reopened in the torch engine on the GPU when that is the choice (the llama.cpp one
-    is closed)."""
-    draft = plan.draft
-    opts = plan_options(plan, device)
-    choice = None
-    if len(opts) > 1:
-        from tandem.runtime.planning.calibration import calibrate
-
-        choice = calibrate(target, plan, opts, mode=mode, use_cache=use_cache, notify=notify)
-    best = choice.option if choice is not None else opts[0]
-    set_threads(target, best.target_threads)
-    if best.target_device == "cuda":
-        from tandem.runtime.backends.torch_engine.backend import TorchBackend
-
-        target.close()
-        target = TorchBackend(plan.target.path, plan.target.torch_config("cuda"))
-    cost = None
-    if choice is not None:
-        c = choice.costs
-        cost = c.draft_s[draft_key(best.draft_device, best.draft_threads)] / c.decode_s[target_key(best)]
-    return Placed(target, draft.path, replace(draft.llama_config(), n_threads=best.draft_threads),
-                  draft.torch_config("cuda") if best.draft_device == "cuda" else None,
-                  best.draft_device, best.predraft, choice, cost)

@@ -1,4 +1,4 @@
-"""Speculative decoding as a :mod:`tandem.runtime.generate` strategy, and its factory.
+"""Speculative decoding as a :mod:`tandem.runtime.generate` strategy: the draft-verify loop.
 
 One round: the drafter proposes up to k tokens, the target verifies them in **one**
 ``evaluate`` over ``[last committed token] + draft`` asking logits for every row, the
@@ -11,8 +11,9 @@ whose logits the next round's verify call produces anyway. That makes plain deco
 a round with k drafted tokens one call over k+1 tokens (the c(k) of
 :mod:`tandem.runtime.speculative.policy`).
 
-Callers (CLI, TUI, server) build a strategy with :func:`build_strategy` and pass it to
-``generate(..., strategy=...)``; see its docstring.
+Front ends never call :func:`speculative` directly: the factory
+(:func:`tandem.runtime.speculative.factory.build_strategy`) wires drafters and a length
+policy into it.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -29,24 +28,16 @@ from tandem.kernels.acceptance import Verdict, verify_greedy, verify_sampled
 from tandem.kernels.sampling import Sampler
 from tandem.models.errors import TandemError
 from tandem.runtime.backends.protocol import Backend, common_prefix_len
-from tandem.runtime.generate import Commit, DecodeStats, autoregressive
+from tandem.runtime.generate import Commit, DecodeStats
 from tandem.runtime.speculative.drafters.base import Draft, Drafter
 from tandem.runtime.speculative.drafters.chain import ChainDrafter
 from tandem.runtime.speculative.policy import (
-    AdaptiveConfig,
-    AdaptivePolicy,
-    FixedLength,
     LengthPolicy,
-    OnlineCost,
-    cached_cost_curve,
 )
 
 RoundHook = Callable[[Backend, Drafter, list[int]], None]
 """Called after every round with (target, drafter, committed context): a test hook."""
 
-MODES = ("auto", "model", "xvocab", "ngram", "off")
-MODEL_FREE_SOURCES = frozenset({"suffix", "lookup"})
-"""Draft sources that cost nothing to ask (see AdaptivePolicy.cheap_sources)."""
 
 
 def _prefill_all_but_last(target: Backend, prompt: Sequence[int]) -> None:
@@ -251,204 +242,3 @@ def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | Non
                 pool.shutdown(wait=True)
 
     return strategy
-
-
-@dataclass
-class SpecOptions:
-    """How :func:`build_strategy` sets speculation up."""
-
-    mode: str = "auto"
-    """auto | model | xvocab | ngram | off (see :func:`build_strategy`)."""
-    draft_max: int = 8
-    """Upper bound on tokens drafted per round."""
-    draft_length: int | None = None
-    """A fixed draft length (no adaptation); ``None`` = adaptive."""
-    stop_threshold: float | None = 0.8
-    """SpecDec++ threshold for model drafters (adaptive mode only)."""
-    measure_cost: bool = True
-    """Start from the c(k) measured for this target on this machine (``tandem bench``
-    caches it; CPU time, minimum of repetitions), else from a generic CPU curve.
-    Either way the curve is learnt online from the run's own verify calls, and nothing
-    is measured before the first token. What a run learns is not saved: wall-clock
-    verify times next to a drafter's spinning threads run high, and a saved curve
-    would feed that back into the next run's prior."""
-    draft_window: int | None = None
-    """Cap on the draft model's context (the memory planner's ``plan.draft.window``): it
-    then drafts from a sliding window of the latest tokens instead of stopping."""
-    draft_device: str = "cpu"
-    """``cuda``: open a drafter given as a path in the torch engine on the GPU (the
-    planner's ``plan.draft.device``); ``cpu``: the backend its file type implies."""
-    predraft: bool | None = None
-    """Draft the next round while the target verifies (see :func:`speculative`);
-    ``None``: on when the drafter runs on its own device (``draft_device="cuda"``)."""
-    draft_cost: float | None = None
-    """Measured drafter seconds per token over the target's one-token call (from the
-    placement calibration): the adaptive policy starts from it instead of learning it."""
-    shared_suffix_cache: bool = True
-    """Let the suffix-tree drafter learn from every earlier request in the process. The
-    server turns it off: what drafts well (and so how fast a reply comes, and its
-    drafting statistics) would otherwise reveal other clients' text."""
-
-
-class SpeculativeStrategy:
-    """A ready strategy plus what it owns: call it like any strategy, ``close()`` it.
-
-    ``describe()`` says which drafter and policy are in use (for ``--json`` and the UI);
-    ``drafter`` is ``None`` in plain mode.
-    """
-
-    def __init__(self, drafter: Drafter | None, policy: LengthPolicy | None, hook: RoundHook | None = None,
-                 *, predraft: bool = False) -> None:
-        self.drafter = drafter
-        self.policy = policy
-        self.predraft = predraft
-        self._run = (speculative(drafter, policy, hook=hook, predraft=predraft)
-                     if drafter is not None and policy is not None else None)
-
-    def __call__(self, target: Backend, prompt: list[int], sampler: Sampler, stats: DecodeStats) -> Iterator[Commit]:
-        if self._run is None:
-            return autoregressive(target, prompt, sampler, stats)
-        return self._run(target, prompt, sampler, stats)
-
-    def describe(self) -> dict:
-        if self.drafter is None:
-            return {"drafter": None, "policy": "off"}
-        policy = self.policy
-        info: dict = {"drafter": self.drafter.name, "policy": type(policy).__name__, "predraft": self.predraft}
-        backends = [getattr(getattr(d, "inner", d), "backend", None) for d in getattr(self.drafter, "drafters", [self.drafter])]
-        devices = [b.memory().device for b in backends if b is not None]
-        if devices:
-            info["drafter_device"] = devices[0]
-        if isinstance(policy, FixedLength):
-            info["draft_length"] = policy.k
-        elif isinstance(policy, AdaptivePolicy):
-            info["cost_curve"] = [round(c, 3) for c in policy.cost.c]
-            info["rounds_off"] = policy.rounds_off
-        return info
-
-    def close(self) -> None:
-        if self.drafter is not None:
-            self.drafter.close()
-            self.drafter = None
-            self._run = None
-
-
-# Cost curve assumed when measuring is switched off: the 2-core CPU figures of issue 3.
-CPU_COST_CURVE = (1.0, 1.7, 1.9, 2.1, 2.4, 2.55, 2.7, 2.85, 3.0)
-
-
-def model_free_drafter(target: Backend, *, shared: bool = True) -> Drafter:
-    """Suffix-tree drafting (with the in-process global tree for this vocabulary unless
-    ``shared`` is off) ahead of prompt lookup."""
-    from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter
-    from tandem.runtime.speculative.drafters.suffix import SuffixDrafter, global_cache
-
-    suffix = SuffixDrafter(global_cache=global_cache(f"{target.name}:{target.n_vocab}") if shared else None)
-    return ChainDrafter([suffix, PromptLookupDrafter()])
-
-
-def open_model_drafter(target: Backend, draft: str | Path | Backend, mode: str, *, llama_config=None,
-                       device: str = "cpu", torch_config=None) -> Drafter:
-    """A model drafter for ``draft`` (a GGUF path, a store name or an open backend):
-    same-vocabulary when the vocabularies match, cross-vocabulary otherwise (``auto``),
-    or as ``mode`` demands."""
-    from tandem.runtime.speculative.drafters.model import ModelDrafter, same_vocabulary
-
-    owns = not isinstance(draft, Backend)
-    if owns:
-        from tandem.models.store import resolve_model
-        from tandem.runtime.backends.opener import open_backend
-
-        path = resolve_model(str(draft))
-        if device == "cuda":
-            from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
-
-            backend = TorchBackend(path, torch_config or TorchConfig(device="cuda", n_ctx=target.n_ctx + 16))
-            backend.evaluate([backend.special.bos or 0])  # first CUDA launches (kernels, cuBLAS) are slow:
-            backend.truncate(0)  # pay them here, not in the first round the adaptive policy times
-        else:
-            backend = open_backend(path, n_ctx=target.n_ctx, llama_config=llama_config)
-    else:
-        backend = draft
-    try:
-        same = same_vocabulary(target, backend)
-        if mode == "model" and not same:
-            raise TandemError(
-                f"The drafter {backend.name} has a different vocabulary from {target.name}: "
-                "use --draft-mode xvocab (or auto)."
-            )
-        if mode == "model" or (mode == "auto" and same):
-            return ModelDrafter(backend, owns_backend=owns)
-        from tandem.runtime.speculative.drafters.xvocab.drafter import CrossVocabDrafter
-
-        return CrossVocabDrafter(backend, target, owns_backend=owns)
-    except BaseException:
-        if owns:
-            backend.close()
-        raise
-
-
-def build_strategy(
-    target: Backend,
-    draft: str | Path | Backend | None = None,
-    options: SpecOptions | None = None,
-    *,
-    llama_config=None,
-    torch_config=None,
-    hook: RoundHook | None = None,
-) -> SpeculativeStrategy:
-    """THE entry point for speculative decoding (CLI, TUI, server and bench call it).
-
-    ``draft``: a drafter model (GGUF path, store name, or an open :class:`Backend`), or
-    ``None`` for model-free drafting only. ``options.mode``:
-
-    * ``auto`` (default): model-free drafters (suffix tree, prompt lookup) first, then
-      the model drafter if one is given (same-vocab if the vocabularies match, else
-      cross-vocab); adaptive length, switched off when it does not pay;
-    * ``model`` / ``xvocab``: only that model drafter (``draft`` required);
-    * ``ngram``: only the model-free drafters;
-    * ``off``: plain decoding (exactly :func:`autoregressive`).
-
-    Adaptive policies learn the target's verify-cost curve online (starting from a
-    measured curve cached for this model and machine, when there is one). Draft-model backends opened here use
-    ``llama_config`` (default: the target's context size), or ``torch_config`` for a
-    drafter on the GPU (the planner's priced config). Close the result when done
-    (it frees the drafter); the target stays open. Output is lossless in every mode.
-    """
-    from tandem.runtime.speculative.policy import CostCurve
-
-    opts = options or SpecOptions()
-    if opts.mode not in MODES:
-        raise TandemError(f"Unknown draft mode {opts.mode!r}; choose one of {', '.join(MODES)}.")
-    if opts.mode == "off":
-        return SpeculativeStrategy(None, None)
-    if opts.mode in ("model", "xvocab") and draft is None:
-        raise TandemError(f"--draft-mode {opts.mode} needs a drafter model (--draft).")
-    if opts.draft_max < 1 or (opts.draft_length is not None and opts.draft_length < 0):
-        raise TandemError("The draft length must be positive.")
-    drafters: list[Drafter] = []
-    if opts.mode in ("auto", "ngram"):
-        drafters.append(model_free_drafter(target, shared=opts.shared_suffix_cache))
-    if draft is not None and opts.mode != "ngram":
-        model_drafter = open_model_drafter(target, draft, opts.mode, llama_config=llama_config,
-                                           device=opts.draft_device, torch_config=torch_config)
-        if opts.draft_window:
-            from tandem.runtime.speculative.overlap import WindowedDrafter
-
-            model_drafter = WindowedDrafter(model_drafter, opts.draft_window)
-        drafters.append(model_drafter)
-    drafter = drafters[0] if len(drafters) == 1 else ChainDrafter(drafters)
-    policy: LengthPolicy
-    if opts.draft_length is not None:
-        policy = FixedLength(opts.draft_length)
-    else:
-        k_max = opts.draft_max
-        cached = cached_cost_curve(target, k_max) if opts.measure_cost else None
-        cost = OnlineCost(cached or CostCurve(CPU_COST_CURVE, 0.0), chunk=target.exact_batch)
-        model_free = draft is None or opts.mode == "ngram"
-        policy = AdaptivePolicy(cost, AdaptiveConfig(max_len=k_max, stop_threshold=opts.stop_threshold),
-                                draft_cost=opts.draft_cost or 0.0,
-                                cheap_drafter=model_free,
-                                cheap_sources=frozenset() if model_free or len(drafters) == 1 else MODEL_FREE_SOURCES)
-    predraft = opts.predraft if opts.predraft is not None else opts.draft_device == "cuda"
-    return SpeculativeStrategy(drafter, policy, hook, predraft=predraft)

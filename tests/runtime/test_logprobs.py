@@ -12,7 +12,7 @@ from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 from tandem.runtime.generate import DoneEvent, TokenEvent, generate
 from tandem.runtime.logprobs import log_softmax, token_logprobs
-from tandem.runtime.speculative.loop import SpecOptions, build_strategy
+from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 
 ONE_THREAD = LlamaConfig(n_ctx=512, n_threads=1)
 GREEDY = SamplingParams(temperature=0.0)

@@ -20,7 +20,7 @@ from tandem.runtime.backends.llama import EXACT_BATCH, LlamaConfig, LlamaCppBack
 from tandem.runtime.backends.selfcheck import batch_step_difference, describe_exit, run_selfcheck
 from tandem.runtime.chat import ChatEngine
 from tandem.runtime.generate import generate
-from tandem.runtime.speculative.loop import SpecOptions, build_strategy
+from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 
 CODE_PROMPT = ("<|im_start|>user\nWrite a Python function that parses a CSV file and returns the rows "
                "as dictionaries, skipping blank lines.<|im_end|>\n<|im_start|>assistant\n")

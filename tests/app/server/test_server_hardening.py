@@ -333,7 +333,7 @@ def test_no_suffix_cache_shared_between_clients(slot) -> None:
     """One client's text never becomes another client's drafts: the server's suffix drafter
     has no process-wide tree, unlike the CLI's."""
     from tandem.runtime.speculative.drafters.suffix import SuffixDrafter
-    from tandem.runtime.speculative.loop import model_free_drafter
+    from tandem.runtime.speculative.factory import model_free_drafter
 
     def suffix_of(drafter) -> SuffixDrafter:
         found = [d for d in drafter.drafters if isinstance(d, SuffixDrafter)]

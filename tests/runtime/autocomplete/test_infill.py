@@ -16,7 +16,7 @@ from tandem.runtime.autocomplete.infill import (
 )
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 from tandem.runtime.generate import DoneEvent, generate
-from tandem.runtime.speculative.loop import SpecOptions, build_strategy
+from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 
 
 def _feed_all(limits: InfillLimits, pieces: list[str], elapsed: list[float] | None = None) -> tuple[str, str | None]:

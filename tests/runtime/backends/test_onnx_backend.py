@@ -104,7 +104,7 @@ def test_int8_variant_is_smaller_and_close(stories_onnx_dir: Path, stories260k: 
 
 
 def spec_vs_plain(target, drafter_backend, prompt_text: str, n: int = 40) -> None:
-    from tandem.runtime.speculative.loop import SpecOptions, build_strategy
+    from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 
     sampler = Sampler(SamplingParams(temperature=0.0))
     prompt = target.tokenize(prompt_text, add_bos=True)

@@ -175,7 +175,7 @@ def test_speculative_greedy_equals_plain_with_compressed_cache(stories260k: Path
     """
     from tandem.kernels.sampling import Sampler, SamplingParams
     from tandem.runtime.generate import generate
-    from tandem.runtime.speculative.loop import SpecOptions, build_strategy
+    from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 
     outs = []
     for spec in (False, True):

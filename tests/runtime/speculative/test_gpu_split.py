@@ -60,9 +60,9 @@ def test_target_on_gpu_drafter_on_cpu(stories260k: Path) -> None:
 def test_placement_through_the_planner_is_lossless(stories_twin: Path, stories260k: Path, device: str) -> None:
     """What `tandem run` does: plan, measure the options (incl. the target on the GPU),
     place, generate: the output is the placed target's own greedy output."""
-    from tandem.runtime.planning.placement import place
+    from tandem.runtime.planning.calibration import place
     from tandem.runtime.planning.planner import plan_for_run
-    from tandem.runtime.speculative.loop import SpecOptions, build_strategy
+    from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 
     plan = plan_for_run(stories_twin, stories260k, ctx=512, threads=2, drop_slow_draft=False)
     assert "cuda" in plan.draft.devices

@@ -16,7 +16,8 @@ from tandem.runtime.speculative.drafters.chain import ChainDrafter
 from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter
 from tandem.runtime.speculative.drafters.model import ModelDrafter
 from tandem.runtime.speculative.drafters.suffix import GlobalSuffixCache, SuffixDrafter
-from tandem.runtime.speculative.loop import SpecOptions, build_strategy, speculative
+from tandem.runtime.speculative.factory import SpecOptions, build_strategy
+from tandem.runtime.speculative.loop import speculative
 from tandem.runtime.speculative.policy import AdaptiveConfig, AdaptivePolicy, CostCurve, FixedLength
 
 STORY_PROMPTS = [

@@ -129,7 +129,7 @@ def test_build_strategy_draft_window_keeps_drafting_past_the_cap(stories260k) ->
     from tandem.kernels.sampling import Sampler, SamplingParams
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
     from tandem.runtime.generate import DoneEvent, autoregressive, generate
-    from tandem.runtime.speculative.loop import SpecOptions, build_strategy
+    from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 
     with LlamaCppBackend(stories260k, LlamaConfig(n_ctx=512, n_threads=1)) as target:
         prompt = target.tokenize("Once upon a time", add_bos=True)
@@ -157,7 +157,7 @@ def test_build_strategy_predrafts_in_the_one_speculative_loop(stories260k) -> No
     from tandem.kernels.sampling import Sampler, SamplingParams
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
     from tandem.runtime.generate import DoneEvent, autoregressive, generate
-    from tandem.runtime.speculative.loop import SpecOptions, build_strategy
+    from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 
     with LlamaCppBackend(stories260k, LlamaConfig(n_ctx=512, n_threads=1)) as target:
         prompt = target.tokenize("Lily and Ben went to the park", add_bos=True)
