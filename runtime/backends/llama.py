@@ -295,7 +295,7 @@ class LlamaCppBackend(TokenizerDelegate):
     def exact_batch(self) -> int | None:
         """:data:`EXACT_BATCH` in the exact configuration (llama.cpp's CPU matmul takes
         another kernel path from 8 rows on, measured on Intel AMX and AMD Zen 5 CPUs:
-        ``tests/test_llama_backend.py`` checks it on every machine it runs on); ``None``
+        ``tests/runtime/backends/test_llama_backend.py`` checks it on every machine it runs on); ``None``
         when the fast configuration gives no such guarantee."""
         exact = self.config.exact and not self.config.flash_attn and self.config.type_v in ("f16", "f32", "bf16")
         return EXACT_BATCH if exact else None

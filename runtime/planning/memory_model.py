@@ -12,7 +12,7 @@ the context and the model's runtime heap (both read from llama.cpp in a child pr
 that loads metadata only, :mod:`tandem.runtime.planning.llama_sizes`), the logits rows, the CPU
 matmul work buffer (an upper bound) and a per-context overhead measured once per
 machine with a tiny model. On the real models this predicts `tandem run`'s peak within
--2 %/+3 % (tests/test_memory_model.py, BENCHMARKS.md).
+-2 %/+3 % (tests/runtime/planning/test_memory_model.py, BENCHMARKS.md).
 
 The older fitted terms (:mod:`tandem.runtime.planning.costs`) remain for what cannot be
 asked of llama.cpp here: layers offloaded to a GPU, shapes without a file (a profile's

@@ -1,6 +1,6 @@
 """What the chat UI costs generation: one reply via ``run_reply`` alone vs inside the headless app.
 
-``python -m tandem.app.tui.bench MODEL.gguf [--tokens N] [--repeats R]``: both paths use the
+``python -m benchmarks.tui_overhead MODEL.gguf [--tokens N] [--repeats R]``: both paths use the
 same engine code, alternate R times in one process (the machine may be busy), and the
 medians of the stored stats (decode tok/s, TTFT) are printed.
 """
