@@ -3,8 +3,10 @@
 What an editor needs beyond :func:`~tandem.runtime.generate.generate`:
 
 * **prompt reuse**: the KV cache keeps the previous request's tokens; only the tokens
-  after the longest common prefix are evaluated (``cache_prompt``), and a request with
-  ``n_predict == 0`` only fills the cache (llama.vim's warm-up requests);
+  after the longest common prefix are evaluated (``cache_prompt``), and, with
+  ``cache_reuse``, cached runs that moved (llama.vim's ring of extra chunks rotates, so
+  the prompt changes near its start) are shifted into place instead of recomputed; a
+  request with ``n_predict == 0`` only fills the cache (llama.vim's warm-up requests);
 * **limits that fit ghost text** (:class:`TextCutter`): ``n_indent`` ends the
   suggestion at the first later line indented less than the cursor line (the block
   ended), ``t_max_predict_ms`` ends it at the first line end after the time is up, and
@@ -160,12 +162,43 @@ class InfillDone:
     tokens: list[int] = field(default_factory=list)
 
 
-def fill_cache(target: Backend, prompt: Sequence[int], *, reuse: bool = True, keep_last: bool = True) -> int:
+def reusable_spans(cached: Sequence[int], prompt: Sequence[int], min_chunk: int) -> list[tuple[int, int]]:
+    """The cached spans (``(start, end)`` in cache positions) that, packed down in order,
+    spell the longest prompt prefix this greedy walk finds: the common prefix, then any
+    later run of at least ``min_chunk`` cached tokens that continues the prompt where the
+    kept spans end. Cached tokens that break the match are skipped one at a time, as
+    llama-server's ``--cache-reuse`` does (``min_chunk`` 0: the common prefix only)."""
+    head = common_prefix_len(cached, prompt)
+    spans = [(0, head)] if head else []
+    if min_chunk <= 0:
+        return spans
+    c = p = head
+    while c < len(cached) and p < len(prompt):
+        n = 0
+        while c + n < len(cached) and p + n < len(prompt) and cached[c + n] == prompt[p + n]:
+            n += 1
+        if n >= min_chunk:
+            spans.append((c, c + n))
+            c, p = c + n, p + n
+        else:
+            c += 1
+    return spans
+
+
+def fill_cache(target: Backend, prompt: Sequence[int], *, reuse: bool = True, keep_last: bool = True,
+               min_chunk: int = 0) -> int:
     """Bring the KV cache to ``prompt`` (all but its last token when ``keep_last``),
-    evaluating only what is not cached already; returns the reused token count."""
+    evaluating only what is not cached already; returns the reused token count.
+    ``min_chunk`` > 0 also reuses later cached runs of that many tokens, moved into place
+    (:func:`reusable_spans`, :meth:`Backend.keep_spans`) where the backend can move them."""
     prompt = list(prompt)
-    cached = common_prefix_len(target.tokens, prompt) if reuse else 0
     end = len(prompt) - 1 if keep_last else len(prompt)
+    cached = 0
+    if reuse:
+        spans = reusable_spans(target.tokens, prompt, min_chunk)
+        cached = common_prefix_len(target.tokens, prompt)
+        if len(spans) > 1 and target.keep_spans(spans):
+            cached = len(target.tokens)
     cached = min(cached, end)
     target.truncate(cached)
     if end > cached:
@@ -174,18 +207,20 @@ def fill_cache(target: Backend, prompt: Sequence[int], *, reuse: bool = True, ke
 
 
 def run_infill(target: Backend, prompt: Sequence[int], sampler: Sampler, limits: InfillLimits, *,
-               strategy: Strategy = autoregressive, cache_prompt: bool = True,
+               strategy: Strategy = autoregressive, cache_prompt: bool = True, cache_reuse: int = 0,
                cancel: threading.Event | None = None) -> Iterator[InfillChunk | InfillDone]:
     """Stream one completion of ``prompt``: :class:`InfillChunk` s, then one :class:`InfillDone`.
 
     The caller holds the model's lock. The cache is left holding the prompt and what was
-    generated (for the next request to reuse).
+    generated (for the next request to reuse). ``cache_reuse`` > 0 also reuses cached runs
+    of at least that many tokens found later in the prompt (llama-server's ``--cache-reuse``;
+    lossy by float rounding, so off by default).
     """
     prompt = list(prompt)
     check_prompt(target, prompt)
     t0 = time.perf_counter()
     warm_up = limits.n_predict == 0
-    cached = fill_cache(target, prompt, reuse=cache_prompt, keep_last=not warm_up)
+    cached = fill_cache(target, prompt, reuse=cache_prompt, keep_last=not warm_up, min_chunk=cache_reuse)
     t1 = time.perf_counter()
     prompt_n = len(prompt) - cached
     if warm_up:

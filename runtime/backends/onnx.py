@@ -162,6 +162,11 @@ class OnnxBackend(TokenizerDelegate):
             self._past = [p[:, :, :n] for p in self._past]
             del self._tokens[n:]
 
+
+    def keep_spans(self, spans: Sequence[tuple[int, int]]) -> bool:
+        """Cached entries are not moved here (positions are baked into the keys)."""
+        return False
+
     @property
     def exact_batch(self) -> int | None:
         """Its batched and one-token calls agree to float rounding only (no bit-exact bound)."""

@@ -99,6 +99,16 @@ class Backend(Protocol):
         """Roll the KV cache back so it holds only its first ``n`` tokens."""
         ...
 
+    def keep_spans(self, spans: Sequence[tuple[int, int]]) -> bool:
+        """Keep only the cached positions in ``spans`` (sorted, disjoint ``(start, end)``
+        pairs), packed down in order, so the cache then holds those tokens one after the
+        other; ``False`` (cache unchanged) where entries cannot be moved.
+
+        This is llama-server's ``--cache-reuse``: an editor's prompt often keeps long
+        stretches of the previous one at other offsets. Moved keys are re-rotated to their
+        new positions, which is close to, not bit-identical with, evaluating them afresh."""
+        ...
+
     @property
     def exact_batch(self) -> int | None:
         """Longest batch whose logits are bit-identical to one-token steps over the same

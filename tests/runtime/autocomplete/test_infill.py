@@ -12,6 +12,7 @@ from tandem.runtime.autocomplete.infill import (
     InfillDone,
     InfillLimits,
     TextCutter,
+    reusable_spans,
     run_infill,
 )
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
@@ -93,10 +94,11 @@ def qwen(real_models):
 FIM = "<|fim_prefix|>def add(a, b):\n    return <|fim_suffix|>\n\nprint(add(1, 2))\n<|fim_middle|>"
 
 
-def _run(target, prompt, limits, *, params=None, strategy=None, cache_prompt=True) -> InfillDone:
+def _run(target, prompt, limits, *, params=None, strategy=None, cache_prompt=True, cache_reuse=0) -> InfillDone:
     sampler = Sampler(params or SamplingParams.greedy_params())
     kwargs = {"strategy": strategy} if strategy is not None else {}
-    events = list(run_infill(target, prompt, sampler, limits, cache_prompt=cache_prompt, **kwargs))
+    events = list(run_infill(target, prompt, sampler, limits, cache_prompt=cache_prompt, cache_reuse=cache_reuse,
+                             **kwargs))
     done = events[-1]
     assert isinstance(done, InfillDone)
     assert "".join(e.text for e in events if isinstance(e, InfillChunk)) == done.content
@@ -119,6 +121,52 @@ def test_prompt_cache_reuse_evaluates_only_new_tokens(qwen) -> None:
     fresh = _run(qwen, second, limits, cache_prompt=False)
     assert fresh.tokens_cached == 0 and fresh.timings.prompt_n == len(second)
     assert fresh.content == warm.content and warm.content
+
+
+def test_reusable_spans_follow_the_prompt_in_order() -> None:
+    cached = [1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23, 9]
+    prompt = [1, 2, 3, 20, 21, 22, 23, 30, 31]
+    assert reusable_spans(cached, prompt, 0) == [(0, 3)]  # off: the common prefix only
+    assert reusable_spans(cached, prompt, 4) == [(0, 3), (7, 11)]  # a moved run of 4
+    assert reusable_spans(cached, prompt, 5) == [(0, 3)]  # shorter than the minimum
+    assert reusable_spans([5, 1, 2], [1, 2], 2) == [(1, 3)]  # no common prefix, a later run
+    assert reusable_spans([], prompt, 2) == []
+
+
+# llama.vim's ring of extra chunks rotates between requests: the oldest file leaves the
+# front of the prompt, so everything after it sits at new positions.
+CHUNKS = [
+    "<|file_sep|>util.py\ndef clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n\n\ndef lerp(a, b, t):\n"
+    "    return a + (b - a) * t\n",
+    "<|file_sep|>shapes.py\nclass Rect:\n    def __init__(self, w, h):\n        self.w, self.h = w, h\n\n"
+    "    def area(self):\n        return self.w * self.h\n",
+    "<|file_sep|>io_utils.py\nimport json\n\n\ndef load(path):\n    with open(path) as f:\n        return json.load(f)\n",
+    "<|file_sep|>stats.py\ndef mean(xs):\n    return sum(xs) / len(xs)\n",
+]
+CURSOR = "<|file_sep|>main.py\n<|fim_prefix|>from shapes import Rect\n\nr = Rect(3, 4)\nprint(r.<|fim_suffix|>)\n<|fim_middle|>"
+
+
+def test_cache_reuse_moves_rotated_chunks_instead_of_recomputing(qwen) -> None:
+    """``cache_reuse`` (llama-server's ``--cache-reuse``): the two chunks both prompts share
+    are shifted into place, only the rest is evaluated, and the fill is the fresh one's."""
+    def tokens(*texts: str) -> list[int]:
+        return [t for text in texts for t in qwen.tokenize(text, special=True)]
+
+    head = tokens("<|repo_name|>demo\n")
+    first = head + tokens(*CHUNKS[:3], CURSOR)
+    second = head + tokens(*CHUNKS[1:], CURSOR)
+    limits = InfillLimits(n_predict=4)
+    qwen.truncate(0)
+    _run(qwen, first, limits)
+    shared = len(head) + len(tokens(CHUNKS[1])) + len(tokens(CHUNKS[2]))
+    plain = _run(qwen, second, limits)  # the common prefix only: everything after it again
+    assert plain.tokens_cached < len(head) + 2  # the repo line and the first <|file_sep|>
+    qwen.truncate(0)
+    _run(qwen, first, limits)
+    moved = _run(qwen, second, limits, cache_reuse=16)
+    assert moved.tokens_cached >= shared and moved.timings.prompt_n <= len(second) - shared
+    fresh = _run(qwen, second, limits, cache_prompt=False)
+    assert moved.content == fresh.content and "area" in fresh.content
 
 
 def test_warm_up_fills_the_cache(qwen) -> None:
