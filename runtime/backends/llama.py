@@ -291,6 +291,20 @@ class LlamaCppBackend(TokenizerDelegate):
             return
         del self._tokens[n:]
 
+    def keep_spans(self, spans: Sequence[tuple[int, int]]) -> bool:
+        if not spans or not llama_cpp.llama_memory_can_shift(self._mem):
+            return False
+        kept: list[int] = []
+        for start, end in spans:  # pack each span down to where the kept ones end
+            to = len(kept)
+            if to < start:
+                llama_cpp.llama_memory_seq_rm(self._mem, 0, to, start)  # the gap before it
+                llama_cpp.llama_memory_seq_add(self._mem, 0, start, end, to - start)
+            kept += self._tokens[start:end]
+        llama_cpp.llama_memory_seq_rm(self._mem, 0, len(kept), -1)
+        self._tokens = kept
+        return True
+
     @property
     def exact_batch(self) -> int | None:
         """:data:`EXACT_BATCH` in the exact configuration (llama.cpp's CPU matmul takes

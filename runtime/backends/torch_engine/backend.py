@@ -223,6 +223,11 @@ class TorchBackend(TokenizerDelegate):
             self.cache.trim(n)
             del self._tokens[n:]
 
+
+    def keep_spans(self, spans: Sequence[tuple[int, int]]) -> bool:
+        """Cached entries are not moved here (positions are baked into the keys)."""
+        return False
+
     @property
     def exact_batch(self) -> int | None:
         """Its batched and one-token calls agree to float rounding only (no bit-exact bound)."""
