@@ -8,6 +8,11 @@ gain survives a restart. Each cross-vocabulary mode in ``XVOCAB_MODES`` (environ
 comma-separated; default ``text,omni``) is run in turn; every further GGUF is measured
 as a same-vocabulary model drafter. Prints one JSON object.
 
+``python -m benchmarks.xvocab_learning --chats TARGET.gguf XVOCAB_DRAFTER.gguf [N_CHATS] [TOKENS]``
+follows one user through a sequence of chats (:data:`CHATS`, ChatML through the target's
+template): the acceptance of each chat for ``text`` (no memory) and ``omni`` (OmniDraft's
+translation cache, starting empty and learning from every chat before it), fixed k = 4.
+
 ``python -m benchmarks.xvocab_learning --speed TARGET.gguf XVOCAB_DRAFTER.gguf [REPS]``
 times plain decoding against each mode at fixed draft lengths on one target (a cost
 twin), configurations alternating within every repetition; medians of tokens/s.
@@ -116,7 +121,67 @@ def speed(argv: list[str], lengths: tuple[int, ...] = (1, 2, 4), n: int = 48) ->
             for name, r in rates.items()}
 
 
+CHATS = [
+    "Write a Python function that checks whether a string is a palindrome.",
+    "How do I read a CSV file with pandas and print the first rows?",
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "Explain the difference between a list and a tuple in Python.",
+    "Write a Python function that counts the words in a text file.",
+    "How do I sort a list of dictionaries by a key in Python?",
+    "Write a Python class for a stack with push, pop and peek.",
+    "What does the `with` statement do in Python?",
+    "Write a Python function that merges two sorted lists into one sorted list.",
+    "How do I parse JSON from a string in Python?",
+    "Write a Python function that removes duplicates from a list, keeping the order.",
+    "Explain list comprehensions in Python with an example.",
+    "Write a Python function that checks whether a number is prime.",
+    "How do I write a unit test with pytest for a function that adds two numbers?",
+    "Write a Python function that flattens a nested list.",
+    "What is the difference between `is` and `==` in Python?",
+    "Write a Python function that reverses the words in a sentence.",
+    "How do I make an HTTP GET request in Python and read the JSON reply?",
+    "Write a Python function that computes the factorial of a number recursively.",
+    "Explain what a Python generator is, with a short example.",
+]
+"""One user's coding questions, in the order they ask them."""
+
+
+def chats(argv: list[str], k: int = 4) -> dict:
+    """Acceptance per chat, ``text`` vs ``omni`` (module docstring, ``--chats``)."""
+    from tandem.runtime.chat import chat_prompt
+    from tandem.runtime.speculative.drafters.xvocab.drafter import CrossVocabDrafter, XVocabConfig
+
+    n_chats = int(argv[2]) if len(argv) > 2 else len(CHATS)
+    n = int(argv[3]) if len(argv) > 3 else 64
+    cfg = LlamaConfig(n_ctx=1024, n_threads=1)
+    out: dict[str, list[dict]] = {}
+    with LlamaCppBackend(argv[0], cfg) as target:
+        prompts = [chat_prompt(target, [{"role": "user", "content": q}])[0] for q in CHATS[:n_chats]]
+        for mode in ("text", "omni"):
+            with LlamaCppBackend(argv[1], cfg) as d:
+                drafter = CrossVocabDrafter(d, target, XVocabConfig(mode=mode, persist=False), owns_backend=False)
+                strategy = speculative(drafter, FixedLength(k))
+                series = []
+                for i, prompt in enumerate(prompts):
+                    target.truncate(0)
+                    done = [e for e in generate(target, prompt, Sampler(SamplingParams.greedy_params()),
+                                                strategy=strategy, max_tokens=n) if isinstance(e, DoneEvent)][0]
+                    st = done.stats
+                    row = {"chat": i + 1, "acceptance": round(st.accepted_tokens / max(st.drafted_tokens, 1), 3),
+                           "tokens_per_call": round(st.tokens_per_call, 3),
+                           "cache_entries": int(drafter.telemetry()["cache_size"]),
+                           "cache_hit_rate": round(drafter.telemetry()["cache_hit_rate"], 3)}
+                    series.append(row)
+                    print(f"{mode} chat {i + 1}: {row}", file=sys.stderr, flush=True)
+                drafter.close()
+                out[mode] = series
+    return out
+
+
 def main(argv: list[str]) -> None:
+    if argv and argv[0] == "--chats":
+        print(json.dumps(chats(argv[1:]), indent=1))
+        return
     if argv and argv[0] == "--speed":
         print(json.dumps(speed(argv[1:]), indent=1))
         return
