@@ -28,7 +28,8 @@ import torch
 
 from tandem.kernels.hadamard import balanced_permutation
 from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
-from tandem.runtime.kv.compress import KVCompressConfig, use_compressed_cache
+from tandem.runtime.kv.compress import use_compressed_cache
+from tandem.runtime.kv.config import KVCompressConfig
 from tandem.runtime.kv.store import calibrate_key_scales
 
 HELD_OUT = (

@@ -22,7 +22,9 @@ from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
 from tandem.runtime.planning.memprobe import ProbeModel, ProbeSpec, measure
 from tandem.runtime.planning.placement import Option
-from tandem.runtime.planning.planner import SAFETY, PlanRequest, make_plan
+from tandem.runtime.planning.devices import SAFETY
+from tandem.runtime.planning.plan import PlanRequest
+from tandem.runtime.planning.planner import make_plan
 from tandem.runtime.speculative.drafters.model import ModelDrafter
 from tandem.runtime.speculative.overlap import WindowedDrafter, set_threads, split_speculative
 

@@ -31,8 +31,8 @@ import torch
 
 from benchmarks.kv_compression import HELD_OUT, log_softmax
 from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
+from tandem.runtime.moe.config import OffloadConfig
 from tandem.runtime.moe.expert_cache import (
-    OffloadConfig,
     enable_offload,
     moe_layers,
     ram_source,

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.models.chat_template import Message, prompt_ids, render_chat
 from tandem.models.errors import PromptError
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.generate import Event, Strategy, autoregressive, generate
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
 
 
 def chat_prompt(target: Backend, messages: Sequence[Message]) -> tuple[list[int], list[str]]:
@@ -40,10 +45,14 @@ class ChatEngine:
         strategy: Strategy | None = None,
         *,
         drafter: Backend | None = None,
+        owner: Closable | None = None,
     ) -> None:
         self.target = target
         self.strategy = strategy or autoregressive
         self.drafter = drafter
+        self.owner = owner
+        """What opened target, strategy and drafter (:class:`tandem.runtime.engine.Engine`):
+        :meth:`close` closes it instead of them."""
         self.lock = threading.Lock()
 
     def render(self, messages: Sequence[Message]) -> tuple[list[int], list[str]]:
@@ -112,6 +121,9 @@ class ChatEngine:
 
     def close(self) -> None:
         with self.lock:
+            if self.owner is not None:
+                self.owner.close()
+                return
             close = getattr(self.strategy, "close", None)
             if callable(close):
                 close()

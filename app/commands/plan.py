@@ -10,7 +10,8 @@ from tandem.models.store import resolve_model
 from tandem.runtime.planning.calibration import calibrate
 from tandem.runtime.planning.hardware import PROFILES, format_size, resolve_machine
 from tandem.runtime.planning.placement import Choice, plan_options
-from tandem.runtime.planning.planner import Plan, PlanRequest, make_plan
+from tandem.runtime.planning.plan import Plan, PlanRequest
+from tandem.runtime.planning.planner import make_plan
 
 
 def add_budget_args(p: argparse.ArgumentParser) -> None:

@@ -41,7 +41,8 @@ PENDING = {"status": "pending"}
 def plan_summary(path: Path) -> dict[str, Any]:
     """The planner's plan for ``path`` alone on this machine, as the listing shows it."""
     from tandem.runtime.planning.hardware import resolve_machine
-    from tandem.runtime.planning.planner import PlanRequest, make_plan
+    from tandem.runtime.planning.plan import PlanRequest
+    from tandem.runtime.planning.planner import make_plan
 
     try:
         plan = make_plan(PlanRequest(path, None, None, resolve_machine(None, None, None, measure_bandwidth=False)))

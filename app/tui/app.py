@@ -16,6 +16,7 @@ from tandem.app.tui.modals import NoModelScreen
 from tandem.app.tui.session import ChatSettings
 from tandem.models.paths import models_dir
 from tandem.models.store import list_models
+from tandem.runtime.engine import EngineSpec
 
 
 def open_history(path: Path | None) -> tuple[History, str | None]:
@@ -45,13 +46,13 @@ class AppConfig:
     history_path: Path | None = None
     settings: ChatSettings = field(default_factory=ChatSettings)
     """Settings new chats start with."""
-    n_ctx: int | None = 2048
+    n_ctx: int | None = None
     threads: int | None = None
     export_dir: Path = field(default_factory=Path.cwd)
     mask_timings: bool = False
     """Show ``--`` for wall-clock figures (deterministic snapshots)."""
     draft_mode: str | None = None
-    """Speculative decoding mode (``runtime.speculative``); ``None``: auto with a drafter, else off."""
+    """Speculative decoding mode (``runtime.speculative``); ``None``: auto."""
     draft_max: int = 8
     draft_len: int | None = None
     measure_cost: bool = True
@@ -60,11 +61,13 @@ class AppConfig:
     placement: str = "auto"
     """Where drafter and target run: ``auto`` (measured once, cached), ``gpu``, ``cpu`` or ``target-gpu``."""
     fast_verify: bool = False
+    engine: EngineSpec | None = None
+    """The command line's other engine settings (``tandem chat --kv-type ...``)."""
 
     def choice(self, model: Path) -> ModelChoice:
         return ModelChoice(model, self.drafter, self.n_ctx, self.threads, self.draft_mode,
                            self.draft_max, self.draft_len, self.measure_cost, self.budget,
-                           placement=self.placement, fast_verify=self.fast_verify)
+                           placement=self.placement, fast_verify=self.fast_verify, base=self.engine)
 
 
 class TandemApp(App):

@@ -39,8 +39,6 @@ evicts inside a pass; it only acts on passes longer than the observation window
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from tandem.kernels.hadamard import pow2_block, rotation_matrix
@@ -53,65 +51,10 @@ from tandem.kernels.kv_budget import (
 )
 from tandem.runtime.backends.torch_engine.cache import KVCache
 from tandem.runtime.backends.torch_engine.config import ModelConfig
+from tandem.runtime.kv.config import KVCompressConfig
 from tandem.runtime.kv.store import CodecMixin, RopeTable, Seg, cat_opt, cat_q
 
-POLICIES = ("none", "window", "cake")
 HOLD_DTYPES = {None: None, "float16": torch.float16, "float32": torch.float32}
-
-
-@dataclass(frozen=True)
-class KVCompressConfig:
-    policy: str = "window"
-    sinks: int = 4
-    window: int = 64
-    """``window`` policy: recent tokens kept. ``cake``: the observation window (always kept)."""
-    budget: int = 128
-    """``cake`` policy: average tokens kept per layer (total = budget x layers)."""
-    cascade: bool = True
-    """``cake``: cascading budgets inside long passes (prefill), see the module docstring."""
-    bits: int | None = None
-    """8, 4 or 2-bit quantization of non-sink values (and keys unless ``key_bits``); None: full precision."""
-    key_bits: int | None = None
-    """Bits for keys when they should differ from ``bits`` (keys set attention logits,
-    which softmax amplifies, so they are the more sensitive half)."""
-    group: int = 32
-    """Channels per quantization group of a token's row (values; keys in ``token`` mode)."""
-    key_mode: str = "token"
-    """``token``: RotateKV per-token groups after reordering + Hadamard; ``channel``: KIVI."""
-    key_group: int = 64
-    """``channel`` mode: tokens sharing one step/minimum per channel."""
-    residual: int = 0
-    """``channel`` mode: newest tokens always kept full precision beyond the partial group."""
-    pre_rope: bool = True
-    """Quantize keys before RoPE (RotateKV, KVQuant: channel structure is cleaner there);
-    False stores them as the engine gives them (KIVI), which spares re-applying RoPE to
-    every stored key on every read."""
-    rotate: bool = True
-    """Hadamard rotation before per-token quantization (off: plain quantization, ablation)."""
-    rot_block: int | None = None
-    """Hadamard block size (None: the largest power of two dividing the row width)."""
-    hold: str | None = None
-    """dtype of full-precision entries: None (the engine's) or ``float16``."""
-    cake_gamma: float = 200.0
-    stat_window: int = 8
-    """``cake``: horizon in queries of the running attention moments (exact mean over the
-    first ``stat_window`` queries, then an exponential average). With 32 (the observation
-    window) the average forgets old attention too slowly: on stories260K at budget 64 the
-    KL to the full cache was 0.0186 against 0.0081 with 8 (the exact 32-row window that
-    needed 4x the cache's memory: 0.0086)."""
-
-    def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        for b in (self.bits, self.key_bits):
-            if b not in (None, 2, 4, 8):
-                raise ValueError(f"bits must be 2, 4, 8 or None, got {b}")
-        if self.key_bits is not None and self.bits is None:
-            raise ValueError("key_bits needs bits (the value bits) as well")
-        if self.key_mode not in ("token", "channel") or self.hold not in HOLD_DTYPES:
-            raise ValueError(f"bad key_mode {self.key_mode!r} or hold {self.hold!r}")
-        if min(self.window, self.budget, self.key_group, self.stat_window) < 1 or min(self.sinks, self.residual) < 0:
-            raise ValueError("sinks >= 0, residual >= 0, window, budget, key_group and stat_window >= 1 are required")
 
 
 class CompressedKVCache(CodecMixin, KVCache):

@@ -35,29 +35,12 @@ import torch
 from torch import nn
 
 from tandem.models.errors import UnsupportedModel
+from tandem.runtime.moe.config import OffloadConfig
 from tandem.runtime.moe.expert_store import ExpertSource, ExpertWeights, LowBitExperts
 from tandem.runtime.moe.layer import expert_batches, linear, mix
 
 Key = tuple[int, int, bool]
 """(layer, expert, low_precision)."""
-
-
-@dataclass(frozen=True)
-class OffloadConfig:
-    budget_bytes: int
-    eviction: str = "hobbit"
-    prefetch: bool = True
-    mixed_precision: bool = False
-    low_bits: int = 4
-    low_weight: float = 0.3
-    """Misses of experts with a routing weight below this load the low-bit copy."""
-    w_recency: float = 1.0
-    w_frequency: float = 1.0
-    w_layer: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.eviction not in ("hobbit", "lru"):
-            raise ValueError(f"eviction must be 'hobbit' or 'lru', got {self.eviction!r}")
 
 
 @dataclass

@@ -150,14 +150,16 @@ def _stderr(message: str) -> None:
 
 def calibrate(target: Backend, plan, opts: Sequence[Option], *, mode: str = "auto",
               prompt: Sequence[int] | None = None, use_cache: bool = True,
-              notify: Callable[[str], None] = _stderr) -> Choice:
+              notify: Callable[[str], None] = _stderr, keep: dict[str, Backend] | None = None) -> Choice:
     """Measure (or read from the cache) the costs every option needs and choose.
 
-    ``plan`` is the planner's :class:`~tandem.runtime.planning.planner.Plan`; ``target`` its target,
+    ``plan`` is the planner's :class:`~tandem.runtime.planning.plan.Plan`; ``target`` its target,
     open in llama.cpp. The drafter is measured as it will run (its file, possibly a
     quantized copy, and the llama.cpp or torch config the planner priced); a target on
-    the GPU is opened in the torch engine for the measurement and closed again."""
-    from tandem.runtime.speculative.factory import open_model_drafter
+    the GPU is opened in the torch engine for the measurement. With ``keep`` the backends
+    opened for measuring are handed over in it (``draft:cpu``, ``draft:cuda``,
+    ``target:cuda``) instead of being closed, so the caller does not open them again."""
+    from tandem.runtime.speculative.factory import open_draft_backend, open_model_drafter
 
     draft = plan.draft
     key = calibration_key(plan.target.path, draft.path, opts, mode)
@@ -184,20 +186,27 @@ def calibrate(target: Backend, plan, opts: Sequence[Option], *, mode: str = "aut
     if any(o.target_device == "cuda" for o in opts):
         from tandem.runtime.backends.torch_engine.backend import TorchBackend
 
-        with TorchBackend(plan.target.path, plan.target.torch_config("cuda")) as on_gpu:
+        on_gpu = TorchBackend(plan.target.path, plan.target.torch_config("cuda"))
+        try:
             decode, verify = measure_target(on_gpu, context, {"cuda": None})
+            on_gpu.truncate(0)
+        finally:
+            _keep_or_close(keep, "target:cuda", on_gpu)
         costs.decode_s.update(decode)
         costs.verify_s.update(verify)
     for device in dict.fromkeys(o.draft_device for o in opts):
-        drafter = open_model_drafter(target, draft.path, mode, llama_config=draft.llama_config(), device=device,
+        backend = open_draft_backend(target, draft.path, llama_config=draft.llama_config(), device=device,
                                      torch_config=draft.torch_config(device) if device == "cuda" else None)
         try:
+            drafter = open_model_drafter(target, backend, mode)  # the backend stays ours
             threads = sorted({o.draft_threads for o in opts if o.draft_device == device})
             on_cpu = device == "cpu"
-            per_token, alpha = measure_drafter(drafter, getattr(drafter, "backend", None) if on_cpu else None,
+            per_token, alpha = measure_drafter(drafter, backend if on_cpu else None,
                                                prompt, continued, threads if on_cpu else threads[:1])
-        finally:
             drafter.close()
+            backend.truncate(0)
+        finally:
+            _keep_or_close(keep, f"draft:{device}", backend)
         for t in threads:
             costs.draft_s[draft_key(device, t)] = per_token.get(t, next(iter(per_token.values())))
         costs.acceptance[device] = alpha
@@ -209,30 +218,47 @@ def calibrate(target: Backend, plan, opts: Sequence[Option], *, mode: str = "aut
     return choose(opts, costs)
 
 
+def _keep_or_close(keep: dict[str, Backend] | None, key: str, backend: Backend) -> None:
+    if keep is None:
+        backend.close()
+    else:
+        keep[key] = backend
+
+
 def place(target: Backend, plan, *, mode: str = "auto", device: str = "auto", use_cache: bool = True,
-          notify: Callable[[str], None] = _stderr) -> Placed:
-    """Choose the placement for ``plan`` (the planner's :class:`~tandem.runtime.planning.planner.Plan`
+          notify: Callable[[str], None] = _stderr, keep_drafter: bool = False) -> Placed:
+    """Choose the placement for ``plan`` (the planner's :class:`~tandem.runtime.planning.plan.Plan`
     with a drafter; ``target`` is its target, open in llama.cpp): calibrate when there is
     more than one option, restricted by ``device`` (see :data:`DEVICE_CHOICES`), then
     apply it — thread counts set on the target, the drafter's configs, and the target
-    reopened in the torch engine on the GPU when that is the choice (the llama.cpp one
-    is closed)."""
+    moved to the torch engine on the GPU when that is the choice (the llama.cpp one is
+    closed; the one the calibration measured is reused). ``keep_drafter``: hand over the
+    drafter backend the calibration opened on the chosen device (``Placed.draft_backend``,
+    the caller's to close) instead of closing it."""
     draft = plan.draft
     opts = plan_options(plan, device)
     choice = None
-    if len(opts) > 1:
-        choice = calibrate(target, plan, opts, mode=mode, use_cache=use_cache, notify=notify)
-    best = choice.option if choice is not None else opts[0]
-    set_threads(target, best.target_threads)
-    if best.target_device == "cuda":
-        from tandem.runtime.backends.torch_engine.backend import TorchBackend
+    opened: dict[str, Backend] = {}
+    try:
+        if len(opts) > 1:
+            choice = calibrate(target, plan, opts, mode=mode, use_cache=use_cache, notify=notify, keep=opened)
+        best = choice.option if choice is not None else opts[0]
+        set_threads(target, best.target_threads)
+        if best.target_device == "cuda":
+            from tandem.runtime.backends.torch_engine.backend import TorchBackend
 
-        target.close()
-        target = TorchBackend(plan.target.path, plan.target.torch_config("cuda"))
+            target.close()
+            target = opened.pop("target:cuda", None) or TorchBackend(plan.target.path, plan.target.torch_config("cuda"))
+        draft_backend = opened.pop(f"draft:{best.draft_device}", None) if keep_drafter else None
+        if draft_backend is not None:
+            set_threads(draft_backend, best.draft_threads)
+    finally:
+        for backend in opened.values():
+            backend.close()
     cost = None
     if choice is not None:
         c = choice.costs
         cost = c.draft_s[draft_key(best.draft_device, best.draft_threads)] / c.decode_s[target_key(best)]
     return Placed(target, draft.path, replace(draft.llama_config(), n_threads=best.draft_threads),
                   draft.torch_config("cuda") if best.draft_device == "cuda" else None,
-                  best.draft_device, best.predraft, choice, cost)
+                  best.draft_device, best.predraft, choice, cost, draft_backend)

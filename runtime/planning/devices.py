@@ -21,7 +21,7 @@ from tandem.runtime.planning.hardware import Machine
 from tandem.runtime.planning.memory_model import Estimate, ModelShape, Setup, estimate
 
 if TYPE_CHECKING:
-    from tandem.runtime.planning.planner import ModelPlan
+    from tandem.runtime.planning.plan import ModelPlan
 
 SAFETY = 0.03
 """Share of the budget kept free for what the model does not see (allocator slack)."""

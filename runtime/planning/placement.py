@@ -192,6 +192,9 @@ class Placed:
     """The calibration behind it; ``None`` when there was only one option."""
     draft_cost: float | None = None
     """Measured drafter seconds per token / target decode step, for the adaptive policy."""
+    draft_backend: Backend | None = None
+    """The drafter's backend the calibration opened on the chosen device, handed over
+    (``place(keep_drafter=True)``) so it is not opened twice; the caller closes it."""
 
 
 def plan_options(plan, device: str = "auto") -> list[Option]:

@@ -32,10 +32,10 @@ plan lists every device it fits on (``ModelPlan.devices``).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
-from tandem.models.errors import BudgetError, TandemError
+from tandem.models.errors import TandemError
 from tandem.runtime.planning.devices import (
     SAFETY,
     fits,
@@ -53,6 +53,15 @@ from tandem.runtime.planning.memory_model import (
     estimate,
     shape_from_gguf,
 )
+from tandem.runtime.planning.plan import (
+    ACCEPTANCE_PRIOR,
+    KV_QUALITY,
+    KV_TYPES,
+    ModelPlan,
+    Plan,
+    PlanRequest,
+    check_context,
+)
 from tandem.runtime.planning.suggest import leanest_kv, suggest
 
 PROFILE_BASELINE = 80 * 1024**2
@@ -60,8 +69,6 @@ PROFILE_BASELINE = 80 * 1024**2
 ~45 MiB for the CLI here; the TUI adds ~30 MiB)."""
 DECODE_EFFICIENCY = 0.6
 """Share of memory bandwidth a decode step achieves reading weights (llama.cpp CPU)."""
-ACCEPTANCE_PRIOR = 0.7
-"""Per-token acceptance assumed for a same-family model drafter before measuring."""
 CPU_VERIFY_COST = (1.0, 1.7, 1.9, 2.1, 2.4, 2.55, 2.7, 2.85, 3.0)
 """c(k): a CPU verify of k drafts relative to one decode step (issue 3's measurement)."""
 DRAFT_CELLS = (1024, 512, 256)
@@ -77,95 +84,6 @@ and a small batch shrinks its compute buffer, output buffer and logits rows."""
 DRAFT_QUANT = "q8_0"
 """Type of the drafter copy the ladder tries (lossless for the output: the target verifies)."""
 MIN_CTX = 256
-
-
-@dataclass(frozen=True)
-class ModelPlan:
-    path: str
-    n_ctx: int
-    n_batch: int = 256
-    type_k: str = "f16"
-    type_v: str = "f16"
-    flash_attn: bool = False
-    """Off, as the backend's default: speculative output is then bit-identical to plain
-    greedy output (a quantized V cache turns it on: llama.cpp needs it there)."""
-    n_gpu_layers: int = 0
-    n_threads: int | None = None
-    window: int | None = None
-    """Drafter only: draft from the last ``window`` tokens (its own context cap)."""
-    device: str = "cpu"
-    """Drafter only: ``cuda`` runs it in the torch engine on the GPU (Dovetail placement)
-    when llama.cpp here cannot offload; ``cpu`` is llama.cpp (with ``n_gpu_layers``)."""
-    devices: tuple[str, ...] = ("cpu",)
-    """Drafter only: every device it fits on. ``device`` is the planner's default; when
-    there is more than one, :mod:`tandem.runtime.planning.placement` picks between them from a
-    measured calibration (cached) before generating."""
-    quant: str | None = None
-    """Drafter only: ``path`` is a copy of ``source`` quantized to this type (cached in the
-    user cache dir; :func:`plan_for_run` makes it if it is missing)."""
-    source: str | None = None
-    """Drafter only: the file the user named, when ``path`` is a quantized copy of it."""
-
-    def setup(self, output_rows: int = 1) -> Setup:
-        return Setup(self.n_ctx, self.n_batch, self.type_k, self.type_v, self.flash_attn,
-                     self.n_gpu_layers, output_rows)
-
-    def llama_config(self):
-        """The :class:`~tandem.runtime.backends.llama.LlamaConfig` that realises this plan."""
-        from tandem.runtime.backends.llama import LlamaConfig
-
-        return LlamaConfig(n_ctx=self.n_ctx, n_batch=self.n_batch, n_threads=self.n_threads,
-                           n_gpu_layers=self.n_gpu_layers, type_k=self.type_k, type_v=self.type_v,
-                           flash_attn=self.flash_attn)
-
-    def torch_config(self, device: str | None = None):
-        """The :class:`~tandem.runtime.backends.torch_engine.backend.TorchConfig` the planner priced
-        for a torch drafter on ``device`` (default: this plan's): same context and batch,
-        so its KV cache and workspace stay what the VRAM budget was checked against."""
-        from tandem.runtime.backends.torch_engine.backend import TorchConfig
-
-        return TorchConfig(device=device or self.device, n_ctx=self.n_ctx, n_batch=self.n_batch,
-                           n_threads=self.n_threads)
-
-
-@dataclass
-class Plan:
-    fits: bool
-    machine: str
-    host_budget: int
-    vram_budget: int
-    baseline: int
-    target: ModelPlan
-    draft: ModelPlan | None
-    speculate: bool
-    draft_max: int
-    memory: Estimate
-    tokens_per_s: float
-    """Predicted plain decode speed."""
-    speedup: float
-    """Predicted speculative speedup over plain decoding (1.0 when not speculating)."""
-    reasons: list[str] = field(default_factory=list)
-    suggestions: list[str] = field(default_factory=list)
-
-    @property
-    def host_total(self) -> int:
-        return self.baseline + self.memory.host
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d["memory"] = self.memory.as_dict()
-        d["memory"]["baseline_bytes"] = self.baseline
-        d["memory"]["host_total_bytes"] = self.host_total
-        d["speculative_tokens_per_s"] = self.tokens_per_s * self.speedup
-        return d
-
-    def check(self) -> Plan:
-        """Raise :class:`BudgetError` (with the suggestions) when the plan does not fit."""
-        if not self.fits:
-            hint = "; ".join(self.suggestions) or "raise --budget"
-            why = self.reasons[-1] if self.reasons else "The plan does not fit the budget"
-            raise BudgetError(f"{why}. What would fit: {hint}.")
-        return self
 
 
 def _decode_speed(shape: ModelShape, setup: Setup, machine: Machine) -> float:
@@ -196,31 +114,6 @@ def _verify_cost(k: int, on_gpu: bool) -> float:
     return CPU_VERIFY_COST[min(k, len(CPU_VERIFY_COST) - 1)] + 0.15 * max(0, k - len(CPU_VERIFY_COST) + 1)
 
 
-@dataclass
-class PlanRequest:
-    target: Path
-    draft: Path | None = None
-    ctx: int | None = None
-    """Context wanted; ``None`` means the model's own, capped at 4096 (may be shrunk)."""
-    machine: Machine | None = None
-    draft_max: int = 8
-    threads: int | None = None
-    allow_kv_quant: bool = True
-    acceptance: float = ACCEPTANCE_PRIOR
-    """Per-token acceptance of the drafter (measured, or the prior)."""
-    drop_slow_draft: bool = True
-    """Drop a drafter predicted to gain < 5 %. A drafter the user named explicitly is
-    kept when it fits (``False``): the adaptive policy then turns drafting off at run
-    time if it does not pay, using measured rather than predicted costs."""
-    model_free: bool | None = None
-    """Whether model-free drafting (suffix trie, prompt lookup) runs, whose index grows
-    with the context; ``None``: when a draft model is named (``--draft-mode auto``)."""
-    baseline: int | None = None
-    """Resident bytes before the models load; ``None``: this process's RSS plus the
-    llama.cpp code it will still fault in (:func:`tandem.runtime.planning.memprobe.unresident_code`),
-    or the profile constant when planning another machine."""
-
-
 def _draft_rungs(d_shape: ModelShape, ctx: int, draft_max: int, quant: str | None):
     """Drafter settings ((window, batch, kv, quant), k, note) from best to leanest, each
     with the drafter's own weights first and then with its ``quant`` copy (if any)."""
@@ -236,11 +129,23 @@ def _draft_rungs(d_shape: ModelShape, ctx: int, draft_max: int, quant: str | Non
             yield (window, batch, kv, q), k, note
 
 
-def _ladder(t_shape: ModelShape, d_shape: ModelShape | None, ctx: int, draft_max: int, quant: str | None):
+def kv_candidates(t_shape: ModelShape, req: PlanRequest) -> list[str]:
+    """The target KV types to try, best first: the one asked for, or f16 and then the
+    quantized types the model's heads allow (unless ``allow_kv_quant`` is off)."""
+    if req.kv_type is not None:
+        if req.kv_type not in KV_TYPES:
+            raise TandemError(f"Unknown KV cache type {req.kv_type!r}; choose one of {', '.join(KV_TYPES)}.")
+        if not t_shape.kv_type_ok(req.kv_type):
+            raise TandemError(f"--kv-type {req.kv_type} stores blocks of 32 values but {t_shape.name}'s attention "
+                              f"heads have {t_shape.head_dim_k}; use f16 for this model.")
+        return [req.kv_type]
+    return [kv for kv in KV_TYPES if kv == "f16" or (req.allow_kv_quant and t_shape.kv_type_ok(kv))]
+
+
+def _ladder(t_shape: ModelShape, d_shape: ModelShape | None, ctx: int, draft_max: int, quant: str | None,
+            kv_types: list[str]):
     """Candidate (target KV, target batch, drafter settings or None, k, note), best first."""
-    for kv in ("f16", "q8_0"):
-        if kv != "f16" and not t_shape.kv_type_ok(kv):
-            continue
+    for kv in kv_types:
         for t_batch in (256, 64):
             if d_shape is not None:
                 for draft_cfg, k, note in _draft_rungs(d_shape, ctx, draft_max, quant):
@@ -255,18 +160,6 @@ def _draft_quant(path: Path, shape: ModelShape) -> tuple[str, ModelShape] | None
         return None
     copy = shape_from_gguf(path, as_type=DRAFT_QUANT)
     return (DRAFT_QUANT, copy) if copy.weights_bytes <= 0.8 * shape.weights_bytes else None
-
-
-def check_context(ctx: int | None, shape: ModelShape) -> None:
-    """Refuse a context longer than the model was trained for: past it, positions the
-    model never saw make its output degrade into noise (no RoPE scaling is configured),
-    and the memory for it would be spent on that. (The k draft slots the planner adds
-    past a context at the limit are fine: llama.cpp only warns.)"""
-    if ctx is not None and ctx > shape.n_ctx_train:
-        raise TandemError(f"--ctx {ctx} is longer than {shape.name} was trained for ({shape.n_ctx_train} tokens); "
-                          f"use --ctx {shape.n_ctx_train} or less.")
-    if ctx is not None and ctx < 1:
-        raise TandemError(f"--ctx {ctx} must be a positive number of tokens.")
 
 
 def detected_baseline() -> int:
@@ -328,6 +221,14 @@ def _make_plan(req: PlanRequest) -> Plan:
         reasons.append(f"the default context {ctx} does not fit the budget; trying {smaller}")
         ctx = smaller
     plan.baseline = baseline
+    if plan.fits and plan.target.type_k != "f16":
+        kv = plan.target.type_k
+        if req.kv_type is not None:
+            why = f"target KV cache {kv}, as asked ({KV_QUALITY[kv]})"
+        else:
+            why = f"target KV cache quantized to {kv}: f16 did not fit even without a draft model ({KV_QUALITY[kv]})"
+            plan.kv_note = why
+        plan.reasons.insert(1, why)
     if index:
         row = Item(f"model-free drafting index (suffix trie and lookup, {ctx + req.draft_max} tokens)",
                    "speculation", "host", index)
@@ -359,9 +260,8 @@ def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelSh
     gpu_ok = gpu_offload_ok(machine)
     torch_cuda = bool(d_shapes) and not gpu_ok and torch_cuda_ok(machine)
     d_shape = d_shapes.get(None)
-    for kv, t_batch, draft_cfg, k, note in _ladder(t_shape, d_shape, ctx, req.draft_max, quant):
-        if kv != "f16" and not req.allow_kv_quant:
-            continue
+    for kv, t_batch, draft_cfg, k, note in _ladder(t_shape, d_shape, ctx, req.draft_max, quant,
+                                                   kv_candidates(t_shape, req)):
         # Model-free drafting verifies k drafts too, with or without a draft model.
         target = ModelPlan(str(req.target), ctx + k, t_batch, kv, kv, n_threads=req.threads)
         if draft_cfg is None or d_shape is None or req.draft is None:
@@ -409,9 +309,6 @@ def _finish(machine: Machine, baseline: int, t_shape: ModelShape, d_shape: Model
     else:
         reasons.append("target on CPU threads" + (" (no GPU offload in this llama.cpp build)"
                                                   if machine.gpus and not gpu_offload_ok(machine) else ""))
-    if target.type_k != "f16":
-        reasons.append(f"target KV cache quantized to {target.type_k}: f16 did not fit even without a "
-                       "draft model (small quality cost)")
     if target.n_batch < 256:
         reasons.append(f"prefill batch {target.n_batch} to shrink the compute buffer (prefill is slower)")
     if draft is not None and d_shape is not None:
@@ -462,7 +359,7 @@ def _layers(g: int, shape: ModelShape) -> str:
 def plan_for_run(target_path: str | Path, draft_path: str | Path | None = None, budget: int | str | None = None,
                  ctx: int | None = None, *, vram: int | str | None = None, profile: str | None = None,
                  threads: int | None = None, draft_max: int = 8, acceptance: float = ACCEPTANCE_PRIOR,
-                 drop_slow_draft: bool = True, model_free: bool | None = None) -> Plan:
+                 drop_slow_draft: bool = True, model_free: bool | None = None, kv_type: str | None = None) -> Plan:
     """The one call ``tandem run`` / ``tandem chat`` make: plan for this machine (or a
     profile) and raise :class:`BudgetError` with suggestions when nothing fits.
 
@@ -479,7 +376,7 @@ def plan_for_run(target_path: str | Path, draft_path: str | Path | None = None, 
     machine = resolve_machine(profile, budget, vram, measure_bandwidth=False)
     req = PlanRequest(Path(target_path), Path(draft_path) if draft_path else None, ctx, machine,
                       draft_max=draft_max, threads=threads, acceptance=acceptance,
-                      drop_slow_draft=drop_slow_draft, model_free=model_free)
+                      drop_slow_draft=drop_slow_draft, model_free=model_free, kv_type=kv_type)
     plan = make_plan(req).check()
     if plan.draft is not None and plan.draft.quant and plan.draft.source:
         from tandem.models.quantize import cached_copy

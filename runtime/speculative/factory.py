@@ -127,29 +127,34 @@ def model_free_drafter(target: Backend, *, shared: bool = True) -> Drafter:
     return ChainDrafter([suffix, PromptLookupDrafter()])
 
 
+def open_draft_backend(target: Backend, draft: str | Path, *, llama_config=None, device: str = "cpu",
+                       torch_config=None) -> Backend:
+    """The drafter model's backend: on ``cuda`` the torch engine (warmed up), else what
+    its file type implies (``llama_config`` for a GGUF, the target's context otherwise)."""
+    from tandem.models.store import resolve_model
+    from tandem.runtime.backends.opener import open_backend
+
+    path = resolve_model(str(draft))
+    if device != "cuda":
+        return open_backend(path, n_ctx=target.n_ctx, llama_config=llama_config)
+    from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
+
+    backend = TorchBackend(path, torch_config or TorchConfig(device="cuda", n_ctx=target.n_ctx + 16))
+    backend.evaluate([backend.special.bos or 0])  # first CUDA launches (kernels, cuBLAS) are slow:
+    backend.truncate(0)  # pay them here, not in the first round the adaptive policy times
+    return backend
+
+
 def open_model_drafter(target: Backend, draft: str | Path | Backend, mode: str, *, llama_config=None,
                        device: str = "cpu", torch_config=None) -> Drafter:
-    """A model drafter for ``draft`` (a GGUF path, a store name or an open backend):
-    same-vocabulary when the vocabularies match, cross-vocabulary otherwise (``auto``),
-    or as ``mode`` demands."""
+    """A model drafter for ``draft`` (a GGUF path, a store name or an open backend, which
+    stays the caller's): same-vocabulary when the vocabularies match, cross-vocabulary
+    otherwise (``auto``), or as ``mode`` demands."""
     from tandem.runtime.speculative.drafters.model import ModelDrafter, same_vocabulary
 
     owns = not isinstance(draft, Backend)
-    if owns:
-        from tandem.models.store import resolve_model
-        from tandem.runtime.backends.opener import open_backend
-
-        path = resolve_model(str(draft))
-        if device == "cuda":
-            from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
-
-            backend = TorchBackend(path, torch_config or TorchConfig(device="cuda", n_ctx=target.n_ctx + 16))
-            backend.evaluate([backend.special.bos or 0])  # first CUDA launches (kernels, cuBLAS) are slow:
-            backend.truncate(0)  # pay them here, not in the first round the adaptive policy times
-        else:
-            backend = open_backend(path, n_ctx=target.n_ctx, llama_config=llama_config)
-    else:
-        backend = draft
+    backend = (open_draft_backend(target, draft, llama_config=llama_config, device=device, torch_config=torch_config)
+               if owns else draft)
     try:
         same = same_vocabulary(target, backend)
         if mode == "model" and not same:

@@ -11,11 +11,8 @@ from greedy_runs import greedy_rows
 
 from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
 from tandem.runtime.backends.torch_engine.cache import KVCache
-from tandem.runtime.kv.compress import (
-    CompressedKVCache,
-    KVCompressConfig,
-    use_compressed_cache,
-)
+from tandem.runtime.kv.compress import CompressedKVCache, use_compressed_cache
+from tandem.runtime.kv.config import KVCompressConfig
 
 PROMPT = "Once upon a time, there was a little girl named Lily. She loved to play"
 

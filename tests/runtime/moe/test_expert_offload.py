@@ -11,7 +11,8 @@ from greedy_runs import greedy_rows
 
 from tandem.models.errors import UnsupportedModel
 from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
-from tandem.runtime.moe.expert_cache import ExpertCache, OffloadConfig, enable_offload
+from tandem.runtime.moe.config import OffloadConfig
+from tandem.runtime.moe.expert_cache import ExpertCache, enable_offload
 from tandem.runtime.moe.expert_store import ExpertWeights, GGUFExpertSource
 
 TEXT = "Once upon a time, there was a little girl named Lily. She loved to play with her ball in the park."

@@ -18,7 +18,8 @@ import torch
 from greedy_runs import greedy_rows
 
 from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
-from tandem.runtime.moe.expert_cache import ExpertCache, OffloadConfig, enable_offload
+from tandem.runtime.moe.config import OffloadConfig
+from tandem.runtime.moe.expert_cache import ExpertCache, enable_offload
 from tandem.runtime.moe.expert_store import ExpertWeights, GGUFExpertSource
 
 pytestmark = pytest.mark.skipif(

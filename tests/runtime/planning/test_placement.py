@@ -12,14 +12,13 @@ import pytest
 
 from tandem.models.errors import TandemError
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
-from tandem.runtime.planning.calibration import calibrate
+from tandem.runtime.planning.calibration import calibrate, place
 from tandem.runtime.planning.placement import (
     Costs,
     Option,
     choose,
     expected_tokens,
     options,
-    place,
     predict,
     target_gpu_fits,
 )

@@ -14,7 +14,9 @@ import pytest
 from tandem.app.cli import main
 from tandem.models.errors import BudgetError
 from tandem.runtime.planning.hardware import MiB, resolve_machine
-from tandem.runtime.planning.planner import SAFETY, PlanRequest, make_plan
+from tandem.runtime.planning.devices import SAFETY
+from tandem.runtime.planning.plan import PlanRequest
+from tandem.runtime.planning.planner import make_plan
 
 ALPHA = 0.95
 """stories260K drafting for its own twin accepts (nearly) every token: measured in test_split."""
@@ -209,7 +211,7 @@ CHAT = textwrap.dedent("""
     from tandem.runtime.speculative.overlap import WindowedDrafter, split_speculative
     from tandem.runtime.chat import ChatEngine
     from tandem.kernels.sampling import SamplingParams
-    from tandem.runtime.planning.planner import SAFETY
+    from tandem.runtime.planning.devices import SAFETY
     target_path, draft_path, squeeze, turns = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
     roomy, threads, reply_tokens = sys.argv[5], int(sys.argv[6]), int(sys.argv[7])
     # The tightest budgets, from this process's own baseline: the full pair's footprint,

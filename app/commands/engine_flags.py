@@ -1,0 +1,124 @@
+"""The flags that say how a model is opened, shared by `run`, `chat`, `serve`, `bench`
+and `plan`, with one set of defaults (README, "Using it"), and the
+:class:`~tandem.runtime.engine.EngineSpec` they describe.
+
+Each command adds the groups that apply to it (:func:`add_engine_flags`); everything
+goes through :func:`spec_from_args` to :func:`tandem.runtime.engine.open_engine`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tandem.models.errors import TandemError
+from tandem.models.store import resolve_model
+from tandem.runtime.engine import ENGINES, LLAMA_KV_TYPES, EngineSpec
+from tandem.runtime.kv.config import PRESETS
+from tandem.runtime.moe.config import EVICTIONS, MoeOffloadSpec
+from tandem.runtime.planning.placement import DEVICE_CHOICES
+from tandem.runtime.speculative.factory import MODES
+
+KV_COMPRESS_CHOICES = ("none", *PRESETS)
+
+
+def add_engine_flags(p: argparse.ArgumentParser, *, ctx_default: int | None = None) -> None:
+    """``--ctx --threads --budget --vram``, the speculative-decoding group (``--draft
+    --draft-mode --draft-max --draft-len --fast-verify --placement``) and the engine and
+    memory techniques (``--engine --device --kv-type --kv-compress --moe-offload ...``)."""
+    g = p.add_argument_group("model and memory")
+    g.add_argument("--ctx", type=int, default=ctx_default,
+                   help="context length (default: " + (f"{ctx_default}" if ctx_default else
+                                                        "the model's, at most 4096, shrunk to fit the budget") + ")")
+    g.add_argument("--threads", type=int, default=None, help="CPU threads (default: every core)")
+    g.add_argument("--budget", default=None, help="host memory the process may use, e.g. 6GiB (default: 85%% of "
+                   "available RAM); the memory planner fits target + drafter under it (see `tandem plan`)")
+    g.add_argument("--vram", default=None, help="GPU memory it may use, e.g. 4GiB (default: 92%% of free)")
+    add_draft_flags(p)
+    add_technique_flags(p)
+
+
+def add_draft_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculative decoding (lossless)")
+    g.add_argument("--draft", default=None, metavar="DRAFTER",
+                   help="drafter model: GGUF file or a name from `tandem models` (any vocabulary)")
+    g.add_argument("--draft-mode", choices=MODES, default="auto",
+                   help="auto (default): model-free drafting (suffix tree, prompt lookup) always, then the "
+                        "drafter if one is named (same- or cross-vocabulary), adaptive length, switched off "
+                        "when it does not pay; model/xvocab: the drafter only; ngram: model-free only; off: plain")
+    g.add_argument("--draft-max", type=int, default=8, metavar="N", help="most tokens drafted per round (default 8)")
+    g.add_argument("--draft-len", type=int, default=None, metavar="K",
+                   help="fixed draft length instead of the adaptive policy")
+    g.add_argument("--fast-verify", action="store_true",
+                   help="verify long drafts in one call with llama.cpp's fastest CPU kernels: faster on "
+                        "long model-free drafts, but greedy output may differ from plain decoding at near-ties "
+                        "(default: exact, token-identical; see README)")
+    g.add_argument("--placement", choices=DEVICE_CHOICES, default="auto",
+                   help="where drafter and target run: auto (default) measures the options once (cached) and "
+                        "picks the fastest: drafter on the GPU or on CPU threads (in turn or split, pre-drafting), "
+                        "or the target on the GPU; gpu/cpu: the drafter there; target-gpu: the target there")
+
+
+def add_technique_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine, KV cache and experts")
+    g.add_argument("--engine", choices=ENGINES, default="auto",
+                   help="where the target runs: auto (default) by file type (GGUF: llama.cpp; Hugging Face "
+                        "folder: torch; ONNX: onnxruntime); torch: the torch engine, dequantized float32, which "
+                        "has --kv-compress and --moe-offload")
+    g.add_argument("--device", default=None, help="torch engine device: cpu or cuda (default: cuda when torch "
+                   "sees a GPU)")
+    g.add_argument("--kv-type", choices=LLAMA_KV_TYPES, default=None,
+                   help="llama.cpp KV cache type (default: f16, or q8_0/q4_0 when the planner needs them to fit "
+                        "the budget, said so); q8_0 is 1.9x smaller than f16, q4_0 3.6x; a quantized V cache "
+                        "turns on flash attention, so greedy speculative output may differ from plain at near-ties")
+    g.add_argument("--kv-compress", choices=KV_COMPRESS_CHOICES, default="none",
+                   help="torch engine: compressed KV cache: "
+                        + "; ".join(f"{name}: {preset.summary}" for name, preset in PRESETS.items())
+                        + " (quality costs: `tandem plan --engine torch`)")
+    g.add_argument("--moe-offload", nargs="?", const="25%", default=None, metavar="BUDGET",
+                   help="torch engine, mixture-of-experts GGUF: keep experts in the file (CPU) or pinned RAM "
+                        "(CUDA) behind a cache of BUDGET device bytes, e.g. 2GiB or 25%% of the experts "
+                        "(default 25%%); lossless at full precision")
+    g.add_argument("--moe-eviction", choices=EVICTIONS, default="lru", help="expert cache eviction (default lru)")
+    g.add_argument("--moe-prefetch", action="store_true", help="prefetch the next layer's guessed experts "
+                   "(cross-layer gate; did not pay in the measured settings)")
+    g.add_argument("--moe-low-bits", action="store_true",
+                   help="load int4 copies for misses of low-weight experts (fewer bytes; not lossless)")
+
+
+def moe_spec(args: argparse.Namespace) -> MoeOffloadSpec | None:
+    if args.moe_offload is None:
+        return None
+    try:
+        return MoeOffloadSpec(args.moe_offload, args.moe_eviction, args.moe_prefetch, args.moe_low_bits)
+    except ValueError as exc:
+        raise TandemError(str(exc)) from None
+
+
+def spec_from_args(args: argparse.Namespace, *, model: str | Path | None = None,
+                   shared_suffix_cache: bool = True) -> EngineSpec:
+    """The :class:`EngineSpec` the flags of :func:`add_engine_flags` describe (``model``
+    overrides ``-m``; the server turns ``shared_suffix_cache`` off)."""
+    for name in ("ctx", "threads", "draft_max"):
+        value = vars(args)[name]
+        if value is not None and value < 1:
+            raise TandemError(f"--{name.replace('_', '-')} must be at least 1, got {value}.")
+    return EngineSpec(
+        target=resolve_model(str(model if model is not None else args.model)),
+        drafter=resolve_model(args.draft) if args.draft else None,
+        draft_mode=args.draft_mode,
+        draft_max=args.draft_max,
+        draft_len=args.draft_len,
+        budget=args.budget,
+        vram=args.vram,
+        placement=args.placement,
+        engine=args.engine,
+        device=args.device,
+        kv_type=args.kv_type,
+        kv_compress=PRESETS[args.kv_compress].config if args.kv_compress != "none" else None,
+        moe_offload=moe_spec(args),
+        threads=args.threads,
+        n_ctx=args.ctx,
+        fast_verify=args.fast_verify,
+        shared_suffix_cache=shared_suffix_cache,
+    )

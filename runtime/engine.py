@@ -1,0 +1,341 @@
+"""One engine builder for every front end: plan -> open -> place -> strategy.
+
+`tandem run`, `tandem chat`, `tandem serve` and `tandem bench` describe what they want
+as an :class:`EngineSpec` and call :func:`open_engine`, which
+
+1. **plans**: a GGUF target in llama.cpp goes through the memory planner
+   (:func:`tandem.runtime.planning.planner.plan_for_run`: context, KV type, batch, the
+   drafter's window and quantized copy, GPU layers; ``BudgetError`` when nothing fits);
+   a target in the torch engine or onnxruntime is priced and budget-checked
+   (:mod:`tandem.runtime.planning.torch_target`, :mod:`tandem.runtime.planning.other_targets`);
+2. **opens** the target once, as planned (and applies the torch engine's KV compression
+   and MoE expert offload when asked);
+3. **places** the drafter (:func:`tandem.runtime.planning.calibration.place`: measured
+   once per pair and machine, cached); the drafter backend the calibration opened is
+   handed over, so each model is opened exactly once;
+4. builds the **strategy** (:func:`tandem.runtime.speculative.factory.build_strategy`).
+
+The :class:`Engine` owns all of it and closes it in reverse order. Defaults are the same
+for every front end (README, "Using it"): draft mode ``auto`` (model-free drafting
+always on, the drafter when one is named, adaptive length, switched off when it does not
+pay), placement ``auto``, llama.cpp's exact configuration, f16 KV unless the budget
+needs less.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tandem.models.errors import TandemError
+from tandem.runtime.backends.opener import backend_kind, open_backend
+from tandem.runtime.backends.protocol import Backend
+from tandem.runtime.speculative.factory import (
+    MODES,
+    SpecOptions,
+    SpeculativeStrategy,
+    build_strategy,
+)
+
+if TYPE_CHECKING:
+    from tandem.runtime.kv.config import KVCompressConfig
+    from tandem.runtime.moe.config import MoeOffloadSpec
+    from tandem.runtime.planning.placement import Choice
+    from tandem.runtime.planning.plan import Plan
+    from tandem.runtime.planning.torch_target import TorchPlan
+
+ENGINES = ("auto", "llama.cpp", "torch")
+"""``--engine``: where the target runs. ``auto``: by file type (GGUF: llama.cpp, a
+Hugging Face folder: the torch engine, an ONNX export: onnxruntime)."""
+LLAMA_KV_TYPES = ("f16", "q8_0", "q4_0")
+"""``--kv-type`` for llama.cpp targets."""
+
+Notify = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Everything that decides how a target (+ drafter) is opened; sampling is per request."""
+
+    target: Path
+    drafter: Path | None = None
+    draft_mode: str = "auto"
+    """auto | model | xvocab | ngram | off (see :func:`build_strategy`)."""
+    draft_max: int = 8
+    draft_len: int | None = None
+    """A fixed draft length instead of the adaptive policy."""
+    budget: int | str | None = None
+    """Host memory the process may use (``6GiB``); ``None``: the planner's share of RAM."""
+    vram: int | str | None = None
+    placement: str = "auto"
+    """auto | gpu | cpu | target-gpu (:data:`tandem.runtime.planning.placement.DEVICE_CHOICES`)."""
+    engine: str = "auto"
+    """:data:`ENGINES`."""
+    device: str | None = None
+    """Torch engine only: ``cpu``, ``cuda``...; ``None``: CUDA when torch sees a GPU."""
+    kv_type: str | None = None
+    """llama.cpp KV cache type (:data:`LLAMA_KV_TYPES`); ``None``: f16, or the planner's
+    choice of q8_0/q4_0 when f16 does not fit the budget (said in the notes)."""
+    kv_compress: KVCompressConfig | None = None
+    """Torch engine only: compressed KV cache (sinks + window, CAKE, KIVI/RotateKV)."""
+    moe_offload: MoeOffloadSpec | None = None
+    """Torch engine only: keep a mixture-of-experts model's experts behind a budgeted cache."""
+    threads: int | None = None
+    n_ctx: int | None = None
+    """Context; ``None``: the model's, at most 4096 (shrunk by the planner to fit)."""
+    fast_verify: bool = False
+    """llama.cpp's fastest kernels instead of the exact configuration (greedy output may
+    then differ from plain decoding at near-ties)."""
+    measure_cost: bool = True
+    """Start the adaptive policy from a cached verify-cost curve for this model and machine."""
+    shared_suffix_cache: bool = True
+    """Let model-free drafting learn across requests; the server turns it off (isolation)."""
+
+
+@dataclass
+class Engine:
+    """An open target, its strategy and everything they hold; a context manager.
+
+    ``target`` generates, ``strategy`` is passed as ``generate(..., strategy=...)``;
+    ``plan`` is the memory planner's plan (llama.cpp), ``torch_plan`` the torch engine's
+    pricing, ``placement`` the measured placement choice, ``notes`` what the builder
+    changed or chose and why (shown by the front ends).
+    """
+
+    spec: EngineSpec
+    target: Backend
+    strategy: SpeculativeStrategy
+    kind: str
+    """``llama.cpp``, ``torch`` or ``onnxruntime``: where the target runs."""
+    plan: Plan | None = None
+    torch_plan: TorchPlan | None = None
+    placement: Choice | None = None
+    drafter_backend: Backend | None = None
+    """The drafter model's backend (owned here, for memory figures), if any."""
+    notes: list[str] = field(default_factory=list)
+    extras: list[Any] = field(default_factory=list)
+    """Other things to close with the engine (the MoE offload manager)."""
+
+    def describe(self) -> dict:
+        """What runs where: target, engine, KV, drafting, placement (``--json``, ``/v1/models``)."""
+        out: dict[str, Any] = {"target": self.target.name, "engine": self.kind, "n_ctx": self.target.n_ctx,
+                               "speculation": self.strategy.describe()}
+        if self.plan is not None:
+            out["kv_type"] = self.plan.target.type_k
+        if self.spec.kv_compress is not None:
+            out["kv_compress"] = self.torch_plan.kv_label if self.torch_plan else True
+        if self.spec.moe_offload is not None and self.torch_plan is not None:
+            out["moe_offload"] = self.torch_plan.offload_label
+        if self.placement is not None:
+            out["placement"] = self.placement.as_dict()
+        if self.notes:
+            out["notes"] = list(self.notes)
+        return out
+
+    def close(self) -> None:
+        """Strategy (its drafters), the drafter backend, extras, then the target."""
+        self.strategy.close()
+        for extra in reversed(self.extras):
+            extra.close()
+        self.extras = []
+        if self.drafter_backend is not None:
+            self.drafter_backend.close()
+            self.drafter_backend = None
+        self.target.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def target_engine(spec: EngineSpec) -> str:
+    """Where the target runs: ``llama.cpp``, ``torch`` or ``onnxruntime``."""
+    if spec.engine not in ENGINES:
+        raise TandemError(f"Unknown engine {spec.engine!r}; choose one of {', '.join(ENGINES)}.")
+    kind = backend_kind(spec.target)
+    if spec.engine == "torch":
+        if kind == "onnx":
+            raise TandemError("--engine torch runs GGUF files and Hugging Face folders, not ONNX exports.")
+        return "torch"
+    if spec.engine == "llama.cpp" and kind != "gguf":
+        raise TandemError(f"--engine llama.cpp needs a GGUF file; {spec.target} is not one.")
+    return {"gguf": "llama.cpp", "torch": "torch", "onnx": "onnxruntime"}[kind]
+
+
+def check_spec(spec: EngineSpec, kind: str) -> None:
+    """Refuse settings that cannot apply, before anything is loaded."""
+    if spec.draft_mode not in MODES:
+        raise TandemError(f"Unknown draft mode {spec.draft_mode!r}; choose one of {', '.join(MODES)}.")
+    if spec.draft_mode in ("model", "xvocab") and spec.drafter is None:
+        raise TandemError(f"--draft-mode {spec.draft_mode} needs a drafter model (--draft).")
+    if spec.draft_max < 1 or (spec.draft_len is not None and spec.draft_len < 0):
+        raise TandemError("The draft length must be positive.")
+    if spec.kv_type is not None:
+        if spec.kv_type not in LLAMA_KV_TYPES:
+            raise TandemError(f"Unknown --kv-type {spec.kv_type!r}; choose one of {', '.join(LLAMA_KV_TYPES)}.")
+        if kind != "llama.cpp":
+            raise TandemError("--kv-type sets llama.cpp's KV cache; in the torch engine use --kv-compress.")
+    if (spec.kv_compress is not None or spec.moe_offload is not None) and kind != "torch":
+        flag = "--kv-compress" if spec.kv_compress is not None else "--moe-offload"
+        raise TandemError(f"{flag} works in the torch engine: add --engine torch (the target runs there "
+                          "dequantized, on CUDA when torch sees a GPU, else on the CPU).")
+    if spec.device is not None and kind != "torch":
+        raise TandemError("--device chooses the torch engine's device: add --engine torch.")
+
+
+def open_engine(spec: EngineSpec, notify: Notify | None = None) -> Engine:
+    """Plan, open, place and build the strategy for ``spec`` (module docstring).
+
+    ``notify`` receives progress stages ("planning memory", "loading the model", ...);
+    what the builder chose or changed (a drafter the planner dropped, a KV type it chose
+    for the budget, a quality cost) is in ``Engine.notes``. Raises ``BudgetError``
+    when nothing fits, ``TandemError`` for settings that cannot apply; on any failure
+    everything opened so far is closed.
+    """
+    say = notify or _quiet
+    kind = target_engine(spec)
+    check_spec(spec, kind)
+    if kind == "llama.cpp":
+        return _open_llama(spec, say)
+    return _open_other(spec, kind, say)
+
+
+def _wants_model(spec: EngineSpec) -> bool:
+    return spec.drafter is not None and spec.draft_mode in ("auto", "model", "xvocab")
+
+
+def _open_llama(spec: EngineSpec, say: Notify) -> Engine:
+    from tandem.runtime.planning.calibration import place
+    from tandem.runtime.planning.planner import plan_for_run
+
+    draft_path = spec.drafter if _wants_model(spec) else None
+    planned_draft = draft_path if draft_path is not None and backend_kind(draft_path) == "gguf" else None
+    say("planning memory")
+    plan = plan_for_run(spec.target, planned_draft, spec.budget, spec.n_ctx, vram=spec.vram, threads=spec.threads,
+                        draft_max=spec.draft_max, drop_slow_draft=False, kv_type=spec.kv_type,
+                        model_free=spec.draft_mode in ("auto", "ngram"))
+    notes = plan_notes(plan, planned_draft is not None)
+    mode = spec.draft_mode
+    if planned_draft is not None and plan.draft is None:
+        draft_path = None
+        if mode in ("model", "xvocab"):
+            mode = "off"
+    say("loading the model")
+    target = open_backend(spec.target, llama_config=replace(plan.target.llama_config(), exact=not spec.fast_verify))
+    engine = Engine(spec, target, SpeculativeStrategy(None, None), "llama.cpp", plan=plan, notes=notes)
+    try:
+        options = _spec_options(spec, mode, plan.draft_max)
+        llama_config = torch_config = None
+        if plan.draft is not None:
+            say("placing the drafter (measured on a pair's first run)")
+            placed = place(target, plan, mode=mode, device=spec.placement, notify=say, keep_drafter=True)
+            engine.target = placed.target  # moved to the GPU when the target is placed there
+            if placed.target is not target:
+                engine.kind = "torch"
+            engine.placement = placed.choice
+            engine.drafter_backend = placed.draft_backend
+            draft_path = Path(placed.draft_path)  # the file the planner priced (maybe a quantized copy)
+            llama_config, torch_config = placed.llama_config, placed.torch_config
+            options = replace(options, draft_window=plan.draft.window, draft_device=placed.draft_device,
+                              predraft=placed.predraft, draft_cost=placed.draft_cost)
+            if placed.choice is not None:
+                engine.notes.append(f"placement: {placed.choice.option.name} (measured"
+                                    + (", cached)" if placed.choice.cached else ")"))
+        return _finish(engine, draft_path, options, llama_config, torch_config, say)
+    except BaseException:
+        engine.close()
+        raise
+
+
+def _open_other(spec: EngineSpec, kind: str, say: Notify) -> Engine:
+    """A target in the torch engine (priced with its KV compression and expert offload) or
+    onnxruntime (budget-checked): no ladder to walk, no placement to measure."""
+    say("planning memory")
+    torch_plan = None
+    if kind == "torch":
+        from tandem.runtime.planning.torch_target import plan_torch
+
+        torch_plan = plan_torch(spec.target, budget=spec.budget, ctx=spec.n_ctx, device=spec.device,
+                                draft_max=spec.draft_max, kv_compress=spec.kv_compress, moe=spec.moe_offload)
+        say("loading the model")
+        target = _open_torch(spec, torch_plan)
+    else:
+        from tandem.runtime.planning.other_targets import plan_unplanned
+
+        plan_unplanned(spec.target, "onnx", spec.budget, spec.n_ctx)
+        say("loading the model")
+        target = open_backend(spec.target, n_ctx=spec.n_ctx, n_threads=spec.threads)
+    engine = Engine(spec, target, SpeculativeStrategy(None, None), kind, torch_plan=torch_plan,
+                    notes=torch_plan.notes() if torch_plan else [])
+    try:
+        if torch_plan is not None:
+            _apply_torch_options(engine, torch_plan)
+        return _finish(engine, spec.drafter if _wants_model(spec) else None,
+                       _spec_options(spec, spec.draft_mode, spec.draft_max), None, None, say)
+    except BaseException:
+        engine.close()
+        raise
+
+
+def _open_torch(spec: EngineSpec, torch_plan: TorchPlan) -> Backend:
+    from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
+
+    return TorchBackend(spec.target, TorchConfig(device=torch_plan.device, n_ctx=torch_plan.n_ctx,
+                                                 n_threads=spec.threads))
+
+
+def _apply_torch_options(engine: Engine, torch_plan: TorchPlan) -> None:
+    """Swap in the compressed KV cache and put the experts behind their cache, as priced."""
+    if torch_plan.kv_compress is not None:
+        from tandem.runtime.kv.compress import use_compressed_cache
+
+        use_compressed_cache(engine.target, torch_plan.kv_compress)
+    if torch_plan.offload is not None:
+        from tandem.runtime.moe.expert_cache import enable_offload
+
+        source = "ram" if torch_plan.device.startswith("cuda") else "gguf"
+        engine.extras.append(enable_offload(engine.target, torch_plan.offload, source=source))
+
+
+def _spec_options(spec: EngineSpec, mode: str, draft_max: int) -> SpecOptions:
+    return SpecOptions(mode=mode, draft_max=draft_max, draft_length=spec.draft_len, measure_cost=spec.measure_cost,
+                       shared_suffix_cache=spec.shared_suffix_cache)
+
+
+def _finish(engine: Engine, draft_path: Path | None, options: SpecOptions, llama_config, torch_config,
+            say: Notify) -> Engine:
+    """Open the drafter backend if placement did not hand one over, then the strategy."""
+    from tandem.runtime.speculative.factory import open_draft_backend
+
+    if options.mode == "off" or options.mode == "ngram":
+        draft_path = None
+    if draft_path is not None and engine.drafter_backend is None:
+        say("loading the drafter")
+        engine.drafter_backend = open_draft_backend(engine.target, draft_path, llama_config=llama_config,
+                                                    device=options.draft_device, torch_config=torch_config)
+    if engine.drafter_backend is not None and draft_path is None:
+        engine.drafter_backend.close()
+        engine.drafter_backend = None
+    say("preparing speculative decoding")
+    engine.strategy = build_strategy(engine.target, engine.drafter_backend, options)
+    return engine
+
+
+def plan_notes(plan: Plan, drafter_named: bool) -> list[str]:
+    """What the planner changed that a user should hear about: a drafter it dropped, a KV
+    type it chose for the budget."""
+    notes = []
+    if drafter_named and plan.draft is None:
+        dropped = [r for r in plan.reasons if "draft model" in r or "drafter" in r]
+        notes.append("memory planner: " + (dropped[-1] if dropped else "draft model dropped"))
+    if plan.kv_note:
+        notes.append("memory planner: " + plan.kv_note)
+    return notes
