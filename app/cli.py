@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "tandem.app.commands.pull",
     "tandem.app.commands.ngram",
     "tandem.app.commands.serve",
+    "tandem.app.commands.rpc_server",
     "tandem.app.commands.convert",
     "tandem.app.commands.twin",
     "tandem.app.commands.plan",

@@ -7,13 +7,15 @@
 #     (ggml-org/llama.cpp#20824), and GGML_NATIVE would compile it in on AMX CPUs;
 #   * GGML_LLAMAFILE=OFF: llamafile's sgemm computes a short verify batch differently
 #     from one-token decode steps, which breaks greedy identity of speculative decoding
-#     (see runtime/backends/llama_cpp.py, "exact verification").
+#     (see runtime/backends/llama.py, "exact verification");
+#   * GGML_RPC=ON on every kind of machine: llama.cpp's RPC backend, so a target can be
+#     split over other machines running `tandem rpc-server` (runtime/backends/rpc.py).
 #
 # Usage: bash packaging/cpu_flags.sh [CPUINFO_FILE]   (default /proc/cpuinfo)
 # Other architectures (arm64, macOS) get GGML_NATIVE=ON: none of these problems apply there.
 set -euo pipefail
 CPUINFO="${1:-/proc/cpuinfo}"
-COMMON="-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DGGML_LLAMAFILE=OFF"
+COMMON="-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DGGML_LLAMAFILE=OFF -DGGML_RPC=ON"
 if [ "$(uname -m)" != "x86_64" ] || [ ! -r "$CPUINFO" ]; then
     echo "$COMMON -DGGML_NATIVE=ON"
     exit 0

@@ -21,6 +21,7 @@ from tandem.models.errors import ModelFormatError, TandemError, UnsupportedModel
 from tandem.models.gguf_file import GGUFInfo, check_runnable, inspect_gguf
 from tandem.runtime.backends.llama_vocab import LlamaVocab, TokenizerDelegate, load_model
 from tandem.runtime.backends.protocol import MemoryReport, check_room, chunked_logits
+from tandem.runtime.backends.rpc import direct, open_link
 
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 """KV cache element types by name (ggml type ids), as llama.cpp's ``-ctk``/``-ctv``."""
@@ -43,6 +44,12 @@ class LlamaConfig:
     kernels sum in another order than the one-row ones. (Flash attention must be off
     too; a quantized V cache needs it, so ``exact`` holds only for f16/f32/bf16 V.)
     ``False`` trades that identity for llama.cpp's fastest CPU kernels."""
+    rpc: tuple[str, ...] = ()
+    """``HOST:PORT`` of llama.cpp RPC servers that hold a share of the blocks (see
+    :mod:`tandem.runtime.backends.rpc`); the output head and the first blocks stay here."""
+    rpc_layers: tuple[int, ...] = ()
+    """Blocks for this machine, then for each RPC device; empty: planned from the memory
+    each server reports (:func:`tandem.runtime.planning.rpc_devices.plan_split`)."""
 
 
 EXACT_BATCH = 7
@@ -143,10 +150,17 @@ class LlamaCppBackend(TokenizerDelegate):
         trained = int(self.info.arch_value("context_length", 2048) or 2048)
         n_ctx = cfg.n_ctx or min(trained, 4096)
         threads = cfg.n_threads or default_threads()
-        self._model_handle = load_model(self.path, model_params(cfg))
+        params, self._rpc = model_params(cfg), None
+        if cfg.rpc:
+            self._rpc, split = open_link(cfg.rpc, self.info, n_ctx=n_ctx, n_batch=min(cfg.n_batch, n_ctx),
+                                         type_k=cfg.type_k, type_v=cfg.type_v, layers=cfg.rpc_layers)
+            self._rpc.apply(params, split)
+        native = self._rpc.call if self._rpc else direct
+        self._llama_decode = self._rpc.decode if self._rpc else llama_cpp.llama_decode
+        self._model_handle = native(load_model, self.path, params)
         try:
-            self._context = _internals.LlamaContext(
-                model=self._model_handle, params=context_params(cfg, n_ctx, threads), verbose=False)
+            self._context = native(lambda: _internals.LlamaContext(
+                model=self._model_handle, params=context_params(cfg, n_ctx, threads), verbose=False))
         except (ValueError, RuntimeError) as exc:
             self._model_handle.close()
             raise ModelFormatError(
@@ -206,7 +220,7 @@ class LlamaCppBackend(TokenizerDelegate):
                 batch.logits[i] = False
             for i in rows:
                 batch.logits[i] = True
-            rc = llama_cpp.llama_decode(self._ctx, batch)
+            rc = self._llama_decode(self._ctx, batch)
             if rc != 0:
                 self.truncate(n_past)
                 raise TandemError(f"llama.cpp failed to evaluate a batch (llama_decode returned {rc}).")
@@ -328,6 +342,9 @@ class LlamaCppBackend(TokenizerDelegate):
         if getattr(self, "_embd_batch", None) is not None:
             llama_cpp.llama_batch_free(self._embd_batch)
             self._embd_batch = None
+        if self._rpc is not None:
+            self._rpc.release(self._context, self._model_handle)
+            return
         self._context.close()
         self._model_handle.close()
 
