@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 ENGINES = ("auto", "llama.cpp", "torch")
 """``--engine``: where the target runs. ``auto``: by file type (GGUF: llama.cpp, a
 Hugging Face folder: the torch engine, an ONNX export: onnxruntime)."""
+RUNTIMES = {"LlamaCppBackend": "llama.cpp", "TorchBackend": "torch", "OnnxBackend": "onnxruntime"}
+"""What :attr:`Engine.kind` calls each backend class."""
 LLAMA_KV_TYPES = ("f16", "q8_0", "q4_0")
 """``--kv-type`` for llama.cpp targets."""
 
@@ -206,6 +208,21 @@ def open_engine(spec: EngineSpec, notify: Notify | None = None) -> Engine:
     if kind == "llama.cpp":
         return _open_llama(spec, say)
     return _open_other(spec, kind, say)
+
+
+def engine_for(target: Backend, spec: EngineSpec | None = None) -> Engine:
+    """An :class:`Engine` around a target opened elsewhere (tests, benchmarks, a backend
+    built by hand): no planning or placement, the strategy ``spec`` asks for (default:
+    model-free drafting, ``auto``). The engine owns the target from here on."""
+    spec = spec or EngineSpec(Path(target.name))
+    kind = RUNTIMES.get(type(target).__name__, type(target).__name__)
+    engine = Engine(spec, target, SpeculativeStrategy(None, None), kind)
+    try:
+        return _finish(engine, spec.drafter if _wants_model(spec) else None,
+                       _spec_options(spec, spec.draft_mode, spec.draft_max), None, None, _quiet)
+    except BaseException:
+        engine.close()
+        raise
 
 
 def _wants_model(spec: EngineSpec) -> bool:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+from tandem.app.commands.engine_flags import add_engine_flags, spec_from_args
 from tandem.models.errors import TandemError
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
@@ -15,12 +17,9 @@ LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API (loopback by default)")
     p.add_argument("-m", "--model", required=True, help="GGUF file or a name from `tandem models`")
-    p.add_argument("--draft", default=None, help="drafter model for speculative decoding")
-    p.add_argument("--no-spec", action="store_true", help="turn speculative decoding off")
+    p.add_argument("--no-spec", action="store_true", help="turn speculative decoding off (--draft-mode off)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--ctx", type=int, default=None, help="context length (default: the model's, ≤ 4096)")
-    p.add_argument("--threads", type=int, default=None)
     p.add_argument("--ngram", default=None, help="n-gram model name for n>1 drafts (default: newest matching)")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting per model before 503")
     p.add_argument("--request-log", default=None, metavar="FILE",
@@ -32,6 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                    help="let web pages from ORIGIN (e.g. https://app.example, or *) call the server; "
                         "by default only loopback pages may")
+    add_engine_flags(p)
     p.set_defaults(func=run)
 
 
@@ -43,6 +43,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise TandemError(f"--max-queue must be at least 1, got {args.max_queue}.")
     if args.api_key is not None and len(args.api_key) < 8:
         raise TandemError("--api-key must be at least 8 characters.")
+    if args.no_spec and args.draft:
+        raise TandemError("--draft needs speculative decoding on (drop --no-spec).")
     if args.host not in LOOPBACK and not args.api_key:
         raise TandemError(f"Listening on {args.host} makes the model reachable from other machines: "
                           "set an --api-key (or TANDEM_API_KEY) too, or listen on 127.0.0.1.")
@@ -62,9 +64,13 @@ def open_server(args: argparse.Namespace):
     from tandem.app.server.app import ServerConfig, create_app
     from tandem.app.server.models import load_model
 
-    with Progress(f"loading {args.model}"):
-        slot = load_model(args.model, draft=args.draft, speculative=not args.no_spec, n_ctx=args.ctx,
-                          n_threads=args.threads, ngram_name=args.ngram, max_queue=args.max_queue)
+    spec = spec_from_args(args)
+    if args.no_spec:
+        spec = replace(spec, draft_mode="off")
+    with Progress(f"loading {args.model}") as progress:
+        slot = load_model(spec, ngram_name=args.ngram, max_queue=args.max_queue, notify=progress.stage)
+    for note in slot.notes:
+        print(f"tandem: {note}", file=sys.stderr)
     try:
         app = create_app([slot], ServerConfig(max_queue=args.max_queue, api_key=args.api_key,
                                               allow_origins=tuple(o.rstrip("/") for o in args.allow_origin),

@@ -1,10 +1,16 @@
-"""The models a server holds: each with its backend, chat engine, autocompleter and worker."""
+"""The models a server holds: each with its engine, chat engine, autocompleter and worker.
+
+A model is opened by the one engine builder every front end uses
+(:func:`tandem.runtime.engine.open_engine`), with the same flags and defaults as
+`tandem run`; the server only adds per-client isolation (no suffix tree shared across
+requests: what drafts well would reveal other clients' text).
+"""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from tandem.app.server.worker import ModelWorker
 from tandem.models.errors import TandemError
@@ -12,24 +18,19 @@ from tandem.models.ngram import NgramModel
 from tandem.runtime.autocomplete.drafts import AutocompleteConfig, Autocompleter, load_ngram_for
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.chat import ChatEngine
+from tandem.runtime.engine import Engine, EngineSpec, engine_for, open_engine
+from tandem.runtime.speculative.factory import SpeculativeStrategy
 
 
-def speculative_factory(target: Backend, draft: str | None, llama_config=None) -> tuple[Any, str]:
-    """One speculative strategy for the model's lifetime (``runtime.speculative.build_strategy``).
+def isolated(spec: EngineSpec) -> EngineSpec:
+    """``spec`` as the server runs it: model-free drafting learns from each request alone."""
+    return replace(spec, shared_suffix_cache=False)
 
-    The strategy is built once, at load time: it owns the drafter and the adaptive
-    policy (whose verify-cost curve is measured on first use), so every request reuses
-    them. Returns (strategy or None, a short description for ``/v1/models``).
-    Speculative decoding is lossless: without it output is the same, only slower.
-    """
-    try:
-        from tandem.runtime.speculative.factory import SpecOptions, build_strategy
-    except ImportError:
-        return None, "off (speculative runtime not installed)"
-    # no suffix tree shared across requests: it would let one client probe another's text
-    strategy = build_strategy(target, draft, SpecOptions(shared_suffix_cache=False), llama_config=llama_config)
-    desc = strategy.describe() if hasattr(strategy, "describe") else {}
-    return strategy, f"on ({desc.get('drafter') or 'plain'})"
+
+def speculation_label(strategy: SpeculativeStrategy) -> str:
+    """A short description for ``/v1/models``: ``on (drafter)`` or ``off``."""
+    drafter = strategy.describe().get("drafter")
+    return f"on ({drafter})" if drafter else "off"
 
 
 @dataclass
@@ -40,11 +41,13 @@ class ModelSlot:
     worker: ModelWorker
     ngram: NgramModel | None = None
     speculative: str = "off"
-    strategy: Any = None
+    strategy: SpeculativeStrategy | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     _auto: Autocompleter | None = None
     infill_owner: tuple[str, tuple[int, ...]] | None = None
     """Which client's /infill left the KV cache, and what it left (see app.server.infill)."""
+    notes: list[str] = field(default_factory=list)
+    """What the engine builder chose or changed (a KV type for the budget, a placement...)."""
 
     @property
     def autocompleter(self) -> Autocompleter:
@@ -58,31 +61,36 @@ class ModelSlot:
         self.engine.close()
 
 
-def make_slot(target: Backend, *, name: str | None = None, draft: str | None = None, speculative: bool = True,
-              ngram: NgramModel | None = None, max_queue: int = 64, llama_config=None) -> ModelSlot:
-    strategy, desc = speculative_factory(target, draft, llama_config) if speculative else (None, "off")
-    engine = ChatEngine(target, strategy)
-    slot_name = name or target.name
-    return ModelSlot(slot_name, target, engine, ModelWorker(slot_name, max_queue), ngram, desc, strategy)
+def slot_for(engine: Engine, *, name: str | None = None, ngram: NgramModel | None = None,
+             max_queue: int = 64) -> ModelSlot:
+    """A slot serving ``engine`` (which the slot owns from here on)."""
+    chat = ChatEngine(engine.target, engine.strategy, drafter=engine.drafter_backend, owner=engine)
+    slot_name = name or engine.target.name
+    return ModelSlot(slot_name, engine.target, chat, ModelWorker(slot_name, max_queue), ngram,
+                     speculation_label(engine.strategy), engine.strategy, notes=list(engine.notes))
 
 
-def load_model(model: str, *, draft: str | None = None, speculative: bool = True, n_ctx: int | None = None,
-               n_threads: int | None = None, ngram_name: str | None = None, max_queue: int = 64) -> ModelSlot:
-    """Open ``model`` (and its drafter ``draft``) from a path or the store, ready to serve."""
-    from tandem.models.store import resolve_model
-    from tandem.runtime.backends.llama import LlamaConfig
-    from tandem.runtime.backends.opener import open_backend
+def make_slot(target: Backend, *, name: str | None = None, speculative: bool = True,
+              ngram: NgramModel | None = None, max_queue: int = 64) -> ModelSlot:
+    """A slot around a target opened elsewhere (tests, benchmarks): model-free drafting
+    (``auto``, isolated per request), or plain decoding without ``speculative``."""
+    from pathlib import Path
 
-    if draft and not speculative:
-        raise TandemError("--draft needs speculative decoding on (drop --no-spec).")
-    target = open_backend(resolve_model(model), n_ctx=n_ctx, n_threads=n_threads)
+    spec = isolated(EngineSpec(Path(target.name), draft_mode="auto" if speculative else "off"))
+    return slot_for(engine_for(target, spec), name=name, ngram=ngram, max_queue=max_queue)
+
+
+def load_model(spec: EngineSpec, *, ngram_name: str | None = None, max_queue: int = 64,
+               notify: Callable[[str], None] | None = None) -> ModelSlot:
+    """Open ``spec``'s model (and drafter) with :func:`open_engine`, isolated per client,
+    ready to serve."""
+    engine = open_engine(isolated(spec), notify=notify)
     try:
-        ngram = load_ngram_for(target, ngram_name)
+        ngram = load_ngram_for(engine.target, ngram_name)
         if ngram_name and ngram is None:
             raise TandemError(f"No n-gram model named {ngram_name!r} for this model's tokenizer; "
                               "build one with `tandem ngram build PATH... -m MODEL --name NAME`.")
-        return make_slot(target, draft=draft, speculative=speculative, ngram=ngram, max_queue=max_queue,
-                         llama_config=LlamaConfig(n_ctx=target.n_ctx, n_threads=n_threads))
+        return slot_for(engine, ngram=ngram, max_queue=max_queue)
     except BaseException:
-        target.close()
+        engine.close()
         raise

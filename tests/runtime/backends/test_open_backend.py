@@ -56,6 +56,7 @@ def test_chat_and_server_engines_open_onnx_targets(stories260k: Path, stories_on
     from tandem.app.server.models import load_model
     from tandem.app.tui.engine import ModelChoice, load_engine
     from tandem.kernels.sampling import SamplingParams
+    from tandem.runtime.engine import EngineSpec
     from tandem.runtime.generate import DoneEvent
 
     messages = [{"role": "user", "content": "Once upon a time"}]
@@ -76,7 +77,7 @@ def test_chat_and_server_engines_open_onnx_targets(stories260k: Path, stories_on
         assert reply(engine) == expected
     finally:
         engine.close()
-    slot = load_model(str(stories_onnx), n_ctx=256, n_threads=1)
+    slot = load_model(EngineSpec(stories_onnx, n_ctx=256, threads=1))
     try:
         assert reply(slot.engine) == expected
     finally:
