@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from tandem.models.errors import TandemError
-from tandem.runtime.backends.rpc import DEFAULT_PORT
+from tandem.runtime.backends.rpc_probe import DEFAULT_PORT
 from tandem.runtime.planning.hardware import MiB, cpu_cores, format_size, parse_size
 
 BINARY = "tandem-rpc-server"

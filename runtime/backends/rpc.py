@@ -15,7 +15,8 @@ Failures. llama.cpp's RPC client aborts the process when a server cannot be reac
 stops answering mid-call (``GGML_ABORT`` in ggml-rpc.cpp). So:
 
 * before llama.cpp connects, each server is asked its protocol version and device
-  memory by :func:`query_server` (our own few bytes of its protocol, with a timeout):
+  memory by :func:`~tandem.runtime.backends.rpc_probe.query_server` (our own few bytes
+  of its protocol, with a timeout):
   nothing listening, a busy server (it serves one client at a time), an older protocol
   or a non-RPC port is a :class:`RpcError` naming the server, not an abort or a hang;
 * every native call that talks to a server (model load, context creation, decode, free)
@@ -33,8 +34,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import socket
-import struct
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -42,133 +41,24 @@ from typing import Any
 
 import llama_cpp
 
-from tandem.models.errors import TandemError
-from tandem.models.gguf_file import GGUFInfo
+from tandem.models.gguf_file import GGUFInfo, inspect_gguf
+from tandem.runtime.backends.rpc_probe import (
+    RpcError,
+    RpcPeerLost,
+    parse_endpoints,
+    query_server,
+    reachable,
+)
 from tandem.runtime.planning.rpc_devices import (
     LOCAL_HEADROOM,
     RemoteDevice,
     RpcSplit,
     available_here,
+    drafter_reserve,
     pinned_split,
     plan_split,
 )
 from tandem.runtime.planning.shapes import shape_from_gguf
-
-DEFAULT_PORT = 50052
-RPC_PROTO_MAJOR = 7
-"""``RPC_PROTO_MAJOR_VERSION`` of the llama.cpp this package is built with (ggml-rpc.h;
-tests/runtime/backends/test_rpc.py checks it against the server's banner)."""
-_HELLO, _DEVICE_COUNT, _GET_DEVICE_MEMORY = 14, 15, 11
-_CAPS = 24
-PROBE_TIMEOUT = 5.0
-
-
-class RpcError(TandemError):
-    """An RPC server cannot be used: unreachable, busy, or another protocol version."""
-
-
-class RpcPeerLost(TandemError):
-    """An RPC server stopped answering while the model was in use."""
-
-
-# -- endpoints and the server's own answers --------------------------------------------
-def parse_endpoints(spec: str | Sequence[str]) -> tuple[str, ...]:
-    """``HOST:PORT[,HOST:PORT...]`` (or a sequence of them) as normalized endpoints; a
-    bare host gets :data:`DEFAULT_PORT`."""
-    items = spec.split(",") if isinstance(spec, str) else [p for s in spec for p in s.split(",")]
-    out = []
-    for item in (i.strip() for i in items):
-        if not item:
-            continue
-        host, sep, port = item.rpartition(":")
-        if not sep:
-            host, port = item, str(DEFAULT_PORT)
-        if not host or ":" in host or host.startswith("["):
-            raise RpcError(f"Cannot read the RPC server {item!r}: write HOST:PORT (llama.cpp's RPC "
-                           "client takes host names and IPv4 addresses, not IPv6).")
-        if not port.isdigit() or not 0 < int(port) < 65536:
-            raise RpcError(f"The RPC server {item!r} needs a port between 1 and 65535.")
-        endpoint = f"{host}:{int(port)}"
-        if endpoint in out:
-            raise RpcError(f"The RPC server {endpoint} is listed twice.")
-        out.append(endpoint)
-    if not out:
-        raise RpcError("--rpc needs at least one HOST:PORT.")
-    return tuple(out)
-
-
-def _split(endpoint: str) -> tuple[str, int]:
-    host, _, port = endpoint.rpartition(":")
-    return host, int(port)
-
-
-def _command(sock: socket.socket, cmd: int, payload: bytes, answer: int) -> bytes:
-    """One request (command byte, 8-byte size, payload) and its answer (8-byte size,
-    data), as llama.cpp's RPC protocol frames them."""
-    sock.sendall(bytes([cmd]) + struct.pack("<Q", len(payload)) + payload)
-    head = _read(sock, 8)
-    (size,) = struct.unpack("<Q", head)
-    if size != answer:
-        raise ValueError(f"answer of {size} bytes to command {cmd}, expected {answer}")
-    return _read(sock, size)
-
-
-def _read(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ValueError("connection closed")
-        data += chunk
-    return data
-
-
-def query_server(endpoint: str, timeout: float = PROBE_TIMEOUT) -> tuple[RemoteDevice, ...]:
-    """The devices an RPC server offers with their free and total memory, asked the way
-    llama.cpp's client asks, but with a timeout and a clear error for each way it fails."""
-    host, port = _split(endpoint)
-    try:
-        sock = socket.create_connection((host, port), timeout=timeout)
-    except ConnectionRefusedError:
-        raise RpcError(f"Nothing listens at {endpoint}: start `tandem rpc-server --port {port}` on "
-                       "that machine (or the SSH tunnel to it).") from None
-    except OSError as exc:
-        raise RpcError(f"Cannot reach the RPC server {endpoint}: {exc}.") from None
-    with sock:
-        try:
-            hello = _command(sock, _HELLO, bytes(_CAPS), 4 + _CAPS)
-            major, minor = hello[0], hello[1]
-            if major != RPC_PROTO_MAJOR:
-                raise RpcError(
-                    f"The RPC server {endpoint} speaks protocol {major}.{minor}, this build "
-                    f"{RPC_PROTO_MAJOR}.x: run the same llama.cpp on both machines "
-                    "(bash packaging/bootstrap.sh on each).")
-            (count,) = struct.unpack("<I", _command(sock, _DEVICE_COUNT, b"", 4))
-            devices = []
-            for index in range(count):
-                free, total = struct.unpack("<QQ", _command(sock, _GET_DEVICE_MEMORY, struct.pack("<I", index), 16))
-                devices.append(RemoteDevice(endpoint, index, free, total))
-        except TimeoutError:
-            raise RpcError(
-                f"The RPC server {endpoint} accepted the connection but did not answer within "
-                f"{timeout:g} s: it serves one client at a time; is another tandem or llama.cpp "
-                "using it?") from None
-        except (ValueError, OSError) as exc:
-            raise RpcError(f"{endpoint} does not answer as a llama.cpp RPC server of protocol "
-                           f"{RPC_PROTO_MAJOR}.x ({exc}).") from None
-    if not devices:
-        raise RpcError(f"The RPC server {endpoint} offers no device.")
-    return tuple(devices)
-
-
-def reachable(endpoint: str, timeout: float = 2.0) -> bool:
-    """Whether something still accepts connections at ``endpoint`` (a busy server does:
-    the kernel queues the connection)."""
-    try:
-        socket.create_connection(_split(endpoint), timeout=timeout).close()
-    except OSError:
-        return False
-    return True
 
 
 # -- ggml's C API ------------------------------------------------------------------------
@@ -408,3 +298,21 @@ def open_link(endpoints: Sequence[str], info: GGUFInfo, *, n_ctx: int, n_batch: 
     local = int(available_here() * LOCAL_HEADROOM)
     return link, plan_split(shape, link.remote, local_available=local, n_ctx=n_ctx, n_batch=n_batch,
                             type_k=type_k, type_v=type_v)
+
+
+def plan_remote(target: str | os.PathLike[str], endpoints: Sequence[str], *, local_budget: int | None = None,
+                n_ctx: int | None = None, n_batch: int = 512, kv_type: str = "f16",
+                drafter: str | os.PathLike[str] | None = None) -> tuple[RpcSplit, int]:
+    """The split a front end opens ``target`` with (and its context): each server's
+    share priced against the memory it reports, this machine's against ``local_budget``
+    (default: its share of available memory) less what a local ``drafter`` takes."""
+    info = inspect_gguf(target)
+    trained = int(info.arch_value("context_length", 2048) or 2048)
+    ctx = n_ctx or min(trained, 4096)
+    remote = tuple(d for e in parse_endpoints(endpoints) for d in query_server(e))
+    local = local_budget if local_budget is not None else int(available_here() * LOCAL_HEADROOM)
+    if drafter is not None and Path(drafter).is_file():
+        local -= drafter_reserve(shape_from_gguf(drafter), ctx, n_batch)
+    split = plan_split(shape_from_gguf(info), remote, local_available=local, n_ctx=ctx, n_batch=n_batch,
+                       type_k=kv_type, type_v=kv_type)
+    return split, ctx

@@ -95,6 +95,11 @@ class RpcSplit:
     remote_layers: tuple[int, ...]
     shares: tuple[DeviceShare, ...]
 
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """``LlamaConfig.rpc_layers``: this machine's blocks, then each RPC device's."""
+        return (self.local_layers, *self.remote_layers)
+
     def describe(self) -> str:
         return "\n".join(
             f"  {s.label}: {s.layers} layers, {format_size(s.need)} (weights {format_size(s.weights)}, "
@@ -121,6 +126,12 @@ def local_fixed(shape: ModelShape, n_ctx: int, n_batch: int) -> int:
     """What stays on this machine whatever the split: embedding, output head, and the
     logits of a full ubatch in the compute buffer."""
     return shape.input_bytes + shape.output_bytes + 4 * min(n_batch, n_ctx) * shape.n_vocab
+
+
+def drafter_reserve(shape: ModelShape, n_ctx: int, n_batch: int) -> int:
+    """What a drafter running on this machine takes: weights, KV, compute, logits."""
+    return (shape.weights_bytes + kv_per_layer(shape, n_ctx) * shape.n_layer
+            + compute_reserve(shape, n_ctx, n_batch) + 4 * min(n_batch, n_ctx) * shape.n_vocab)
 
 
 def _shares(shape: ModelShape, counts: Sequence[int], labels: Sequence[str], available: Sequence[int],
