@@ -219,7 +219,7 @@ def engine_for(target: Backend, spec: EngineSpec | None = None) -> Engine:
     engine = Engine(spec, target, SpeculativeStrategy(None, None), kind)
     try:
         return _finish(engine, spec.drafter if _wants_model(spec) else None,
-                       _spec_options(spec, spec.draft_mode, spec.draft_max), None, None, _quiet)
+                       spec_options(spec), None, None, _quiet)
     except BaseException:
         engine.close()
         raise
@@ -249,7 +249,7 @@ def _open_llama(spec: EngineSpec, say: Notify) -> Engine:
     target = open_backend(spec.target, llama_config=replace(plan.target.llama_config(), exact=not spec.fast_verify))
     engine = Engine(spec, target, SpeculativeStrategy(None, None), "llama.cpp", plan=plan, notes=notes)
     try:
-        options = _spec_options(spec, mode, plan.draft_max)
+        options = spec_options(spec, mode, plan.draft_max)
         llama_config = torch_config = None
         if plan.draft is not None:
             say("placing the drafter (measured on a pair's first run)")
@@ -296,7 +296,7 @@ def _open_other(spec: EngineSpec, kind: str, say: Notify) -> Engine:
         if torch_plan is not None:
             _apply_torch_options(engine, torch_plan)
         return _finish(engine, spec.drafter if _wants_model(spec) else None,
-                       _spec_options(spec, spec.draft_mode, spec.draft_max), None, None, say)
+                       spec_options(spec), None, None, say)
     except BaseException:
         engine.close()
         raise
@@ -322,8 +322,12 @@ def _apply_torch_options(engine: Engine, torch_plan: TorchPlan) -> None:
         engine.extras.append(enable_offload(engine.target, torch_plan.offload, source=source))
 
 
-def _spec_options(spec: EngineSpec, mode: str, draft_max: int) -> SpecOptions:
-    return SpecOptions(mode=mode, draft_max=draft_max, draft_length=spec.draft_len, measure_cost=spec.measure_cost,
+def spec_options(spec: EngineSpec, mode: str | None = None, draft_max: int | None = None) -> SpecOptions:
+    """The strategy options ``spec`` asks for (``mode``/``draft_max``: as the plan settled
+    them). ``tandem bench`` builds its per-run strategies from these too, so it measures
+    what the other front ends run."""
+    return SpecOptions(mode=mode or spec.draft_mode, draft_max=draft_max or spec.draft_max,
+                       draft_length=spec.draft_len, measure_cost=spec.measure_cost,
                        shared_suffix_cache=spec.shared_suffix_cache)
 
 

@@ -1,8 +1,11 @@
 """`tandem bench`: plain Tandem vs every drafting mode vs llama-cpp-python, same prompts.
 
-Everything runs in one process on one target file. Each Tandem configuration is built
-only through the public factory :func:`~tandem.runtime.speculative.loop.build_strategy` (so
-the bench measures exactly what ``tandem run``, the chat app and the server run):
+Everything runs in one process on one target file, opened by the engine builder every
+front end uses (:func:`tandem.runtime.engine.open_engine`: planned, exact configuration,
+``--kv-type`` and ``--budget`` as in ``tandem run``). Each Tandem configuration is built
+through :func:`~tandem.runtime.speculative.factory.build_strategy` with the options the
+engine derives from its spec (:func:`tandem.runtime.engine.spec_options`), so the bench
+measures exactly what ``tandem run``, the chat app and the server run:
 
 * ``plain``: ``mode="off"``, the baseline every ratio is taken against;
 * ``ngram``: model-free drafting (suffix tree + prompt lookup), adaptive length;
@@ -27,17 +30,18 @@ import os
 import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tandem.app.bench.peers import PEER_NOTE, PEERS, LlamaPeer, RunResult, decode_rate
 from tandem.app.bench.workloads import DEFAULT_WORKLOADS, Workload, workload
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.models.errors import TandemError
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend, default_threads
+from tandem.runtime.backends.llama import LlamaConfig, default_threads
 from tandem.runtime.backends.protocol import Backend
+from tandem.runtime.engine import Engine, EngineSpec, open_engine, spec_options
 from tandem.runtime.generate import DoneEvent, generate
-from tandem.runtime.speculative.factory import SpecOptions, build_strategy
+from tandem.runtime.speculative.factory import build_strategy, open_draft_backend
 
 
 @dataclass
@@ -65,6 +69,10 @@ class BenchConfig:
     """Only the configurations of these drafters (ngram, model, xvocab, oracle); ``None`` = all."""
     threads: int | None = None
     ctx: int = 1024
+    budget: str | None = None
+    """Host memory budget for the planner, as ``tandem run --budget``."""
+    kv_type: str | None = None
+    """The target's llama.cpp KV type, as ``tandem run --kv-type``."""
     peers: bool = True
     """Run llama-cpp-python plain and with prompt lookup."""
     log: Callable[[str], None] = print
@@ -137,12 +145,13 @@ def rotated(names: list[str], shift: int) -> list[str]:
 
 
 def run_tandem(target: Backend, prompt: list[int], config: TandemConfig, draft: Backend | None, n: int, *,
-               draft_max: int, shared_suffix_cache: bool) -> RunResult:
-    """One greedy generation of ``n`` tokens with a freshly built strategy."""
+               spec: EngineSpec, shared_suffix_cache: bool) -> RunResult:
+    """One greedy generation of ``n`` tokens with a freshly built strategy (``spec``'s
+    options, with this configuration's mode and draft length)."""
     started = time.perf_counter()
-    options = SpecOptions(mode=config.mode, draft_length=config.draft_length, draft_max=draft_max,
-                          shared_suffix_cache=shared_suffix_cache)
-    strategy = build_strategy(target, draft if config.drafter else None, options)
+    run_spec = replace(spec, draft_mode=config.mode, draft_len=config.draft_length,
+                       shared_suffix_cache=shared_suffix_cache)
+    strategy = build_strategy(target, draft if config.drafter else None, spec_options(run_spec))
     setup_s = time.perf_counter() - started
     try:
         done, cpu_first = None, None
@@ -161,7 +170,7 @@ def run_tandem(target: Backend, prompt: list[int], config: TandemConfig, draft: 
                      s.drafted_tokens, s.accepted_tokens, setup_s, describe)
 
 
-def open_drafters(target: Backend, cfg: BenchConfig, threads: int, opened: list[Backend]) -> list[Drafter]:
+def open_drafters(target: Backend, cfg: BenchConfig, threads: int, opened: list[Backend | Engine]) -> list[Drafter]:
     """Open each drafter once (shared by its configurations) and label it by vocabulary."""
     from tandem.runtime.speculative.drafters.model import same_vocabulary
 
@@ -169,7 +178,7 @@ def open_drafters(target: Backend, cfg: BenchConfig, threads: int, opened: list[
     for path, role in ((cfg.draft, "draft"), (cfg.draft2, "draft"), (cfg.oracle, "oracle")):
         if path is None:
             continue
-        backend = LlamaCppBackend(path, LlamaConfig(n_ctx=target.n_ctx, n_threads=threads))
+        backend = open_draft_backend(target, path, llama_config=LlamaConfig(n_ctx=target.n_ctx, n_threads=threads))
         opened.append(backend)
         same = same_vocabulary(target, backend)
         label = "oracle" if role == "oracle" else ("model" if same else "xvocab")
@@ -222,8 +231,11 @@ def run_bench(cfg: BenchConfig) -> dict:
     from tandem.app.bench.report import summarize
 
     threads = cfg.threads or default_threads()
-    target = LlamaCppBackend(cfg.target, LlamaConfig(n_ctx=cfg.ctx, n_threads=threads))
-    opened: list[Backend] = [target]
+    spec = EngineSpec(cfg.target, draft_mode="off", draft_max=cfg.draft_max, budget=cfg.budget, threads=threads,
+                      n_ctx=cfg.ctx, kv_type=cfg.kv_type, engine="llama.cpp")
+    engine = open_engine(spec)
+    target = engine.target
+    opened: list[Backend | Engine] = [engine]
     peers: dict[str, LlamaPeer] = {}
     try:
         work = {name: workload(target, name, cfg.prompts) for name in cfg.workloads}
@@ -243,7 +255,7 @@ def run_bench(cfg: BenchConfig) -> dict:
             if name in peers:
                 return peers[name].run(prompt, n)
             c = configs[name]
-            return run_tandem(target, prompt, c, by_label.get(c.drafter or ""), n, draft_max=cfg.draft_max,
+            return run_tandem(target, prompt, c, by_label.get(c.drafter or ""), n, spec=spec,
                               shared_suffix_cache=shared)
 
         info = machine()
@@ -264,6 +276,7 @@ def run_bench(cfg: BenchConfig) -> dict:
             "threads": threads, "ctx": target.n_ctx, "lengths": list(cfg.lengths), "draft_max": cfg.draft_max,
             "drafters": {d.label: {"path": str(d.path), "same_vocab": d.same_vocab} for d in drafters},
             "tandem_backend": "LlamaConfig(exact=True): weights not repacked",
+            "kv_type": engine.plan.target.type_k if engine.plan else None,
             "peers": PEER_NOTE if peers else None,
             "cold_setup_s": cold_setup,
         }

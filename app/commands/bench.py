@@ -15,6 +15,7 @@ from pathlib import Path
 from tandem.app.bench.workloads import DEFAULT_WORKLOADS, WORKLOADS
 from tandem.models.errors import TandemError
 from tandem.models.store import resolve_model
+from tandem.runtime.engine import LLAMA_KV_TYPES
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -53,6 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"comma-separated: {', '.join(WORKLOADS)} (the last three are for toy story models)")
     p.add_argument("--threads", type=int, default=None, help="threads of every engine (default: all cores)")
     p.add_argument("--ctx", type=int, default=None, help="context size (default 1024; --ar-overhead: 1024)")
+    p.add_argument("--budget", default=None, help="host memory for the memory planner, as `tandem run --budget`")
+    p.add_argument("--kv-type", choices=LLAMA_KV_TYPES, default=None,
+                   help="the target's llama.cpp KV cache type, as `tandem run --kv-type` (default: f16 unless "
+                        "the budget needs less)")
     p.add_argument("--no-peers", "--no-llama-baseline", dest="no_peers", action="store_true",
                    help="skip llama-cpp-python (plain and prompt lookup)")
     p.add_argument("--json", dest="json_file", default=None, metavar="FILE", help="write the figures as JSON")
@@ -98,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         n_tokens=args.max_tokens, prompts=prompts, reps=args.reps, lengths=args.lengths,
         draft_max=args.draft_max, workloads=args.workloads, configs=args.configs, families=args.drafters,
         threads=args.threads,
-        ctx=args.ctx or 1024, peers=not args.no_peers,
+        ctx=args.ctx or 1024, budget=args.budget, kv_type=args.kv_type, peers=not args.no_peers,
         log=lambda line: print(line, file=sys.stderr, flush=True),
         checkpoint=(lambda partial: _write_json(Path(args.json_file), partial)) if args.json_file else None,
     )

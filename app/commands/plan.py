@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from pathlib import Path
 
+from tandem.app.commands.engine_flags import add_technique_flags, moe_spec
+from tandem.models.errors import BudgetError, TandemError
 from tandem.models.store import resolve_model
+from tandem.runtime.engine import EngineSpec, check_spec, target_engine
+from tandem.runtime.kv.config import PRESETS
 from tandem.runtime.planning.calibration import calibrate
 from tandem.runtime.planning.hardware import PROFILES, format_size, resolve_machine
+from tandem.runtime.planning.options import TechniqueOption, llama_kv_options, torch_options
 from tandem.runtime.planning.placement import Choice, plan_options
 from tandem.runtime.planning.plan import Plan, PlanRequest
 from tandem.runtime.planning.planner import make_plan
+from tandem.runtime.planning.torch_target import TorchPlan, check_fits, plan_torch
+from tandem.runtime.speculative.factory import MODES
 
 
 def add_budget_args(p: argparse.ArgumentParser) -> None:
@@ -32,11 +40,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-max", type=int, default=8, help="most drafts per round to budget for")
     p.add_argument("--threads", type=int, default=None, help="CPU threads to plan for (default: every core)")
     p.add_argument("--no-kv-quant", action="store_true", help="never quantize the target's KV cache")
+    p.add_argument("--draft-mode", choices=MODES, default="auto",
+                   help="as `tandem run` (default auto: model-free drafting's index is priced)")
     p.add_argument("--calibrate", action="store_true",
                    help="also load the pair and measure where the drafter runs fastest (what run/chat do "
                         "at first use; cached)")
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     add_budget_args(p)
+    add_technique_flags(p)
     p.set_defaults(func=run)
 
 
@@ -77,23 +88,82 @@ def render(plan: Plan) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    target = resolve_model(args.model)
+    spec = EngineSpec(target, engine=args.engine, device=args.device, kv_type=args.kv_type,
+                      kv_compress=PRESETS[args.kv_compress].config if args.kv_compress != "none" else None,
+                      moe_offload=moe_spec(args))
+    kind = target_engine(spec)
+    check_spec(spec, kind)
+    if kind == "torch":
+        return run_torch(args, spec)
+    if kind != "llama.cpp":
+        raise TandemError("`tandem plan` plans GGUF targets (llama.cpp, or the torch engine with --engine torch).")
     machine = resolve_machine(args.profile, args.budget, args.vram)
     draft = resolve_model(args.draft) if args.draft else None
     # A drafter named explicitly is kept when it fits, as `tandem run` keeps it (the
     # adaptive policy turns drafting off at run time if it does not pay), so the plan
     # prices what run will hold.
-    plan = make_plan(PlanRequest(resolve_model(args.model), draft, args.ctx, machine, draft_max=args.draft_max,
-                                 allow_kv_quant=not args.no_kv_quant, threads=args.threads,
-                                 drop_slow_draft=draft is None, baseline=run_baseline(machine)))
+    plan = make_plan(PlanRequest(target, draft, args.ctx, machine, draft_max=args.draft_max,
+                                 allow_kv_quant=not args.no_kv_quant, kv_type=args.kv_type, threads=args.threads,
+                                 drop_slow_draft=draft is None, baseline=run_baseline(machine),
+                                 model_free=args.draft_mode in ("auto", "ngram")))
     choice = calibrated(plan) if args.calibrate and plan.fits and plan.draft is not None else None
+    n_ctx = plan.target.n_ctx
+    options = [*llama_kv_options(target, n_ctx, plan.target.type_k if plan.fits else None),
+               *torch_options(target, n_ctx)]
     if args.json:
         out = plan.as_dict()
+        out["options"] = [asdict(o) for o in options]
         if choice is not None:
             out["placement"] = choice.as_dict()
         print(json.dumps(out))
     else:
-        print(render(plan) + ("\n" + render_choice(choice) if choice is not None else ""))
+        print(render(plan) + ("\n" + render_choice(choice) if choice is not None else "")
+              + "\n" + render_options(options))
     return 0 if plan.fits else 6
+
+
+def run_torch(args: argparse.Namespace, spec: EngineSpec) -> int:
+    """The torch engine's plan: its memory with the chosen options, and every option."""
+    plan = plan_torch(spec.target, budget=args.budget, ctx=args.ctx, device=spec.device, draft_max=args.draft_max,
+                      kv_compress=spec.kv_compress, moe=spec.moe_offload, vram=args.vram, profile=args.profile,
+                      check=False)
+    fits = True
+    why = None
+    try:
+        check_fits(plan)
+    except BudgetError as exc:
+        fits, why = False, str(exc)
+    options = torch_options(spec.target, plan.n_ctx, plan.kv_label or "none")
+    if args.json:
+        print(json.dumps({**plan.as_dict(), "fits": fits, "refusal": why, "options": [asdict(o) for o in options]}))
+    else:
+        print(render_torch(plan, fits, why) + "\n" + render_options(options))
+    return 0 if fits else 6
+
+
+def render_torch(plan: TorchPlan, fits: bool, why: str | None) -> str:
+    lines = [f"engine:  torch on {plan.device}", f"budget:  {format_size(plan.host_budget)} host",
+             "fits:    " + ("yes" if fits else "NO"), f"target:  {Path(plan.path).name}  ctx {plan.n_ctx}"
+             + (f"  kv {plan.kv_label}" if plan.kv_label else "  kv float32")
+             + (f"  experts offloaded ({plan.offload_label})" if plan.offload_label else ""),
+             f"memory:  {mib(plan.host_peak)} host peak resident (RSS)"
+             + (f" + {mib(plan.gpu_peak)} GPU" if plan.on_gpu else "") + f"; loading holds {mib(plan.load_peak)}"
+             + ", running:",
+             f"  {mib(plan.baseline):>12}  host  process baseline (interpreter, torch and libraries, measured)"]
+    lines += [f"  {mib(i.bytes):>12}  {i.device:4}  {i.label}" for i in plan.memory.items]
+    lines.append("why:")
+    lines += [f"  - {r}" for r in plan.reasons + plan.quality]
+    if why:
+        lines.append(f"  - {why}")
+    return "\n".join(lines)
+
+
+def render_options(options: list[TechniqueOption]) -> str:
+    """Every memory technique with its bytes and measured quality cost (BENCHMARKS.md)."""
+    lines = ["options (memory each holds at this context; quality cost as measured):"]
+    lines += [f"  {o.line()}" for o in options]
+    return "\n".join(lines)
 
 
 def run_baseline(machine) -> int | None:

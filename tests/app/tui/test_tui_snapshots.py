@@ -25,8 +25,10 @@ label must be on screen at both (the Pilot tests in test_tui_daily check the reg
 
 
 def make_app(model: Path | None, tmp_path: Path) -> TandemApp:
+    # Plain decoding: model-free drafting (the default) learns across the tests of a process,
+    # so its acceptance in the stats line would depend on which tests ran before.
     return TandemApp(AppConfig(model=model, settings=ChatSettings(SamplingParams(temperature=0.0), 60),
-                               export_dir=tmp_path, mask_timings=True, threads=1))
+                               export_dir=tmp_path, mask_timings=True, threads=1, draft_mode="off"))
 
 
 async def steady(pilot) -> None:
