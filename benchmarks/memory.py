@@ -20,9 +20,9 @@ from pathlib import Path
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
+from tandem.runtime.planning.devices import SAFETY
 from tandem.runtime.planning.memprobe import ProbeModel, ProbeSpec, measure
 from tandem.runtime.planning.placement import Option
-from tandem.runtime.planning.devices import SAFETY
 from tandem.runtime.planning.plan import PlanRequest
 from tandem.runtime.planning.planner import make_plan
 from tandem.runtime.speculative.drafters.model import ModelDrafter

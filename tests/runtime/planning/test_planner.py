@@ -13,8 +13,8 @@ import pytest
 
 from tandem.app.cli import main
 from tandem.models.errors import BudgetError
-from tandem.runtime.planning.hardware import MiB, resolve_machine
 from tandem.runtime.planning.devices import SAFETY
+from tandem.runtime.planning.hardware import MiB, resolve_machine
 from tandem.runtime.planning.plan import PlanRequest
 from tandem.runtime.planning.planner import make_plan
 
