@@ -18,14 +18,24 @@ def free_port() -> int:
 
 
 @contextmanager
-def running(app, *, start_timeout: float = 20.0, header_timeout_s: float = 10.0) -> Iterator[str]:
+def running(app, *, start_timeout: float = 20.0, header_timeout_s: float = 10.0,
+            send_buffer: int | None = None) -> Iterator[str]:
     """Serve ``app`` on 127.0.0.1 until the block ends; yields its base URL once it accepts
-    connections (waiting for that condition, up to ``start_timeout`` seconds)."""
-    from tandem.app.server.serve import ListenConfig, uvicorn_server
+    connections (waiting for that condition, up to ``start_timeout`` seconds).
+
+    ``send_buffer``: the kernel send buffer of every accepted connection (they inherit the
+    listening socket's), so a client that stops reading stalls the server after a few
+    kB instead of megabytes."""
+    from tandem.app.server.serve import ListenConfig, bind, uvicorn_server
 
     port = free_port()
     srv = uvicorn_server(app, ListenConfig("127.0.0.1", port, header_timeout_s=header_timeout_s))
-    thread = threading.Thread(target=srv.run, daemon=True)
+    sockets = None
+    if send_buffer is not None:
+        sock = bind("127.0.0.1", port)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+        sockets = [sock]
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": sockets}, daemon=True)
     thread.start()
     deadline = time.monotonic() + start_timeout
     while not srv.started:

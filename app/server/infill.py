@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from tandem.app.server import cache_owner
 from tandem.app.server.models import ModelSlot
 from tandem.app.server.openai import ApiError, GenRequest, parse_common
 from tandem.kernels.sampling import Sampler
@@ -133,29 +134,18 @@ def build_prompt(slot: ModelSlot, req: InfillRequest) -> FimPrompt:
     return built
 
 
-def client_identity(host: str | None, authorization: str | None) -> str:
-    """Who a request comes from, for prompt-cache reuse: peer address plus credentials.
-
-    Why: a reused prefix (``tokens_cached``, and the prompt time it saves) tells a client
-    how much of its prompt matched the text left in the KV cache; that text must be its own.
-    """
-    return f"{host or ''}\n{authorization or ''}"
-
-
-def _reusable(slot: ModelSlot, client: str) -> bool:
-    """The KV cache still holds exactly what ``client``'s own last /infill left there."""
-    owner = slot.infill_owner
-    return owner is not None and owner[0] == client and owner[1] == tuple(slot.target.tokens)
-
-
 def infill_job(slot: ModelSlot, ids: list[int], req: InfillRequest, client: str = ""):
+    """The infill, reusing the cached prefix only when ``client`` left it (:mod:`.cache_owner`)."""
+
     def run(cancel: threading.Event) -> Iterator[InfillChunk | InfillDone]:
         with slot.engine.lock:
-            reuse = req.cache_prompt and _reusable(slot, client)
-            slot.infill_owner = None
-            yield from run_infill(slot.target, ids, Sampler(req.gen.params), req.limits,
-                                  strategy=slot.engine.strategy, cache_prompt=reuse, cancel=cancel)
-            slot.infill_owner = (client, tuple(slot.target.tokens))
+            reuse = req.cache_prompt and cache_owner.reusable(slot, client)
+            cache_owner.take(slot, client, ids)
+            try:
+                yield from run_infill(slot.target, ids, Sampler(req.gen.params), req.limits,
+                                      strategy=slot.engine.strategy, cache_prompt=reuse, cancel=cancel)
+            finally:
+                cache_owner.release(slot, client)
 
     return run
 

@@ -2,7 +2,9 @@
 
 Each job is a generator function of the cancel event; everything it yields is passed
 to the request's handler on the event loop. Jobs take the chat engine's lock, so the
-server never races the TUI (or anything else) for the one KV cache.
+server never races the TUI (or anything else) for the one KV cache, and under it they
+follow :mod:`.cache_owner`'s rule: a cached prompt prefix is reused only for the client
+that left it there.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from tandem.app.server import cache_owner
 from tandem.app.server.models import ModelSlot
 from tandem.app.server.openai import GenRequest
 from tandem.kernels.sampling import Sampler
@@ -30,18 +33,45 @@ class Drafts:
     """The superposed decode, when the choices came from one."""
 
 
-def chat_job(slot: ModelSlot, messages: list[dict[str, str]], req: GenRequest):
+@dataclass
+class PromptCache:
+    """What a generation job reused of the KV cache, for the reply's ``usage``; written on
+    the worker thread before the job's first item."""
+
+    cached_tokens: int = 0
+
+
+def chat_job(slot: ModelSlot, messages: list[dict[str, str]], req: GenRequest, client: str = "",
+             cache: PromptCache | None = None):
     def run(cancel: threading.Event) -> Iterator[Event]:
-        yield from slot.engine.stream(messages, req.params, req.max_tokens, req.stop, cancel, logprobs=req.logprobs)
+        with slot.engine.lock:
+            ids, stops = slot.engine.fit(messages, req.max_tokens)
+            yield from _generate(slot, ids, req, [*stops, *req.stop], cancel, client, cache)
 
     return run
 
 
-def completion_job(slot: ModelSlot, ids: list[int], req: GenRequest):
+def completion_job(slot: ModelSlot, ids: list[int], req: GenRequest, client: str = "",
+                   cache: PromptCache | None = None):
     def run(cancel: threading.Event) -> Iterator[Event]:
-        yield from slot.engine.complete(ids, req.params, req.max_tokens, req.stop, cancel, logprobs=req.logprobs)
+        with slot.engine.lock:
+            yield from _generate(slot, ids, req, list(req.stop), cancel, client, cache)
 
     return run
+
+
+def _generate(slot: ModelSlot, ids: list[int], req: GenRequest, stops: list[str], cancel: threading.Event,
+              client: str, cache: PromptCache | None) -> Iterator[Event]:
+    """The engine's generation (same strategy, same sampler) on a cache that holds only
+    ``client``'s own text; the caller holds the engine's lock."""
+    cached = cache_owner.take(slot, client, ids)
+    if cache is not None:
+        cache.cached_tokens = cached
+    try:
+        yield from generate(slot.target, ids, Sampler(req.params), strategy=slot.engine.strategy,
+                            max_tokens=req.max_tokens, stop=stops, cancel=cancel, logprobs=req.logprobs)
+    finally:
+        cache_owner.release(slot, client)
 
 
 def _cut(text: str, stops: list[str]) -> tuple[str, bool]:
@@ -50,7 +80,7 @@ def _cut(text: str, stops: list[str]) -> tuple[str, bool]:
 
 
 def drafts_job(slot: ModelSlot, req: GenRequest, *, ids: list[int] | None = None,
-               messages: list[dict[str, str]] | None = None):
+               messages: list[dict[str, str]] | None = None, client: str = ""):
     """n > 1. At temperature 0 the n choices are the n superposed drafts (one forward pass
     per step for all of them); at a temperature above 0 they are n sequences sampled with
     the request's settings, the i-th seeded with ``seed + i`` when a seed is given, so
@@ -64,10 +94,14 @@ def drafts_job(slot: ModelSlot, req: GenRequest, *, ids: list[int] | None = None
                 prompt, template_stops = slot.engine.fit(messages, req.max_tokens)
                 stops += template_stops
             assert prompt is not None
-            if not req.params.greedy:
-                yield _sampled_drafts(slot, prompt, req, stops, cancel)
-                return
-            result = slot.autocompleter.decoder.decode(prompt, req.n, req.max_tokens, cancel=cancel)
+            cache_owner.take(slot, client, prompt)
+            try:
+                if not req.params.greedy:
+                    yield _sampled_drafts(slot, prompt, req, stops, cancel)
+                    return
+                result = slot.autocompleter.decoder.decode(prompt, req.n, req.max_tokens, cancel=cancel)
+            finally:
+                cache_owner.release(slot, client)
         texts = []
         for d in result.drafts:
             text, stopped = _cut(d.text, stops)

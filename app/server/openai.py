@@ -201,9 +201,14 @@ def finish_reason(reason: str) -> str:
     return "length" if reason == "length" else "stop"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's ``usage``; ``cached_tokens``: prompt tokens whose KV was reused (only ever
+    the same client's, see ``cache_owner``)."""
+    out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                           "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 @dataclass
@@ -233,11 +238,11 @@ class Shaper:
                 "created": self.created, "model": self.model,
                 "choices": [self._choice(index, text, reason, delta=True, first=first)]}
 
-    def usage_chunk(self, use: dict[str, int]) -> dict:
+    def usage_chunk(self, use: dict[str, Any]) -> dict:
         return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": [], "usage": use}
 
-    def full(self, texts: list[tuple[str, str]], use: dict[str, int], extra: dict | None = None) -> dict:
+    def full(self, texts: list[tuple[str, str]], use: dict[str, Any], extra: dict | None = None) -> dict:
         out = {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                "created": self.created, "model": self.model,
                "choices": [self._choice(i, t, r, delta=False) for i, (t, r) in enumerate(texts)], "usage": use}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,9 +57,14 @@ def record(route: str, status: int, started: float, *, model: str | None = None,
 
 async def logged_stream(body: AsyncIterator, on_end: Callable[[], None]) -> AsyncIterator:
     """A streaming response's body that writes its log line when the stream ends (done,
-    failed or the client gone), not when the handler returns."""
+    failed, the client gone or too slow), not when the handler returns. Closing this
+    closes ``body`` at once (its cleanup cancels the reply's job), not at garbage collection."""
     try:
         async for chunk in body:
             yield chunk
     finally:
-        on_end()
+        try:
+            if isinstance(body, AsyncGenerator):
+                await body.aclose()
+        finally:
+            on_end()

@@ -1,0 +1,272 @@
+"""The generation routes: ``/v1/chat/completions``, ``/v1/completions`` and ``/infill``.
+
+Requests wait in their model's FIFO queue (:mod:`.worker`). A handler waits for a job's
+*first* item before answering, so a prompt that does not fit still gets a proper 4xx
+even on a streaming request. A client that goes away cancels its job: a watcher task
+listens for ``http.disconnect`` (whole replies), and a stream's end (:mod:`.streams`)
+sets the job's cancel event. Each job is tagged with its client (peer address plus
+``Authorization``), so a cached prompt prefix serves only the client that left it
+(:mod:`.cache_owner`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from tandem.app.server import infill as infill_api
+from tandem.app.server import jobs
+from tandem.app.server.cache_owner import client_identity
+from tandem.app.server.logprobs import parse_logprobs, shape
+from tandem.app.server.models import ModelSlot
+from tandem.app.server.openai import (
+    ApiError,
+    GenRequest,
+    Shaper,
+    finish_reason,
+    parse_common,
+    parse_json,
+    parse_messages,
+    parse_prompt,
+    usage,
+)
+from tandem.app.server.streams import (
+    OpenStreams,
+    StreamConfig,
+    chain,
+    drafts_stream,
+    generation_stream,
+    infill_stream,
+)
+from tandem.app.server.worker import Job, QueueFull
+from tandem.models.errors import PromptError, TandemError
+from tandem.runtime.autocomplete.infill import InfillDone
+from tandem.runtime.generate import DoneEvent, TokenEvent
+
+
+@dataclass
+class Routes:
+    slots: dict[str, ModelSlot]
+    max_body_bytes: int
+    stream_config: StreamConfig
+    streams: OpenStreams = field(default_factory=OpenStreams)
+
+    # -- helpers --------------------------------------------------------------------
+    def slot(self, name: str | None) -> ModelSlot:
+        if name is None or (name not in self.slots and len(self.slots) == 1 and name in ("", "default")):
+            if len(self.slots) == 1:
+                return next(iter(self.slots.values()))
+            raise ApiError(400, "Say which model with 'model'.", "model_required", "model")
+        slot = self.slots.get(name)
+        if slot is None:
+            raise ApiError(404, f"The model '{name}' does not exist; GET /v1/models lists the served models.",
+                           "model_not_found", "model")
+        return slot
+
+    async def body(self, request: Request) -> dict:
+        raw = await request.body()
+        if len(raw) < 65536:
+            return parse_json(raw, self.max_body_bytes)
+        # a big body takes milliseconds to parse: not on the loop other clients share
+        return await asyncio.to_thread(parse_json, raw, self.max_body_bytes)
+
+    def check_fits(self, slot: ModelSlot, ids: list[int]) -> None:
+        if len(ids) >= slot.target.n_ctx:
+            raise ApiError(400, f"The prompt is {len(ids)} tokens; this model's context holds {slot.target.n_ctx}.",
+                           "context_length_exceeded", "prompt")
+
+    async def start(self, request: Request, slot: ModelSlot, fn) -> tuple[Job, AsyncIterator, Any, asyncio.Task]:
+        """Queue a job and wait for its first item (so errors still become 4xx)."""
+        if slot.worker.stopping:
+            raise _shutting_down()
+        try:
+            job = slot.worker.submit(fn)
+        except QueueFull as exc:
+            raise ApiError(503, f"Server busy: {exc}. Retry shortly.", "overloaded", type_="server_error") from None
+        watcher = asyncio.create_task(_watch_disconnect(request, job))
+        items = job.items()
+        try:
+            first = await items.__anext__()
+        except StopAsyncIteration:
+            if slot.worker.stopping:  # skipped in the queue by the shutdown
+                watcher.cancel()
+                raise _shutting_down() from None
+            first = None
+        except PromptError as exc:
+            watcher.cancel()
+            raise ApiError(400, str(exc), "context_length_exceeded") from None
+        except TandemError as exc:
+            watcher.cancel()
+            raise ApiError(400, str(exc), "invalid_request") from None
+        except Exception as exc:
+            job.cancel.set()
+            watcher.cancel()
+            raise ApiError(500, f"The model failed on this request ({type(exc).__name__}).", "internal_error",
+                           type_="server_error") from None
+        except BaseException:
+            job.cancel.set()
+            watcher.cancel()
+            raise
+        return job, items, first, watcher
+
+    # -- routes ---------------------------------------------------------------------
+    async def chat(self, request: Request):
+        body = await self.body(request)
+        req = parse_common(body)
+        req.logprobs = _logprobs(body, req, chat=True)
+        messages = parse_messages(body)
+        slot = self.slot(req.model)
+        request.state.model = slot.name
+        client = _client(request)
+        if req.n > 1:
+            return await self.drafts(request, slot, req, Shaper(slot.name, chat=True),
+                                     jobs.drafts_job(slot, req, messages=messages, client=client))
+        cache = jobs.PromptCache()
+        return await self.generation(request, slot, req, Shaper(slot.name, chat=True),
+                                     jobs.chat_job(slot, messages, req, client, cache), cache)
+
+    async def completions(self, request: Request):
+        body = await self.body(request)
+        req = parse_common(body, max_tokens_default=16)
+        req.logprobs = _logprobs(body, req, chat=False)
+        prompt = parse_prompt(body)
+        slot = self.slot(req.model)
+        request.state.model = slot.name
+        suffix = body.get("suffix")
+        if isinstance(suffix, str) and suffix:
+            ids = await asyncio.to_thread(jobs.infill_prompt, slot, prompt, suffix)
+        else:  # tokenizing a long prompt takes seconds: never on the event loop
+            ids = await asyncio.to_thread(slot.target.tokenize, prompt, add_bos=True)
+        self.check_fits(slot, ids)
+        shaper = Shaper(slot.name, chat=False)
+        client = _client(request)
+        if req.n > 1:
+            return await self.drafts(request, slot, req, shaper, jobs.drafts_job(slot, req, ids=ids, client=client))
+        cache = jobs.PromptCache()
+        return await self.generation(request, slot, req, shaper, jobs.completion_job(slot, ids, req, client, cache),
+                                     cache)
+
+    async def infill(self, request: Request):
+        """llama-server's /infill (see :mod:`.infill`)."""
+        req = infill_api.parse_infill(await self.body(request))
+        slot = self.slot(req.gen.model)
+        request.state.model = slot.name
+        built = await asyncio.to_thread(infill_api.build_prompt, slot, req)
+        ids = built.tokens
+        self.check_fits(slot, ids)
+        fmt = infill_api.fim_format(slot.target)
+        client = _client(request)
+        if req.gen.n > 1:
+            job, items, first, watcher = await self.start(request, slot,
+                                                          jobs.drafts_job(slot, req.gen, ids=ids, client=client))
+            watcher.cancel()
+            d: jobs.Drafts = _drafts_or_cancelled(first)
+            return JSONResponse({"content": d.texts[0][0] if d.texts else "", "stop": True, "model": slot.name,
+                                 "drafts": [t for t, _ in d.texts], "tokens_evaluated": len(ids),
+                                 "tokens_predicted": d.completion_tokens, "fim": fmt is not None})
+        job, items, first, watcher = await self.start(request, slot, infill_api.infill_job(slot, ids, req, client))
+
+        def final_body(done: InfillDone) -> dict:
+            return infill_api.done_body(done, req, slot.name, built, fmt)
+
+        if req.gen.stream:
+            watcher.cancel()
+            return infill_stream(first, items, job, model=slot.name, final_body=final_body,
+                                 config=self.stream_config, streams=self.streams)
+        try:
+            done = None
+            async for ev in chain(first, items):
+                if isinstance(ev, InfillDone):
+                    done = ev
+        finally:
+            watcher.cancel()
+        if done is None:
+            raise ApiError(499, "Request cancelled.", "cancelled")
+        return JSONResponse(final_body(done))
+
+    async def generation(self, request: Request, slot: ModelSlot, req: GenRequest, shaper: Shaper, fn,
+                         cache: jobs.PromptCache):
+        job, items, first, watcher = await self.start(request, slot, fn)
+        if req.stream:
+            watcher.cancel()
+
+            def on_stats(stats) -> None:
+                request.state.stats = stats
+
+            return generation_stream(first, items, job, shaper=shaper, token_bytes=slot.target.token_bytes,
+                                     include_usage=req.include_usage, cache=cache, on_stats=on_stats,
+                                     config=self.stream_config, streams=self.streams)
+        lps: list | None = [] if req.logprobs is not None else None
+        done = await _final(first, items, watcher, lps)
+        st = request.state.stats = done.stats
+        body = shaper.full([(done.text, finish_reason(st.finish_reason))],
+                           usage(st.prompt_tokens, st.generated_tokens, cache.cached_tokens),
+                           {"tandem": {"stats": st.as_dict()}})
+        if lps is not None:
+            body["choices"][0]["logprobs"] = shape(lps, slot.target.token_bytes, chat=shaper.chat)
+        return JSONResponse(body)
+
+    async def drafts(self, request: Request, slot: ModelSlot, req: GenRequest, shaper: Shaper, fn):
+        job, items, first, watcher = await self.start(request, slot, fn)
+        watcher.cancel()
+        d = _drafts_or_cancelled(first)
+        use = usage(d.prompt_tokens, d.completion_tokens)
+        extra = {"tandem": {"sampled": True} if d.result is None else {"superposed": {
+            "forward_passes": d.result.forward_passes, "steps": d.result.steps, "elapsed_s": d.result.elapsed_s}}}
+        if not req.stream:
+            return JSONResponse(shaper.full(d.texts, use, extra))
+        return drafts_stream(shaper, d.texts, use if req.include_usage else None, config=self.stream_config,
+                             streams=self.streams)
+
+
+def _client(request: Request) -> str:
+    return client_identity(request.client.host if request.client else None, request.headers.get("authorization"))
+
+
+def _shutting_down() -> ApiError:
+    return ApiError(503, "The server is shutting down; retry against its next start.", "shutting_down",
+                    type_="server_error")
+
+
+def _drafts_or_cancelled(first: Any) -> jobs.Drafts:
+    if not isinstance(first, jobs.Drafts):
+        raise ApiError(499, "Request cancelled.", "cancelled")
+    return first
+
+
+async def _final(first, items, watcher, logprobs: list | None = None) -> DoneEvent:
+    """Drain a job to its DoneEvent (non-streaming replies); 499 if it was cancelled.
+    The tokens' logprobs, when asked for, are gathered into ``logprobs``."""
+    try:
+        done = None
+        async for ev in chain(first, items):
+            if isinstance(ev, DoneEvent):
+                done = ev
+            elif logprobs is not None and isinstance(ev, TokenEvent) and ev.logprobs:
+                logprobs.extend(ev.logprobs)
+    finally:
+        watcher.cancel()
+    if done is None:
+        raise ApiError(499, "Request cancelled.", "cancelled")
+    return done
+
+
+async def _watch_disconnect(request: Request, job: Job) -> None:
+    """Cancel the job when the client disconnects before its answer is ready."""
+    while not job.cancel.is_set():
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancel.set()
+            return
+
+
+def _logprobs(body: dict, req: GenRequest, *, chat: bool) -> int | None:
+    wanted = parse_logprobs(body, chat=chat)
+    if wanted is not None and req.n > 1:
+        raise ApiError(400, "'logprobs' is not available with n > 1.", "invalid_value", "logprobs")
+    return wanted

@@ -1,0 +1,182 @@
+"""Streamed replies (server-sent events) and every way such a stream ends.
+
+A stream ends with its final event when the job is done; with a last event saying why
+when the server shuts down (sse-starlette sets ``shutdown`` and grants a grace period,
+and ``_cancel_on`` stops the job so it ends at once); silently when the client goes
+away (sse-starlette cancels the generator). A client that stops reading but keeps the
+connection open is the fourth case: each send waits at most ``send_timeout_s``, then
+the stream is given up (:class:`ReplyStream`), so a stalled reader holds neither the
+reply job nor its model's worker. Whatever ends a stream, the generator's ``finally``
+sets the job's cancel event: a job still running stops at its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from sse_starlette.sse import EventSourceResponse, SendTimeoutError
+from starlette.types import Receive, Scope, Send
+
+from tandem.app.server.jobs import PromptCache
+from tandem.app.server.logprobs import shape
+from tandem.app.server.openai import ApiError, Shaper, finish_reason, usage
+from tandem.app.server.worker import Job
+from tandem.models.errors import TandemError
+from tandem.runtime.autocomplete.infill import InfillChunk, InfillDone
+from tandem.runtime.generate import DoneEvent, GenerationStats, TokenEvent
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    send_timeout_s: float = 30.0
+    """Longest one send may wait for a client that stopped reading; then the stream ends."""
+    shutdown_grace_s: float = 5.0
+    """On SIGTERM, how long streams get to send their final event after being stopped."""
+    ping_s: int = 15
+
+
+@dataclass
+class OpenStreams:
+    """Streams being sent now, and how many were given up on a client that stopped
+    reading (``/health`` shows both)."""
+
+    open: int = 0
+    timed_out: int = 0
+
+
+class ReplyStream(EventSourceResponse):
+    """An SSE response whose sends time out; a timed-out stream has already closed its
+    generator (cancelling the job), and ending the response here makes the server close
+    the connection instead of logging the timeout as a crash."""
+
+    def __init__(self, events: AsyncIterator[dict], config: StreamConfig, streams: OpenStreams,
+                 shutdown: anyio.Event | None = None) -> None:
+        super().__init__(events, ping=config.ping_s, send_timeout=config.send_timeout_s, shutdown_event=shutdown,
+                         shutdown_grace_period=config.shutdown_grace_s if shutdown is not None else 0)
+        self.streams = streams
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.streams.open += 1
+        try:
+            await super().__call__(scope, receive, send)
+        except SendTimeoutError:
+            self.streams.timed_out += 1
+        finally:
+            self.streams.open -= 1
+
+
+def generation_stream(first: Any, items: AsyncIterator, job: Job, *, shaper: Shaper, token_bytes: Callable,
+                      include_usage: bool, cache: PromptCache, on_stats: Callable[[GenerationStats], None],
+                      config: StreamConfig, streams: OpenStreams) -> ReplyStream:
+    """A chat or text completion's chunks, its finish chunk, the usage chunk (when asked
+    for) and ``[DONE]``."""
+    shutdown = anyio.Event()
+
+    async def events() -> AsyncIterator[dict]:
+        stopper = asyncio.create_task(_cancel_on(shutdown, job))
+        try:
+            yield {"data": json.dumps(shaper.chunk(0, "" if shaper.chat else None, first=True))}
+            offset = 0
+            ended = False
+            async for ev in chain(first, items):
+                if isinstance(ev, TokenEvent) and (ev.text or ev.logprobs):
+                    chunk = shaper.chunk(0, ev.text)
+                    if ev.logprobs is not None:
+                        chunk["choices"][0]["logprobs"] = shape(ev.logprobs, token_bytes, chat=shaper.chat,
+                                                                offset=offset)
+                    offset += len(ev.text)
+                    yield {"data": json.dumps(chunk)}
+                elif isinstance(ev, DoneEvent):
+                    on_stats(ev.stats)
+                    yield {"data": json.dumps(shaper.chunk(0, None, finish_reason(ev.stats.finish_reason)))}
+                    if include_usage:
+                        use = usage(ev.stats.prompt_tokens, ev.stats.generated_tokens, cache.cached_tokens)
+                        yield {"data": json.dumps(shaper.usage_chunk(use))}
+                    ended = True
+            if not ended:  # stopped before its end (the server is shutting down): still a final chunk
+                final = shaper.chunk(0, None, "stop")
+                final["tandem"] = {"stopped": "server shutting down" if shutdown.is_set() else "cancelled"}
+                yield {"data": json.dumps(final)}
+            yield {"data": "[DONE]"}
+        except Exception as exc:  # the response has started: the error goes in the stream
+            yield {"data": json.dumps(stream_error(exc))}
+            yield {"data": "[DONE]"}
+        finally:
+            job.cancel.set()
+            stopper.cancel()
+
+    return ReplyStream(events(), config, streams, shutdown)
+
+
+def infill_stream(first: Any, items: AsyncIterator, job: Job, *, model: str, final_body: Callable[[InfillDone], dict],
+                  config: StreamConfig, streams: OpenStreams) -> ReplyStream:
+    """llama-server's streamed /infill: ``{"content", "stop": false}`` events, then the
+    final body with ``stop: true``."""
+    shutdown = anyio.Event()
+
+    async def events() -> AsyncIterator[dict]:
+        stopper = asyncio.create_task(_cancel_on(shutdown, job))
+        try:
+            ended = False
+            async for ev in chain(first, items):
+                if isinstance(ev, InfillChunk):
+                    yield {"data": json.dumps({"content": ev.text, "stop": False})}
+                elif isinstance(ev, InfillDone):
+                    yield {"data": json.dumps(final_body(ev) | {"content": ""})}
+                    ended = True
+            if not ended:  # stopped early (the server is shutting down): still a last event
+                yield {"data": json.dumps({"content": "", "stop": True, "stop_type": "none", "model": model,
+                                           "tandem": {"stopped": "server shutting down"
+                                                      if shutdown.is_set() else "cancelled"}})}
+        except Exception as exc:  # the response has started: the error goes in the stream
+            yield {"data": json.dumps(stream_error(exc))}
+        finally:
+            job.cancel.set()
+            stopper.cancel()
+
+    return ReplyStream(events(), config, streams, shutdown)
+
+
+def drafts_stream(shaper: Shaper, texts: list[tuple[str, str]], use: dict[str, Any] | None, *,
+                  config: StreamConfig, streams: OpenStreams) -> ReplyStream:
+    """n > 1, already decoded: each choice's text, each choice's finish, usage, ``[DONE]``."""
+
+    async def events() -> AsyncIterator[dict]:
+        for i, (text, _) in enumerate(texts):
+            yield {"data": json.dumps(shaper.chunk(i, text, first=True))}
+        for i, (_, reason) in enumerate(texts):
+            yield {"data": json.dumps(shaper.chunk(i, None, reason))}
+        if use is not None:
+            yield {"data": json.dumps(shaper.usage_chunk(use))}
+        yield {"data": "[DONE]"}
+
+    return ReplyStream(events(), config, streams)
+
+
+async def _cancel_on(event: anyio.Event, job: Job) -> None:
+    """Stop ``job`` when the server shuts down, so its stream ends with a final event."""
+    await event.wait()
+    job.cancel.set()
+
+
+def stream_error(exc: Exception) -> dict:
+    """The error event of a stream that failed after it started (its status line is sent)."""
+    if isinstance(exc, ApiError):
+        return exc.body()
+    status = 400 if isinstance(exc, TandemError) else 500
+    return ApiError(status, str(exc) if status == 400 else f"The model failed ({type(exc).__name__}).",
+                    "invalid_request" if status == 400 else "internal_error",
+                    type_="invalid_request_error" if status == 400 else "server_error").body()
+
+
+async def chain(first: Any, items: AsyncIterator) -> AsyncIterator:
+    """A job's first item (already awaited by the handler), then the rest."""
+    if first is not None:
+        yield first
+    async for it in items:
+        yield it
