@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from textual.binding import Binding
 
-from tandem.app.tui.engine import speculative_available
 from tandem.app.tui.modals import Confirm, HelpScreen, ModelPicker, SettingsScreen, TextPrompt
 from tandem.app.tui.session import ChatSettings
 from tandem.app.tui.widgets import NEWLINE_KEYS, MessageView
@@ -70,8 +69,8 @@ class ChatActions:
                 self.load_model(replace(self.choice, target=result[0], drafter=result[1],
                                         draft_mode=None))
 
-        self.app.push_screen(ModelPicker(entries, self.choice.target, self.choice.drafter,
-                                         speculative_available()), done)
+        # the speculative runtime is always installed now (runtime/engine.py builds every engine)
+        self.app.push_screen(ModelPicker(entries, self.choice.target, self.choice.drafter, True), done)
 
     def action_export(self: ChatScreen) -> None:
         if self.chat is None:

@@ -32,8 +32,8 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def make_app(model: Path, tmp_path: Path, history: Path | None = None) -> TandemApp:
-    return TandemApp(AppConfig(model=model, settings=ChatSettings(SamplingParams(temperature=0.0), 24),
+def make_app(model: Path, tmp_path: Path, history: Path | None = None, max_tokens: int = 24) -> TandemApp:
+    return TandemApp(AppConfig(model=model, settings=ChatSettings(SamplingParams(temperature=0.0), max_tokens),
                                history_path=history or tmp_path / "chats.sqlite3", export_dir=tmp_path,
                                mask_timings=True, threads=1))
 
@@ -175,6 +175,46 @@ async def test_disk_full_at_send_keeps_the_typed_message(stories260k: Path, tmp_
         await pilot.press("enter")
         await until(pilot, lambda: screen.replies_done > done)
         assert app.history.messages(screen.chat.id)[0].content == "a question " * 400
+
+
+async def test_disk_full_mid_reply_ends_it_and_keeps_the_text(stories260k: Path, tmp_path: Path) -> None:
+    """SQLite's "database or disk is full" while a reply streams: the reply ends with the
+    error shown, the text streamed so far stays on screen and in the file, and once
+    there is room again Esc and the next message work as usual."""
+    db = tmp_path / "chats.sqlite3"
+    with History(db) as h:  # an older chat fills most of the messages table's page, so the
+        old = h.create_chat("older")  # growing reply needs a new page after ~40 tokens
+        h.add_message(old.id, "user", "q" * 3800)
+    app = make_app(stories260k, tmp_path, db, max_tokens=200)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(app, pilot)
+        await screen.action_new_chat()
+        real = screen.engine
+        screen.engine = Failing(real, 3, lambda: _fill_disk(app.history))
+        done = screen.replies_done
+        screen.input.load_text("Once upon a time")
+        await pilot.press("enter")
+        await until(pilot, lambda: screen.replies_done > done)
+        assert not screen.generating  # not wedged in "generating"
+        status = str(screen.query_one("#status").render())
+        assert "disk is full" in status and "Traceback" not in status
+        reply = app.history.messages(screen.chat.id)[-1]
+        assert reply.role == "assistant" and reply.status == INTERRUPTED
+        assert len(reply.content) > 12  # what was written before the disk filled up is stored ...
+        shown = [v for v in screen.query(MessageView) if v.record.role == "assistant"]
+        assert shown[-1].record.content == reply.content  # ... and shown, marked interrupted
+        assert shown[-1].record.status == INTERRUPTED
+        app.history._db.execute("DELETE FROM filler")  # room again
+        app.history._db.execute("PRAGMA max_page_count=1073741823")
+        screen.engine = real
+        await pilot.press("escape")  # nothing to stop: harmless
+        done = screen.replies_done
+        screen.input.load_text("The end")
+        await pilot.press("enter")
+        await until(pilot, lambda: screen.replies_done > done)
+        messages = app.history.messages(screen.chat.id)
+        assert [m.role for m in messages] == ["user", "assistant", "user", "assistant"]
+        assert messages[1].content == reply.content and messages[-1].status == COMPLETE
 
 
 def _damage_page(path: Path, page: int) -> None:
