@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -42,6 +43,7 @@ class TimedH11Protocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._idle_since = self.loop.time()
+        self._closing_since: float | None = None
         self._watchdog: asyncio.TimerHandle | None = None
         self._arm()
 
@@ -49,9 +51,22 @@ class TimedH11Protocol(H11Protocol):
         self._watchdog = self.loop.call_later(min(1.0, self.header_timeout_s / 2), self._check)
 
     def _check(self) -> None:
-        if self.transport.is_closing():
-            return
         now = self.loop.time()
+        if self.transport.is_closing():
+            # A closing transport first flushes what it buffered, which never ends when
+            # the client stopped reading (a stream given up after send_timeout_s): after
+            # the header timeout, drop the connection and its buffers.
+            if self._closing_since is None:
+                self._closing_since = now
+            if now - self._closing_since > self.header_timeout_s:
+                sock = self.transport.get_extra_info("socket")
+                if sock is not None:  # linger 0: reset, so the kernel drops the unsent data too
+                    with contextlib.suppress(OSError):
+                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.transport.abort()
+                return
+            self._arm()
+            return
         if self.cycle is not None and not self.cycle.response_complete:
             self._idle_since = now  # a request is being answered: its body is timed by the guard
         elif now - self._idle_since > self.header_timeout_s:

@@ -93,6 +93,33 @@ def test_stalled_reader_stream_is_ended(stories260k, path: str) -> None:
     slot.close()
 
 
+def server_side_open(server_port: int, client_port: int) -> bool:
+    """Whether the server still holds its end of the connection from ``client_port``
+    (Linux: an entry in /proc/net/tcp with those ports, in any state but TIME_WAIT)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, remote, state = line.split()[1:4]
+        if (int(local.split(":")[1], 16), int(remote.split(":")[1], 16)) == (server_port, client_port):
+            return state != "06"
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the kernel's socket table (Linux)")
+def test_stalled_reader_connection_is_dropped(stories260k) -> None:
+    """After its stream is given up, a client that still reads nothing does not keep the
+    connection (and the reply buffered for it): it is dropped within the header timeout."""
+    slot, app = _app(stories260k, 2048)
+    body = {"max_tokens": 2000, "temperature": 1.0, "seed": 1} | FAT["/v1/completions"]
+    with running(app, send_buffer=BUFFER, header_timeout_s=1.0) as url, \
+            stalled_stream(url, "/v1/completions", body) as sock:
+        server_port, client_port = int(url.rsplit(":", 1)[1]), sock.getsockname()[1]
+        wait_for(url, lambda h: h["streams"]["timed_out"] == 1)
+        deadline = time.monotonic() + 30
+        while server_side_open(server_port, client_port):
+            assert time.monotonic() < deadline, "the server kept the stalled connection open"
+            time.sleep(0.05)
+    slot.close()
+
+
 def test_stalled_reader_cancels_a_long_generation(real_models, tmp_path: Path) -> None:
     """A long reply on a real model: the stalled client's job is cancelled long before its
     1900 tokens, and the worker serves the next request (with the request log on, whose
