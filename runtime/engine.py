@@ -98,6 +98,9 @@ class EngineSpec:
     """Start the adaptive policy from a cached verify-cost curve for this model and machine."""
     shared_suffix_cache: bool = True
     """Let model-free drafting learn across requests; the server turns it off (isolation)."""
+    rpc: tuple[str, ...] = ()
+    """llama.cpp RPC servers (``HOST:PORT``) holding a share of a GGUF target's layers
+    (:func:`_open_rpc`; README, "Several machines"); the drafter stays on this machine."""
 
 
 @dataclass
@@ -189,6 +192,9 @@ def check_spec(spec: EngineSpec, kind: str) -> None:
         flag = "--kv-compress" if spec.kv_compress is not None else "--moe-offload"
         raise TandemError(f"{flag} works in the torch engine: add --engine torch (the target runs there "
                           "dequantized, on CUDA when torch sees a GPU, else on the CPU).")
+    if spec.rpc and kind != "llama.cpp":
+        raise TandemError("--rpc splits a GGUF target in llama.cpp over RPC servers; it does not apply to "
+                          f"the {kind} engine.")
     if spec.device is not None and kind != "torch":
         raise TandemError("--device chooses the torch engine's device: add --engine torch.")
 
@@ -233,6 +239,8 @@ def _open_llama(spec: EngineSpec, say: Notify) -> Engine:
     from tandem.runtime.planning.calibration import place
     from tandem.runtime.planning.planner import plan_for_run
 
+    if spec.rpc:
+        return _open_rpc(spec, say)
     draft_path = spec.drafter if _wants_model(spec) else None
     planned_draft = draft_path if draft_path is not None and backend_kind(draft_path) == "gguf" else None
     say("planning memory")
@@ -267,6 +275,33 @@ def _open_llama(spec: EngineSpec, say: Notify) -> Engine:
                 engine.notes.append(f"placement: {placed.choice.option.name} (measured"
                                     + (", cached)" if placed.choice.cached else ")"))
         return _finish(engine, draft_path, options, llama_config, torch_config, say)
+    except BaseException:
+        engine.close()
+        raise
+
+
+def _open_rpc(spec: EngineSpec, say: Notify) -> Engine:
+    """A target split over llama.cpp RPC servers (:mod:`tandem.runtime.backends.rpc`):
+    each server's share priced against the memory it reports, this machine's against the
+    budget less the drafter's (:mod:`tandem.runtime.planning.rpc_devices`). The drafter
+    runs here on the CPU: there is no placement to measure."""
+    from tandem.runtime.backends.llama import LlamaConfig
+    from tandem.runtime.backends.rpc import plan_remote
+    from tandem.runtime.planning.hardware import parse_size
+
+    draft_path = spec.drafter if _wants_model(spec) else None
+    kv = spec.kv_type or "f16"
+    say("asking the RPC servers")
+    split, n_ctx = plan_remote(spec.target, spec.rpc, n_ctx=spec.n_ctx, kv_type=kv, drafter=draft_path,
+                               local_budget=None if spec.budget is None else parse_size(spec.budget))
+    say("loading the model")
+    config = LlamaConfig(n_ctx=n_ctx, n_threads=spec.threads, type_k=kv, type_v=kv, exact=not spec.fast_verify,
+                         rpc=spec.rpc, rpc_layers=split.layers)
+    target = open_backend(spec.target, llama_config=config)
+    engine = Engine(spec, target, SpeculativeStrategy(None, None), "llama.cpp", notes=[split.summary()])
+    try:
+        return _finish(engine, draft_path, spec_options(spec), LlamaConfig(n_ctx=n_ctx, n_threads=spec.threads),
+                       None, say)
     except BaseException:
         engine.close()
         raise

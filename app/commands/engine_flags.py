@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from tandem.app.commands.rpc_server import rpc_servers
 from tandem.models.errors import TandemError
 from tandem.models.store import resolve_model
 from tandem.runtime.engine import ENGINES, LLAMA_KV_TYPES, EngineSpec
@@ -34,6 +35,9 @@ def add_engine_flags(p: argparse.ArgumentParser, *, ctx_default: int | None = No
     g.add_argument("--budget", default=None, help="host memory the process may use, e.g. 6GiB (default: 85%% of "
                    "available RAM); the memory planner fits target + drafter under it (see `tandem plan`)")
     g.add_argument("--vram", default=None, help="GPU memory it may use, e.g. 4GiB (default: 92%% of free)")
+    g.add_argument("--rpc", default=None, metavar="HOST:PORT[,...]",
+                   help="split the target over llama.cpp RPC servers (`tandem rpc-server` on each; the drafter "
+                        "stays here; default: `rpc` in config.toml, `off` ignores it)")
     add_draft_flags(p)
     add_technique_flags(p)
 
@@ -121,4 +125,5 @@ def spec_from_args(args: argparse.Namespace, *, model: str | Path | None = None,
         n_ctx=args.ctx,
         fast_verify=args.fast_verify,
         shared_suffix_cache=shared_suffix_cache,
+        rpc=rpc_servers(args.rpc),
     )

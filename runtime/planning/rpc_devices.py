@@ -100,6 +100,12 @@ class RpcSplit:
         """``LlamaConfig.rpc_layers``: this machine's blocks, then each RPC device's."""
         return (self.local_layers, *self.remote_layers)
 
+    def summary(self) -> str:
+        """One line for a front end's notes."""
+        if not self.shares:
+            return f"RPC split: this machine {self.local_layers} layers, the servers {list(self.remote_layers)}"
+        return "RPC split: " + ", ".join(f"{s.label} {s.layers} layers" for s in self.shares)
+
     def describe(self) -> str:
         return "\n".join(
             f"  {s.label}: {s.layers} layers, {format_size(s.need)} (weights {format_size(s.weights)}, "
