@@ -375,6 +375,10 @@ def _finish(engine: Engine, draft_path: Path | None, options: SpecOptions, llama
         draft_path = None
     if draft_path is not None and engine.drafter_backend is None:
         say("loading the drafter")
+        if llama_config is None and backend_kind(draft_path) == "gguf":  # not planned: the target's context
+            from tandem.runtime.backends.llama import LlamaConfig
+
+            llama_config = LlamaConfig(n_ctx=engine.target.n_ctx, n_threads=engine.spec.threads)
         engine.drafter_backend = open_draft_backend(engine.target, draft_path, llama_config=llama_config,
                                                     device=options.draft_device, torch_config=torch_config)
     if engine.drafter_backend is not None and draft_path is None:

@@ -67,7 +67,7 @@ def suggest(room: float, baseline: int, safety: float, t_shape: ModelShape, ctx:
         if not t_shape.kv_type_ok(kv) or (kv != "f16" and not allow_kv_quant):
             continue
         if lean_need(t_shape, ctx, kv, k) <= room:
-            out.append(f"--kv {kv} at context {ctx}" + (" (q4_0 KV costs quality)" if kv == "q4_0" else ""))
+            out.append(f"--kv-type {kv} at context {ctx}" + (" (q4_0 KV costs quality)" if kv == "q4_0" else ""))
             break
     kv = leanest_kv(t_shape, allow_kv_quant)
     largest = largest_context(room, t_shape, ctx - 1, kv, k)
