@@ -187,21 +187,16 @@ def _strategy(name: str, target, draft: Path, threads: int):
                           llama_config=LlamaConfig(n_ctx=target.n_ctx, n_threads=threads))
 
 
-def _decode(target, prompt: list[int], strategy, tokens: int) -> tuple[list[int], float]:
+def _decode(target, prompt: list[int], strategy, tokens: int):
+    """Greedy ids and the run's stats (decode speed: tokens after the first over the time
+    after the first, as ``tandem run`` reports it)."""
     from tandem.kernels.sampling import Sampler, SamplingParams
-    from tandem.runtime.generate import DoneEvent, TokenEvent, generate
+    from tandem.runtime.generate import DoneEvent, generate
 
     target.truncate(0)
-    ids: list[int] = []
-    start = None
-    for event in generate(target, prompt, Sampler(SamplingParams.greedy_params()), strategy=strategy,
-                          max_tokens=tokens, stop_at_eog=False):
-        if isinstance(event, TokenEvent):
-            start = start or time.perf_counter()  # decode speed: from the first token on
-            ids.extend(event.tokens)
-        elif isinstance(event, DoneEvent):
-            done = time.perf_counter()
-    return ids, (len(ids) - 1) / (done - start) if start and len(ids) > 1 else 0.0
+    done = [e for e in generate(target, prompt, Sampler(SamplingParams.greedy_params()), strategy=strategy,
+                                max_tokens=tokens, stop_at_eog=False) if isinstance(e, DoneEvent)][0]
+    return done.tokens, done.stats
 
 
 def bench_delay(delay_ms: float, *, target_path: Path, draft_path: Path, threads: int, tokens: int,
@@ -216,22 +211,29 @@ def bench_delay(delay_ms: float, *, target_path: Path, draft_path: Path, threads
             prompts = workload(target, "codegen", 1).prompts + workload(target, "edit", 1).prompts
             strategies = {c: _strategy(c, target, draft_path, threads) for c in configs}
             speeds: dict[str, list[float]] = {c: [] for c in configs}
+            per_call: dict[str, list[float]] = {c: [] for c in configs}
+            accepted: dict[str, list[float]] = {c: [] for c in configs}
             reference: dict[int, list[int]] = {}
             for _ in range(rounds):
                 for i, prompt in enumerate(prompts):
                     for name in configs:  # alternating, so load and heat hit every configuration alike
-                        ids, speed = _decode(target, prompt, strategies[name], tokens)
+                        ids, stats = _decode(target, prompt, strategies[name], tokens)
                         reference.setdefault(i, ids)
                         if ids != reference[i]:
                             raise AssertionError(f"{name} at {delay_ms} ms differs from plain decoding")
-                        speeds[name].append(speed)
+                        speeds[name].append(stats.tokens_per_s)
+                        per_call[name].append(stats.tokens_per_call)
+                        if stats.acceptance_rate is not None:
+                            accepted[name].append(stats.acceptance_rate)
             for s in strategies.values():
                 s.close()
         finally:
             target.close()
     plain = statistics.median(speeds["plain"]) if "plain" in speeds else None
-    return {name: {"tokens_per_s": round(statistics.median(v), 2),
+    return {"load_average_end": round(os.getloadavg()[0], 2)} | {name: {"tokens_per_s": round(statistics.median(v), 2),
                    "speedup": round(statistics.median(v) / plain, 2) if plain else None,
+                   "tokens_per_call": round(statistics.median(per_call[name]), 2),
+                   "acceptance": round(statistics.median(accepted[name]), 2) if accepted[name] else None,
                    "runs": [round(x, 2) for x in v]} for name, v in speeds.items()}
 
 
@@ -254,9 +256,11 @@ def main(argv: list[str] | None = None) -> int:
         results[f"{delay:g}ms"] = bench_delay(delay, target_path=args.target, draft_path=args.draft,
                                               threads=args.threads, tokens=args.tokens, rounds=args.rounds,
                                               layers=layers, configs=configs)
-        print(f"one-way delay {delay:g} ms:")
-        for name, r in results[f"{delay:g}ms"].items():
-            print(f"  {name:11s} {r['tokens_per_s']:6.2f} tok/s  x{r['speedup']}")
+        r = results[f"{delay:g}ms"]
+        print(f"one-way delay {delay:g} ms (load average {os.getloadavg()[0]:.1f}):", flush=True)
+        for name in configs:
+            print(f"  {name:11s} {r[name]['tokens_per_s']:6.2f} tok/s  x{r[name]['speedup']:<5} "
+                  f"{r[name]['tokens_per_call']:.2f} tokens/call, acceptance {r[name]['acceptance']}", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"args": vars(args) | {"target": str(args.target), "draft": str(args.draft),
                                                                "json": str(args.json)}, "results": results}, indent=1))

@@ -114,3 +114,23 @@ def test_run_uses_the_configured_servers(real_models, isolated_home) -> None:
     (isolated_home / "config.toml").write_text(f'rpc = "127.0.0.1:{port}"\n')
     r = tandem("run", "-m", str(real_models.qwen_05b), "-p", "hi", "-n", "4")
     assert r.returncode != 0 and f"Nothing listens at 127.0.0.1:{port}" in r.stderr, r.stderr
+
+
+def test_run_losing_a_server_keeps_the_text_and_ends_with_one_error(real_models) -> None:
+    servers = [serve() for _ in range(2)]
+    endpoints = ",".join(f"127.0.0.1:{port}" for _, port in servers)
+    proc = subprocess.Popen(tandem_cmd("run", "-m", str(real_models.qwen_05b), "-p", "Write a long story about a robot.",
+                                       "-n", "400", "--threads", "1", "--ctx", "512", "--draft-mode", "off",
+                                       "--quiet", "--rpc", endpoints),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stdout.read(1)  # the reply has started
+        stop(servers[1][0])
+        out, err = proc.communicate(timeout=120)
+    finally:
+        stop(servers[0][0])
+    assert proc.returncode == 1, err
+    assert (first + out).strip()  # the reply so far stays written
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-1].startswith(f"tandem: error: Lost the RPC server: 127.0.0.1:{servers[1][1]}"), err
+    assert "Traceback" not in err and "ggml" not in err.lower().replace("ggml-rpc", ""), err
