@@ -84,3 +84,42 @@ def test_bad_inputs_give_one_clear_message(tmp_path: Path, stories260k: Path) ->
 def test_usage_errors_exit_2(args: tuple[str, ...]) -> None:
     r = tandem(*args)
     assert r.returncode == 2 and "usage:" in r.stderr
+
+
+def test_run_chat_serve_share_the_engine_flags_and_defaults(stories260k: Path) -> None:
+    """One set of flags and defaults: the same command line gives the same EngineSpec in
+    every front end (the server only adds per-client isolation)."""
+    from dataclasses import replace
+
+    from tandem.app.cli import build_parser
+    from tandem.app.commands.engine_flags import spec_from_args
+    from tandem.app.server.models import isolated
+
+    parser = build_parser()
+    common = ["-m", str(stories260k)]
+    specs = {cmd: spec_from_args(parser.parse_args([cmd, *common])) for cmd in ("run", "chat", "serve")}
+    assert specs["run"] == specs["chat"] == specs["serve"]
+    assert specs["run"].draft_mode == "auto" and specs["run"].n_ctx is None and specs["run"].placement == "auto"
+    assert isolated(specs["serve"]) == replace(specs["run"], shared_suffix_cache=False)
+    flags = ["--budget", "1GiB", "--draft-mode", "ngram", "--placement", "cpu", "--kv-type", "q8_0",
+             "--draft-max", "4", "--ctx", "512"]
+    specs = {cmd: spec_from_args(parser.parse_args([cmd, *common, *flags])) for cmd in ("run", "chat", "serve")}
+    assert specs["run"] == specs["chat"] == specs["serve"]
+    assert (specs["serve"].budget, specs["serve"].draft_mode, specs["serve"].kv_type) == ("1GiB", "ngram", "q8_0")
+
+
+def test_plan_lists_every_technique_with_its_quality_cost(stories260k: Path, stories_moe: Path) -> None:
+    r = tandem("plan", "-m", str(stories260k), "--ctx", "512", "--json")
+    assert r.returncode == 0, r.stderr
+    options = {o["flag"]: o for o in json.loads(r.stdout)["options"]}
+    assert options["--kv-type f16"]["chosen"]
+    assert "--kv-type q8_0" not in options  # 8-wide heads: llama.cpp's 32-value blocks do not fit
+    kivi = options["--engine torch --kv-compress kivi4"]
+    assert "KL 0.0019" in kivi["quality"] and kivi["bytes"] < options["--engine torch --kv-compress none"]["bytes"]
+    r = tandem("plan", "-m", str(stories_moe), "--ctx", "512", "--engine", "torch", "--device", "cpu",
+               "--moe-offload", "25%")
+    assert r.returncode == 0, r.stderr
+    assert "engine:  torch on cpu" in r.stdout and "expert cache" in r.stdout and "lossless" in r.stdout
+    assert "--engine torch --moe-offload 25% --moe-low-bits" in r.stdout
+    r = tandem("plan", "-m", str(stories260k), "--engine", "torch", "--budget", "50MiB")
+    assert r.returncode == 6 and "fits:    NO" in r.stdout and "--kv-compress" in r.stdout
