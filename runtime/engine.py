@@ -341,7 +341,7 @@ def _open_torch(spec: EngineSpec, torch_plan: TorchPlan) -> Backend:
     from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
 
     return TorchBackend(spec.target, TorchConfig(device=torch_plan.device, n_ctx=torch_plan.n_ctx,
-                                                 n_threads=spec.threads))
+                                                 n_threads=spec.threads, lazy_experts=torch_plan.offload is not None))
 
 
 def _apply_torch_options(engine: Engine, torch_plan: TorchPlan) -> None:
@@ -353,8 +353,8 @@ def _apply_torch_options(engine: Engine, torch_plan: TorchPlan) -> None:
     if torch_plan.offload is not None:
         from tandem.runtime.moe.expert_cache import enable_offload
 
-        source = "ram" if torch_plan.device.startswith("cuda") else "gguf"
-        engine.extras.append(enable_offload(engine.target, torch_plan.offload, source=source))
+        # The experts were left in the file (TorchConfig.lazy_experts): the cache reads them from it.
+        engine.extras.append(enable_offload(engine.target, torch_plan.offload, source="gguf"))
 
 
 def spec_options(spec: EngineSpec, mode: str | None = None, draft_max: int | None = None) -> SpecOptions:

@@ -9,8 +9,10 @@ with
 * the KV cache (and the heap glibc keeps for it) replaced by what the compressed cache
   holds at the context (:func:`tandem.runtime.kv.config.held_bytes`);
 * the experts replaced by the offload cache's budget (plus int4 copies with
-  ``low_bits``); loading still dequantizes every expert once, so the *peak* is the larger
-  of loading (all weights) and running (the steady state), and both are shown.
+  ``low_bits``): the engine leaves them in the GGUF file while loading
+  (``TorchConfig.lazy_experts``) and the cache reads them from its memory map; the
+  *peak* is the larger of loading and running, and both are shown. (The file's pages
+  read on misses are page cache: reclaimable, not counted.)
 
 :func:`plan_torch` refuses (``BudgetError``) when the peak does not fit, naming the
 options that would; every quality cost is the measured one (BENCHMARKS.md).
@@ -176,8 +178,6 @@ def plan_torch(path: str | Path, *, budget: int | str | None = None, ctx: int | 
     if on_gpu:  # the model on the GPU, its host side and the speculation buffers on the host
         items = [i for i in items if i.role != "target"] + torch_gpu_items(shape, setup, role="target")
     where = "gpu" if on_gpu else "host"
-    load_peak = sum(i.bytes for i in items if i.device == where and i.role in ("target", "runtime")
-                    and "KV cache" not in i.label and "heap kept" not in i.label)
     quality: list[str] = []
     reasons = [f"target {shape.name} in the torch engine on {device.upper() if on_gpu else 'the CPU'} "
                f"(float32 weights, {format_size(shape.weights_bytes)})"]
@@ -195,8 +195,12 @@ def plan_torch(path: str | Path, *, budget: int | str | None = None, ctx: int | 
         offload = moe.config(cache_budget(moe.budget, experts))
         items = _offloaded(items, where, experts, offload)
         quality.append(f"MoE offload: {moe.quality()}; {SPEED_NOTE}")
-        reasons.append(f"experts {format_size(experts)}; loading still dequantizes every expert once "
-                       f"(a load peak of {format_size(load_peak)})")
+        reasons.append(f"experts {format_size(experts)} stay in the GGUF file (mapped, read on a miss); "
+                       f"{format_size(offload.budget_bytes)} of them cached on the {where}")
+    # Loading holds the weights it dequantizes (not the experts an offload leaves in the file)
+    # before any KV cache or expert is touched.
+    load_peak = sum(i.bytes for i in items if i.device == where and i.role in ("target", "runtime")
+                    and not any(x in i.label for x in ("KV cache", "heap kept", "expert cache")))
     if baseline is None:
         baseline = _baseline(machine)
     plan = TorchPlan(str(path), device, n_ctx, Estimate(tuple(i for i in items if i.bytes)), load_peak, baseline,

@@ -111,6 +111,7 @@ def test_torch_engine_kv_compression_end_to_end(stories260k: Path, preset: str) 
 def test_torch_engine_moe_offload_end_to_end(stories_moe: Path) -> None:
     """``--moe-offload 25%``: experts behind a cache of a quarter of their bytes, lossless."""
     from tandem.runtime.moe.expert_cache import OffloadedExperts, moe_layers
+    from tandem.runtime.planning.torch_target import plan_torch
 
     spec = EngineSpec(stories_moe, engine="torch", device="cpu", threads=1, n_ctx=256, draft_mode="off")
     with open_engine(spec) as dense:
@@ -123,6 +124,19 @@ def test_torch_engine_moe_offload_end_to_end(stories_moe: Path) -> None:
         assert greedy(engine, 16) == reference
         assert manager.cache.used <= manager.cfg.budget_bytes and manager.stats.misses > 0
         assert any("lossless" in n for n in engine.notes)
+        dense_plan = plan_torch(stories_moe, ctx=256, device="cpu", check=False)
+        assert dense_plan.load_peak - plan.load_peak >= 0.9 * plan.expert_bytes  # loading never holds them
+
+
+def test_lazy_experts_stay_in_the_file_until_offloaded(stories_moe: Path) -> None:
+    from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
+    from tandem.runtime.moe.expert_cache import moe_layers
+
+    with TorchBackend(stories_moe, TorchConfig(device="cpu", n_threads=1)) as dense, \
+            TorchBackend(stories_moe, TorchConfig(device="cpu", n_threads=1, lazy_experts=True)) as lazy:
+        assert all(f.store.gate.numel() == 0 for f in moe_layers(lazy))
+        assert all(f.store.gate.numel() > 0 for f in moe_layers(dense))
+        assert lazy.model.weight_bytes() < dense.model.weight_bytes()
 
 
 def test_torch_engine_refuses_a_budget_it_cannot_fit(stories260k: Path) -> None:

@@ -58,6 +58,11 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.f
 CacheFactory = Callable[[ModelConfig, torch.dtype, torch.device], KVCache]
 
 
+def is_routed_expert(name: str) -> bool:
+    """A routed expert stack (``blk.N.ffn_{gate,up,down}_exps.weight``), not the router or a shared expert."""
+    return "_exps." in name
+
+
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -80,6 +85,11 @@ class TorchConfig:
     n_threads: int | None = None
     cache_factory: CacheFactory | None = None
     """Builds the KV cache; ``None`` is the full-precision :class:`KVCache`."""
+    lazy_experts: bool = False
+    """A mixture-of-experts GGUF: leave the routed experts in the file (empty placeholders)
+    for an expert offload (:func:`tandem.runtime.moe.expert_cache.enable_offload` with
+    ``source="gguf"``) to serve, so loading never holds them all. The model cannot
+    generate until the offload is in place."""
 
 
 def tree_mask(parents: Sequence[int]) -> torch.Tensor:
@@ -125,7 +135,8 @@ class TorchBackend(TokenizerDelegate):
             torch.set_num_threads(cfg.n_threads)
         self.dtype = DTYPES[cfg.dtype]
         self.tokenizer = load_tokenizer(self.path)
-        self.model_config, weights = load_weights(self.path, self.dtype, self.device)
+        skip = is_routed_expert if cfg.lazy_experts else None
+        self.model_config, weights = load_weights(self.path, self.dtype, self.device, skip)
         self.model = LlamaModel(self.model_config, weights).eval()
         del weights
         self._n_ctx = cfg.n_ctx or min(self.model_config.context_length, 4096)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -97,9 +98,11 @@ def gguf_config(reader, shapes: dict[str, tuple[int, ...]]) -> ModelConfig:
 
 
 def load_gguf(
-    path: str | os.PathLike[str], dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    path: str | os.PathLike[str], dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+    skip: Callable[[str], bool] | None = None,
 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Read, dequantize and re-layout every tensor of a GGUF model."""
+    """Read, dequantize and re-layout every tensor of a GGUF model; a tensor ``skip``
+    names stays in the file (an empty placeholder with its leading dimension)."""
     import gguf
 
     device = torch.device(device)
@@ -115,6 +118,9 @@ def load_gguf(
     cfg = gguf_config(reader, shapes)
     weights: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
+        if skip is not None and skip(t.name):
+            weights[t.name] = torch.empty((shapes[t.name][0], 0, 0), dtype=dtype, device=device)
+            continue
         try:
             data = gguf.quants.dequantize(t.data, gguf.GGMLQuantizationType(int(t.tensor_type)))
         except NotImplementedError:
@@ -257,12 +263,13 @@ def load_hf(
 
 
 def load_weights(
-    path: str | os.PathLike[str], dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    path: str | os.PathLike[str], dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+    skip: Callable[[str], bool] | None = None,
 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """A GGUF file or a Hugging Face folder, whichever ``path`` is."""
+    """A GGUF file or a Hugging Face folder, whichever ``path`` is (``skip``: GGUF only)."""
     p = Path(path)
     if p.is_dir():
         return load_hf(p, dtype, device)
     if not p.exists():
         raise ModelNotFound(f"No model at {p}.")
-    return load_gguf(p, dtype, device)
+    return load_gguf(p, dtype, device, skip)
