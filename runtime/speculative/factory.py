@@ -7,7 +7,7 @@ the engine builder (:mod:`tandem.runtime.engine`) calls it for every front end.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +25,8 @@ from tandem.runtime.speculative.policy import (
     LengthPolicy,
     OnlineCost,
     cached_cost_curve,
+    quick_cost_curve,
+    remember_cost_curve,
 )
 
 MODES = ("auto", "model", "xvocab", "ngram", "off")
@@ -46,12 +48,13 @@ class SpecOptions:
     stop_threshold: float | None = 0.8
     """SpecDec++ threshold for model drafters (adaptive mode only)."""
     measure_cost: bool = True
-    """Start from the c(k) measured for this target on this machine (``tandem bench``
-    caches it; CPU time, minimum of repetitions), else from a generic CPU curve.
-    Either way the curve is learnt online from the run's own verify calls, and nothing
-    is measured before the first token. What a run learns is not saved: wall-clock
-    verify times next to a drafter's spinning threads run high, and a saved curve
-    would feed that back into the next run's prior."""
+    """Start the adaptive policy from the c(k) measured for this target on this machine:
+    cached (``tandem bench --cost-curve`` measures it thoroughly), or else timed once
+    now (:func:`~tandem.runtime.speculative.policy.quick_cost_curve`, ~20 one-token
+    times) and cached. ``False``: start from a generic CPU curve. Either way the curve
+    is learnt online from the run's own verify calls. What a run learns is not saved:
+    wall-clock verify times next to a drafter's spinning threads run high, and a saved
+    curve would feed that back into the next run's prior."""
     draft_window: int | None = None
     """Cap on the draft model's context (the memory planner's ``plan.draft.window``): it
     then drafts from a sliding window of the latest tokens instead of stopping."""
@@ -173,6 +176,15 @@ def open_model_drafter(target: Backend, draft: str | Path | Backend, mode: str, 
         raise
 
 
+def weight_ratio(drafter: Drafter, target: Backend) -> float:
+    """The drafter's cost per token as a share of the target's, before it is timed: the
+    ratio of their weight bytes (a token reads every weight once, whether the matmuls
+    are memory- or compute-bound; Qwen 0.5B vs 1.5B on one core: 0.36, measured 0.33).
+    0 for model-free drafters."""
+    target_weights = target.memory().weights
+    return drafter.weight_bytes() / target_weights if target_weights > 0 else 0.0
+
+
 def build_strategy(
     target: Backend,
     draft: str | Path | Backend | None = None,
@@ -181,6 +193,7 @@ def build_strategy(
     llama_config=None,
     torch_config=None,
     hook: RoundHook | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> SpeculativeStrategy:
     """THE entry point for speculative decoding (CLI, TUI, server and bench call it).
 
@@ -203,6 +216,7 @@ def build_strategy(
     from tandem.runtime.speculative.policy import CostCurve
 
     opts = options or SpecOptions()
+    notify = notify or (lambda message: None)
     if opts.mode not in MODES:
         raise TandemError(f"Unknown draft mode {opts.mode!r}; choose one of {', '.join(MODES)}.")
     if opts.mode == "off":
@@ -229,10 +243,14 @@ def build_strategy(
     else:
         k_max = opts.draft_max
         cached = cached_cost_curve(target, k_max) if opts.measure_cost else None
+        if cached is None and opts.measure_cost:
+            notify("timing the target's verify calls (once for this model and machine)")
+            cached = quick_cost_curve(target, k_max)
+            remember_cost_curve(target, cached)
         cost = OnlineCost(cached or CostCurve(CPU_COST_CURVE, 0.0), chunk=target.exact_batch)
         model_free = draft is None or opts.mode == "ngram"
         policy = AdaptivePolicy(cost, AdaptiveConfig(max_len=k_max, stop_threshold=opts.stop_threshold),
-                                draft_cost=opts.draft_cost or 0.0,
+                                draft_cost=opts.draft_cost or weight_ratio(drafter, target),
                                 cheap_drafter=model_free,
                                 cheap_sources=frozenset() if model_free or len(drafters) == 1 else MODEL_FREE_SOURCES)
     predraft = opts.predraft if opts.predraft is not None else opts.draft_device == "cuda"

@@ -57,6 +57,9 @@ class WindowedDrafter:
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         self.inner.commit(self._view(context, 1), n_accepted)
 
+    def weight_bytes(self) -> int:
+        return self.inner.weight_bytes()
+
     def close(self) -> None:
         self.inner.close()
 

@@ -176,6 +176,14 @@ class OnlineCost:
         return CostCurve(tuple(np.maximum.accumulate([self.call(k) for k in range(len(self.prior.c))])), self.t1_s)
 
 
+def _verify_clock(backend: Backend):
+    """With one compute thread, CPU time is the steadiest measure on a busy machine (it
+    excludes time other processes take); with several, idle-spinning threads would
+    inflate it, so wall time it is."""
+    config = getattr(backend, "config", None)
+    return time.process_time if getattr(config, "n_threads", None) == 1 else time.perf_counter
+
+
 def measure_cost_curve(backend: Backend, k_max: int = 8, reps: int | None = None, context: int = 64) -> CostCurve:
     """Time one call over k+1 tokens (all rows' logits, as verification asks) against one
     token, interleaving k within each repetition. Leaves the cache as it was.
@@ -191,11 +199,7 @@ def measure_cost_curve(backend: Backend, k_max: int = 8, reps: int | None = None
     backend.truncate(0)
     backend.evaluate(prefix)
 
-    config = getattr(backend, "config", None)
-    # With one compute thread, CPU time is the steadiest measure on a busy machine (it
-    # excludes time other processes take); with several, idle-spinning threads would
-    # inflate it, so wall time it is.
-    clock = time.process_time if getattr(config, "n_threads", None) == 1 else time.perf_counter
+    clock = _verify_clock(backend)
 
     step = backend.exact_batch or k_max + 1  # verification's own chunking (see verify_logits)
 
@@ -222,6 +226,54 @@ def measure_cost_curve(backend: Backend, k_max: int = 8, reps: int | None = None
     # A longer verify cannot be cheaper than a shorter one: enforce monotonicity.
     c = np.maximum.accumulate(best / best[0])
     return CostCurve(tuple(float(x) for x in c), float(best[0]))
+
+
+QUICK_SIZES = (0, 1, 3, 6)
+"""Call sizes (k drafts, k + 1 tokens) :func:`quick_cost_curve` times; the rest of c(k)
+is interpolated. 6 is the longest exact llama.cpp call (see ``Backend.exact_batch``)."""
+
+
+def quick_cost_curve(backend: Backend, k_max: int = 8, sizes: Sequence[int] = QUICK_SIZES,
+                     context: int = 32) -> CostCurve:
+    """A first c(k) for this model and machine, in about 20 one-token times (0.9 s for a
+    1.5B on one core): one warm-up call, then one call of each of ``sizes`` after a short
+    random context, c(k) interpolated between them and extended with the last slope.
+    Taken once, when the first strategy with drafting is built and no curve is cached,
+    so the adaptive policy never starts from a guess: on a compute-bound CPU a flat
+    guess made it draft for dozens of rounds that could not pay (0.71x plain on the 1.5B
+    with the 0.5B drafter); the run's own verify calls refine it (:class:`OnlineCost`).
+    Leaves the cache as it was."""
+    saved = backend.tokens
+    rng = np.random.default_rng(0)
+    n_ctx = min(context, max(1, backend.n_ctx - max(sizes) - 2))
+    backend.truncate(0)
+    backend.evaluate([int(t) for t in rng.integers(3, backend.n_vocab, n_ctx)])
+    step = backend.exact_batch or max(sizes) + 1
+    clock = _verify_clock(backend)
+
+    def timed(k: int) -> float:
+        feed = [int(t) for t in rng.integers(3, backend.n_vocab, k + 1)]
+        start = clock()
+        for i in range(0, k + 1, step):
+            backend.evaluate(feed[i:i + step], logits_for=range(len(feed[i:i + step])))
+        elapsed = clock() - start
+        backend.truncate(n_ctx)
+        return elapsed
+
+    timed(max(sizes))  # warm-up: first calls of a shape build its graph
+    seconds = {k: timed(k) for k in sorted(set(sizes))}
+    backend.truncate(0)
+    if saved:
+        backend.evaluate(saved)
+    t1 = max(seconds[0], 1e-9)
+    ks = sorted(seconds)
+    c = np.interp(np.arange(k_max + 1), ks, [seconds[k] / t1 for k in ks])
+    if k_max > ks[-1] and len(ks) > 1:  # beyond the longest timed size: its last slope
+        slope = (seconds[ks[-1]] - seconds[ks[-2]]) / t1 / (ks[-1] - ks[-2])
+        c[ks[-1] + 1:] = c[ks[-1]] + slope * (np.arange(ks[-1] + 1, k_max + 1) - ks[-1])
+    c = np.maximum.accumulate(np.maximum(c, 1.0))
+    c[0] = 1.0
+    return CostCurve(tuple(float(x) for x in c), t1)
 
 
 def machine_id() -> str:
@@ -498,6 +550,15 @@ class AdaptivePolicy:
         k, rate = self._best()
         return k if rate >= self.config.min_gain else 0
 
+    def ceiling(self) -> float:
+        """The best rate the model drafter could reach if it were never wrong. Below
+        :attr:`AdaptiveConfig.min_gain` no acceptance can make it pay (a compute-bound
+        target, whose c(k) grows ~linearly, next to a drafter a third of its cost), so it
+        is not even probed: a probe would also pay the drafter's catch-up on every token
+        since it last ran."""
+        ones = np.ones(self.config.max_len)
+        return max(self.rate(k, ones, self.draft_cost) for k in range(1, self.config.max_len + 1))
+
     # -- per round --------------------------------------------------------------------
     def _off(self, n: int) -> int:
         """Speculation does not pay now: plain round, or a probe when one is due."""
@@ -522,7 +583,12 @@ class AdaptivePolicy:
         if self.cheap_drafter:
             return self.config.free_max_len  # asking is free; trim() decides what to verify
         k = self.best_length()
-        k = self._on(k) if k > 0 else self._off(self.config.max_len)
+        if k > 0:
+            k = self._on(k)
+        elif self.ceiling() >= self.config.min_gain:
+            k = self._off(self.config.max_len)
+        else:
+            self.rounds_off += 1  # cannot pay at any acceptance: not even probed
         if self.cheap_sources:  # model-free drafters are always asked; the model gets k
             self.model_budget = k
             return max(self.config.free_max_len, k)

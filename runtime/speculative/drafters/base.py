@@ -57,4 +57,9 @@ class Drafter(Protocol):
         ``n_accepted`` of the proposed tokens were accepted. Roll back and learn here."""
         ...
 
+    def weight_bytes(self) -> int:
+        """Model weight bytes read per drafted token (0: model-free). Before the drafter
+        is timed, its cost per token is priced as this share of the target's weights."""
+        ...
+
     def close(self) -> None: ...

@@ -47,6 +47,9 @@ class ChainDrafter:
         for d in self.drafters:
             d.commit(context, n_accepted)
 
+    def weight_bytes(self) -> int:
+        return sum(d.weight_bytes() for d in self.drafters)
+
     def close(self) -> None:
         for d in self.drafters:
             d.close()

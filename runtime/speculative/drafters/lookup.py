@@ -56,5 +56,8 @@ class PromptLookupDrafter:
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         """Nothing to roll back: the index only ever holds committed tokens."""
 
+    def weight_bytes(self) -> int:
+        return 0
+
     def close(self) -> None:
         self._seq, self._index = [], {}

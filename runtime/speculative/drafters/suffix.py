@@ -233,5 +233,8 @@ class SuffixDrafter:
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         """Committed tokens are added lazily at the next proposal."""
 
+    def weight_bytes(self) -> int:
+        return 0
+
     def close(self) -> None:
         self.end_request()

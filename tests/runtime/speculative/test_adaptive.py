@@ -19,6 +19,7 @@ from tandem.runtime.speculative.policy import (
     OnlineCost,
     load_cost_curve,
     measure_cost_curve,
+    quick_cost_curve,
 )
 
 CPU = CostCurve((1.0, 1.7, 1.9, 2.1, 2.4, 2.55, 2.7, 2.85, 3.0), 0.1)
@@ -112,6 +113,38 @@ def test_measure_on_toy_backend_restores_cache() -> None:
     toy.evaluate([1, 2])
     curve = measure_cost_curve(toy, k_max=3, reps=1, context=8)
     assert toy.tokens == [1, 2] and len(curve.c) == 4
+
+
+def test_quick_curve_on_toy_backend_restores_cache_and_is_monotone() -> None:
+    toy = ToyBackend(random_table(5, np.random.default_rng(0)))
+    toy.evaluate([1, 2])
+    curve = quick_cost_curve(toy, k_max=8, context=8)
+    assert toy.tokens == [1, 2]
+    assert len(curve.c) == 9 and curve.c[0] == 1.0 and list(curve.c) == sorted(curve.c)
+
+
+STEEP = CostCurve.linear(0.9)
+"""A compute-bound target (a 1.5B Q4_K_M on one Zen 5 core measured 1 + 0.8-0.9 k)."""
+
+
+def test_a_drafter_that_cannot_pay_at_any_acceptance_is_never_probed() -> None:
+    """Next to a compute-bound target a drafter costing a third of it loses even when
+    every draft is right, so probing it would only pay its catch-up: it is never asked.
+    The same drafter next to a memory-bound target (flat curve) is still probed."""
+    steep = AdaptivePolicy(STEEP, AdaptiveConfig(max_len=8, probe_every=4), draft_cost=0.35)
+    assert steep.ceiling() < steep.config.min_gain
+    assert feed(steep, 0.0, 300) == [0] * 300 and steep.probes == 0
+    flat = AdaptivePolicy(CostCurve.linear(0.1), AdaptiveConfig(max_len=8, probe_every=4), draft_cost=0.35)
+    assert flat.ceiling() > flat.config.min_gain
+    assert any(k > 0 for k in feed(flat, 0.0, 300)) and flat.probes > 0
+
+
+def test_a_free_drafter_next_to_a_steep_target_still_drafts_certain_runs() -> None:
+    """Model-free drafts cost nothing to make: a long run it is sure of (copying text)
+    pays even on a steep curve, a doubtful one does not."""
+    policy = AdaptivePolicy(STEEP, AdaptiveConfig(max_len=8, free_max_len=32), cheap_drafter=True)
+    assert policy.trim([0.999] * 24, 24, "suffix") > 0
+    assert policy.trim([0.5] * 24, 24, "suffix") == 0
 
 
 def test_trim_gates_cheap_drafts_by_confidence_and_calibrates() -> None:
@@ -231,3 +264,20 @@ def test_plain_rounds_measure_t1_before_and_between_speculation() -> None:
         policy.observe(3, 3, 0.0, 0.030, 0.030)
     assert policy.next_length() == 0
     assert policy.cost(3) == pytest.approx(3.0)  # learnt against the measured t1, not the prior's 1.3
+
+
+def test_first_strategy_times_the_target_once_and_caches_it(stories260k: Path) -> None:
+    """No cached c(k): the first strategy with drafting times the target (saying so), the
+    next one starts from the cached curve without timing anything."""
+    from tandem.runtime.speculative.factory import SpecOptions, build_strategy
+    from tandem.runtime.speculative.policy import cached_cost_curve
+
+    said: list[str] = []
+    with LlamaCppBackend(stories260k, LlamaConfig(n_ctx=256, n_threads=1)) as target:
+        assert cached_cost_curve(target) is None
+        build_strategy(target, None, SpecOptions(mode="ngram"), notify=said.append).close()
+        assert len(said) == 1 and "verify" in said[0]
+        curve = cached_cost_curve(target)
+        assert curve is not None and curve.c[0] == 1.0
+        build_strategy(target, None, SpecOptions(mode="ngram"), notify=said.append).close()
+        assert len(said) == 1 and target.tokens == []

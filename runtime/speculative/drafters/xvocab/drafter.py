@@ -390,6 +390,9 @@ class CrossVocabDrafter:
             self.cache.save(self.cache_path)
             self._dirty = False
 
+    def weight_bytes(self) -> int:
+        return self.drafter.memory().weights
+
     def close(self) -> None:
         try:
             self._learn_pending()
