@@ -52,6 +52,8 @@ class DelayProxy:
         self.port = self._listener.getsockname()[1]
         self._socks: list[socket.socket] = []
         self._closed = False
+        self._flowing = threading.Event()
+        self._flowing.set()
         threading.Thread(target=self._accept, name="delay-proxy", daemon=True).start()
 
     @property
@@ -89,6 +91,7 @@ class DelayProxy:
             wait = due - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
+            self._flowing.wait()
             try:
                 if not data:  # the other side closed: close this one too
                     dst.shutdown(socket.SHUT_RDWR)
@@ -96,6 +99,11 @@ class DelayProxy:
                 dst.sendall(data)
             except OSError:
                 return
+
+    def stall(self) -> None:
+        """Stop delivering, connections left open: a peer that vanished without closing
+        them (a cable pulled, a laptop asleep)."""
+        self._flowing.clear()
 
     def close(self) -> None:
         self._closed = True

@@ -35,6 +35,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -113,7 +114,6 @@ class _Losses:
     so ``abort()`` never runs); any other abort is printed and goes ahead."""
 
     def __init__(self) -> None:
-        self.event = threading.Event()
         self.messages: list[str] = []
         self.endpoints: set[str] = set()
         self._callback = _ABORT_FN(self._on_abort)
@@ -130,7 +130,6 @@ class _Losses:
             os.write(2, (text + "\n").encode())
             return
         self.messages.append(text.split(": ", 1)[-1].strip())
-        self.event.set()
         threading.Event().wait()  # park llama.cpp's thread for good: returning would abort()
 
 
@@ -205,7 +204,7 @@ class RpcLink:
         with self._wake:
             self._jobs.append(job)
             self._wake.notify()
-        waited, interrupted = 0.0, None
+        start, interrupted = time.monotonic(), None
         seen = len(LOSSES.messages)
         while not job.done.is_set():
             try:
@@ -213,12 +212,11 @@ class RpcLink:
                     break
             except KeyboardInterrupt as exc:  # as a native call: the interrupt lands after it
                 interrupted = exc
-            waited += 0.05
             if len(LOSSES.messages) > seen:  # an RPC abort somewhere: probe our servers once
                 seen = len(LOSSES.messages)
                 if self._lose_dead():
                     raise RpcPeerLost(self.lost)
-            if timeout is not None and waited > timeout:
+            if timeout is not None and time.monotonic() - start > timeout:
                 self._lose(f"no answer from the RPC servers ({', '.join(self.endpoints)}) for {timeout:g} s",
                            self.endpoints)
                 raise RpcPeerLost(self.lost)

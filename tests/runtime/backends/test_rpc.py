@@ -199,3 +199,25 @@ def test_a_lost_peer_ends_the_reply_with_a_clear_error(real_models, fresh_server
     backend.close()  # abandoned, not freed: freeing would wait on the dead peer
     with pytest.raises(RpcError, match="lost earlier"):
         LlamaCppBackend(real_models.qwen_05b, config)
+
+
+def test_a_silent_peer_ends_the_reply_after_the_timeout(real_models, fresh_servers, monkeypatch) -> None:
+    endpoints, _ = fresh_servers
+    proxy = DelayProxy(("127.0.0.1", int(endpoints[1].split(":")[1])), 0.0)
+    monkeypatch.setenv("TANDEM_RPC_TIMEOUT", "3")
+    config = LlamaConfig(n_ctx=256, n_threads=1, rpc=(endpoints[0], proxy.endpoint), rpc_layers=(8, 8, 8))
+    backend = LlamaCppBackend(real_models.qwen_05b, config)
+    try:
+        prompt = backend.tokenize(PROMPT, special=True)
+        received: list[int] = []
+        with pytest.raises(RpcPeerLost, match="no answer from the RPC servers .* for 3 s"):
+            for event in generate(backend, prompt, Sampler(SamplingParams.greedy_params()), max_tokens=64,
+                                  stop_at_eog=False):
+                if isinstance(event, TokenEvent):
+                    received += event.tokens
+                    if len(received) == 2:
+                        proxy.stall()
+        assert len(received) >= 2
+        backend.close()
+    finally:
+        proxy.close()
