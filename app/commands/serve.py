@@ -22,6 +22,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--ngram", default=None, help="n-gram model name for n>1 drafts (default: newest matching)")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting per model before 503")
+    p.add_argument("--cache-reuse", type=int, default=0, metavar="N",
+                   help="/infill: reuse cached runs of at least N tokens that moved in the prompt, shifting "
+                        "their KV instead of recomputing it (as llama-server's --cache-reuse; llama.vim "
+                        "suggests 256; 0: off). Close to, not bit-identical with, a fresh evaluation")
+    p.add_argument("--send-timeout", type=float, default=30.0, metavar="S",
+                   help="end a streamed reply whose client has read nothing for S seconds")
     p.add_argument("--request-log", default=None, metavar="FILE",
                    help="append one JSON line per request (model, tokens, timings, acceptance; never text) "
                         "to FILE (default: logs/requests.jsonl in the data dir; 'off' for none)")
@@ -73,6 +79,7 @@ def open_server(args: argparse.Namespace):
         print(f"tandem: {note}", file=sys.stderr)
     try:
         app = create_app([slot], ServerConfig(max_queue=args.max_queue, api_key=args.api_key,
+                                              cache_reuse=args.cache_reuse, send_timeout_s=args.send_timeout,
                                               allow_origins=tuple(o.rstrip("/") for o in args.allow_origin),
                                               request_log=request_log_path(args.request_log)))
     except BaseException:

@@ -48,6 +48,9 @@ class ServerConfig:
     cancelled (see :mod:`.streams`)."""
     request_log: Path | None = None
     """Append one JSON line per request here (:mod:`.request_log`); ``None``: no log."""
+    cache_reuse: int = 0
+    """``/infill`` reuses cached runs of at least this many tokens that moved in the
+    prompt (llama-server's ``--cache-reuse``; 0: the common prefix only)."""
 
     def guard(self) -> GuardConfig:
         return GuardConfig(self.max_body_bytes, self.allow_origins, self.api_key, self.body_timeout_s)
@@ -60,7 +63,7 @@ class Server:
     def __init__(self, slots: Sequence[ModelSlot], config: ServerConfig) -> None:
         self.slots = {s.name: s for s in slots}
         self.config = config
-        self.routes = Routes(self.slots, config.max_body_bytes, config.streams())
+        self.routes = Routes(self.slots, config.max_body_bytes, config.streams(), cache_reuse=config.cache_reuse)
         self.request_log = RequestLog(config.request_log) if config.request_log is not None else None
         self.plans = PlanCache()
 

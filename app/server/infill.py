@@ -134,8 +134,9 @@ def build_prompt(slot: ModelSlot, req: InfillRequest) -> FimPrompt:
     return built
 
 
-def infill_job(slot: ModelSlot, ids: list[int], req: InfillRequest, client: str = ""):
-    """The infill, reusing the cached prefix only when ``client`` left it (:mod:`.cache_owner`)."""
+def infill_job(slot: ModelSlot, ids: list[int], req: InfillRequest, client: str = "", cache_reuse: int = 0):
+    """The infill, reusing the cached prefix only when ``client`` left it (:mod:`.cache_owner`),
+    and with ``cache_reuse`` > 0 also the cached runs that moved (``--cache-reuse``)."""
 
     def run(cancel: threading.Event) -> Iterator[InfillChunk | InfillDone]:
         with slot.engine.lock:
@@ -143,7 +144,8 @@ def infill_job(slot: ModelSlot, ids: list[int], req: InfillRequest, client: str 
             cache_owner.take(slot, client, ids)
             try:
                 yield from run_infill(slot.target, ids, Sampler(req.gen.params), req.limits,
-                                      strategy=slot.engine.strategy, cache_prompt=reuse, cancel=cancel)
+                                      strategy=slot.engine.strategy, cache_prompt=reuse,
+                                      cache_reuse=cache_reuse if reuse else 0, cancel=cancel)
             finally:
                 cache_owner.release(slot, client)
 

@@ -55,6 +55,8 @@ class Routes:
     max_body_bytes: int
     stream_config: StreamConfig
     streams: OpenStreams = field(default_factory=OpenStreams)
+    cache_reuse: int = 0
+    """``/infill``: reuse cached runs of at least this many tokens that moved (0: off)."""
 
     # -- helpers --------------------------------------------------------------------
     def slot(self, name: str | None) -> ModelSlot:
@@ -169,7 +171,7 @@ class Routes:
             return JSONResponse({"content": d.texts[0][0] if d.texts else "", "stop": True, "model": slot.name,
                                  "drafts": [t for t, _ in d.texts], "tokens_evaluated": len(ids),
                                  "tokens_predicted": d.completion_tokens, "fim": fmt is not None})
-        job, items, first, watcher = await self.start(request, slot, infill_api.infill_job(slot, ids, req, client))
+        job, items, first, watcher = await self.start(request, slot, infill_api.infill_job(slot, ids, req, client, self.cache_reuse))
 
         def final_body(done: InfillDone) -> dict:
             return infill_api.done_body(done, req, slot.name, built, fmt)

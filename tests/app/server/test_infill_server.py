@@ -151,3 +151,28 @@ def test_prompt_cache_is_not_shared_between_clients(qwen_server, other) -> None:
     stranger = _post_from(url, warm, **other)
     assert stranger["tokens_cached"] == 0 and stranger["timings"]["prompt_n"] == stranger["tokens_evaluated"]
     assert _post_from(url, warm)["tokens_cached"] == 0  # the cache now holds the stranger's prompt
+
+
+UTILS = {"filename": "utils.py", "text": "def clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n\n\n"
+                                         "def lerp(a, b, t):\n    return a + (b - a) * t\n"}
+
+
+def test_cache_reuse_keeps_the_extra_chunks_that_moved(real_models) -> None:
+    """llama.vim's ring of extra chunks rotates (the oldest file leaves the front): with
+    ``tandem serve --cache-reuse N`` the chunks both requests share are shifted into place
+    rather than evaluated again, and the fill is still the right one."""
+    from tandem.app.server.app import ServerConfig, create_app
+    from tandem.app.server.models import make_slot
+    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+
+    base = _request("llama_vim_fim", n_predict=16, t_max_predict_ms=0)
+    first = base | {"input_extra": [UTILS, *base["input_extra"]]}
+    for reuse, expect_most in ((0, False), (32, True)):  # a server's shutdown stops its slot: one each
+        slot = make_slot(LlamaCppBackend(real_models.qwen_05b, LlamaConfig(n_ctx=2048, n_threads=2)), name="qwen")
+        with running(create_app([slot], ServerConfig(cache_reuse=reuse)), start_timeout=60) as url:
+            _post(url, first | {"n_predict": 0})
+            body = _post(url, base)
+        slot.close()
+        cached, evaluated = body["tokens_cached"], body["timings/prompt_n"]
+        assert body["content"].startswith(RIGHT_FILL), body["content"]
+        assert (cached > evaluated) is expect_most, (reuse, cached, evaluated)
