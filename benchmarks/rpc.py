@@ -9,11 +9,13 @@ same prompts greedily, alternating in one process, and reports the median tokens
 * ``plain``: plain RPC decoding, one call (one trip through both servers) per token;
 * ``model-auto``: + the 0.5B drafter (local), adaptive draft length, model-free sources;
 * ``model@K``: + the 0.5B drafter, fixed draft length K;
-* ``ngram``: model-free drafting only (suffix tree + prompt lookup), adaptive.
+* ``ngram``: model-free drafting only (suffix tree + prompt lookup), adaptive;
+* ``local`` (not by default): plain decoding of the whole model in this process.
 
 Every speculative configuration must reproduce plain decoding token for token.
 
     python -m benchmarks.rpc [--delays 0,1,5] [--tokens 64] [--rounds 3] [--threads 1]
+    python -m benchmarks.rpc --cost [--delays 0,1,5,20]      # c(k) through the servers
 
 The helpers here (:class:`DelayProxy`, :func:`rpc_servers`) are also the test fixtures
 of tests/runtime/backends/test_rpc.py.
@@ -217,7 +219,12 @@ def bench_delay(delay_ms: float, *, target_path: Path, draft_path: Path, threads
                                                           rpc_layers=layers))
         try:
             prompts = workload(target, "codegen", 1).prompts + workload(target, "edit", 1).prompts
-            strategies = {c: _strategy(c, target, draft_path, threads) for c in configs}
+            # "local": plain decoding of the whole model in this process (what splitting costs)
+            local = (LlamaCppBackend(target_path, LlamaConfig(n_ctx=1024, n_threads=threads))
+                     if "local" in configs else None)
+            targets = {c: local if c == "local" else target for c in configs}
+            strategies = {c: _strategy("plain" if c == "local" else c, targets[c], draft_path, threads)
+                          for c in configs}
             speeds: dict[str, list[float]] = {c: [] for c in configs}
             per_call: dict[str, list[float]] = {c: [] for c in configs}
             accepted: dict[str, list[float]] = {c: [] for c in configs}
@@ -225,7 +232,7 @@ def bench_delay(delay_ms: float, *, target_path: Path, draft_path: Path, threads
             for _ in range(rounds):
                 for i, prompt in enumerate(prompts):
                     for name in configs:  # alternating, so load and heat hit every configuration alike
-                        ids, stats = _decode(target, prompt, strategies[name], tokens)
+                        ids, stats = _decode(targets[name], prompt, strategies[name], tokens)
                         reference.setdefault(i, ids)
                         if ids != reference[i]:
                             raise AssertionError(f"{name} at {delay_ms} ms differs from plain decoding")
@@ -235,6 +242,8 @@ def bench_delay(delay_ms: float, *, target_path: Path, draft_path: Path, threads
                             accepted[name].append(stats.acceptance_rate)
             for s in strategies.values():
                 s.close()
+            if local is not None:
+                local.close()
         finally:
             target.close()
     plain = statistics.median(speeds["plain"]) if "plain" in speeds else None
@@ -243,6 +252,28 @@ def bench_delay(delay_ms: float, *, target_path: Path, draft_path: Path, threads
                    "tokens_per_call": round(statistics.median(per_call[name]), 2),
                    "acceptance": round(statistics.median(accepted[name]), 2) if accepted[name] else None,
                    "runs": [round(x, 2) for x in v]} for name, v in speeds.items()}
+
+
+def cost_curve(delay_ms: float, *, target_path: Path, threads: int, layers: tuple[int, ...],
+               ks: tuple[int, ...] = (0, 1, 2, 4, 6), reps: int = 5) -> dict:
+    """Seconds of one target call over k+1 positions through the servers (median of
+    ``reps``, the k's interleaved), and c(k) = that over the one-token call."""
+    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+
+    with rpc_servers(2, threads=threads, delay_ms=delay_ms) as servers, LlamaCppBackend(
+            target_path, LlamaConfig(n_ctx=512, n_threads=threads, rpc=servers.endpoints, rpc_layers=layers)) as target:
+        context = target.tokenize("def merge_intervals(intervals):\n    " * 6)
+        times: dict[int, list[float]] = {k: [] for k in ks}
+        for _ in range(reps):
+            for k in ks:
+                target.truncate(0)
+                target.evaluate(context)
+                start = time.perf_counter()
+                target.evaluate(context[: k + 1])
+                times[k].append(time.perf_counter() - start)
+    t = {k: statistics.median(v) for k, v in times.items()}
+    return {"call_ms": {k: round(1000 * v, 1) for k, v in t.items()},
+            "c": {k: round(v / t[ks[0]], 2) for k, v in t.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,9 +286,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="threads of each process (this one and each server)")
     ap.add_argument("--layers", default="10,9,9", help="blocks here, on server 1, on server 2")
     ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--cost", action="store_true", help="measure c(k) through the servers instead")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     layers = tuple(int(x) for x in args.layers.split(","))
+    if args.cost:
+        for delay in (float(d) for d in args.delays.split(",")):
+            r = cost_curve(delay, target_path=args.target, threads=args.threads, layers=layers)
+            print(f"one-way delay {delay:g} ms (load average {os.getloadavg()[0]:.1f}): call ms {r['call_ms']}, "
+                  f"c(k) {r['c']}", flush=True)
+        return 0
     configs = tuple(args.configs.split(","))
     results = {}
     for delay in (float(d) for d in args.delays.split(",")):
