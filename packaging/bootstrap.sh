@@ -40,9 +40,11 @@ fi
 # wheel's own libggml, so it always speaks the client's protocol version. A few seconds
 # to compile; cached beside the wheel per source version, installed into .venv/bin.
 LIBS=$(.venv/bin/python -c 'import llama_cpp, pathlib; print(pathlib.Path(llama_cpp.__file__).parent / "lib")')
-if [ -e "$LIBS/libggml-rpc.so" ] && [ -r "$SDIST" ]; then
+if [ -e "$LIBS/libggml-rpc.so" ]; then
     SERVER="$WHEELS/tandem-rpc-server-$(sha256sum packaging/rpc_server.cpp | cut -c1-12)"
     if [ ! -x "$SERVER" ]; then
+        [ -r "$SDIST" ] || .venv/bin/python -m pip download --quiet --no-deps --no-binary :all: \
+            -d "$WHEELS/src" "llama-cpp-python==$LLAMA_CPP_VERSION"
         inc=$(mktemp -d)
         tar -xzf "$SDIST" -C "$inc" --strip-components=4 --wildcards \
             "*/vendor/llama.cpp/ggml/include/*.h" "*/vendor/llama.cpp/ggml/src/ggml-backend-impl.h"
