@@ -161,8 +161,7 @@ def _child() -> int:
     import llama_cpp
 
     llama_cpp.llama_backend_init()
-    from tandem.runtime.planning.hardware import measure_ram_bandwidth, process_rss
-    from tandem.runtime.planning.memprobe import unresident_code
+    from tandem.runtime.planning.memprobe import measure_ram_bandwidth, process_rss, unresident_code
 
     rss, code = process_rss(), unresident_code()
     # Measured after the baseline is read: their objects and buffers are not part of it.
@@ -191,9 +190,8 @@ def _llama_context_overhead() -> int:
 
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
     from tandem.runtime.backends.selfcheck import write_tiny_llama
-    from tandem.runtime.planning.llama_sizes import ContextSetup, LlamaSizes
-    from tandem.runtime.planning.memory_model import Setup, work_buffer
-    from tandem.runtime.planning.shapes import shape_from_gguf
+    from tandem.runtime.planning.llama_sizes import ContextSetup, LlamaSizes, work_buffer
+    from tandem.runtime.planning.shapes import padded_ctx, shape_from_gguf
 
     n_ctx = rows = 0
     with tempfile.TemporaryDirectory(prefix="tandem-baseline-") as folder:
@@ -216,7 +214,7 @@ def _llama_context_overhead() -> int:
             grown = _rss_anon() - before
         finally:
             backend.close()
-    work = work_buffer(shape, Setup(n_ctx, n_ctx, output_rows=rows))
+    work = work_buffer(n_ctx, padded_ctx(n_ctx), shape.n_embd, shape.n_ff, shape.n_head)
     priced = shape.kv_bytes_per_token() * n_ctx + compute + 2 * 4 * rows * shape.n_vocab + runtime + work
     return max(0, grown - priced)
 
@@ -227,7 +225,7 @@ def _draft_index_per_token(n: int = 4096) -> float:
     import random
 
     from tandem.kernels.sampling import Sampler, SamplingParams
-    from tandem.runtime.planning.hardware import process_rss
+    from tandem.runtime.planning.memprobe import process_rss
     from tandem.runtime.speculative.drafters.chain import ChainDrafter
     from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter
     from tandem.runtime.speculative.drafters.suffix import SuffixDrafter, global_cache

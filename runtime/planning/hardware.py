@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -188,21 +187,6 @@ def cpu_cores() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def measure_ram_bandwidth(nbytes: int = 64 * MiB, reps: int = 3) -> float:
-    """Sustained copy bandwidth in GB/s (read + write counted), best of ``reps``: a
-    ~0.1 s measurement that sets the decode-speed prediction's scale."""
-    import numpy as np
-
-    src = np.ones(nbytes // 8, dtype=np.float64)
-    dst = np.empty_like(src)
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - t)
-    return 2 * nbytes / best / 1e9
-
-
 def detect_gpus() -> tuple[GPU, ...]:
     """NVIDIA GPUs through torch.cuda (free memory is what other processes left)."""
     if not (Path("/dev/nvidiactl").exists() or os.environ.get("TANDEM_PROBE_CUDA")):
@@ -294,17 +278,3 @@ def resolve_machine(profile: str | None = None, budget: int | str | None = None,
 
 
 # -- this process ---------------------------------------------------------------------
-def process_rss() -> int:
-    """Resident set size of this process in bytes (0 where /proc is unavailable)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        import resource
-
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-    except (ImportError, OSError):
-        return 0

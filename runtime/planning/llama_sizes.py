@@ -275,3 +275,16 @@ def _logged_mib(lines: list[str], what: str) -> int:
 
 if __name__ == "__main__":
     sys.exit(_serve(sys.argv[1]))
+
+
+def work_buffer(n_batch: int, cells: int, n_embd: int, n_ff: int, n_head: int, type_v: str = "f16",
+                flash_attn: bool = False) -> int:
+    """The CPU backend's work buffer for the largest matmul of a full ubatch of
+    ``n_batch`` tokens over ``cells`` KV cells: it converts the right-hand operand to the
+    kernel's type first. Without flash attention that is the attention scores (cells ×
+    batch × heads) turned into f16 for an f16/bf16 V cache (llama.cpp's ``ggml_mul_mat``
+    of V by softmax(KQ)); otherwise the widest activation (at most 4 bytes an element:
+    an upper bound for the quantized kernels' ~1.1)."""
+    flash = flash_attn or type_v not in ("f16", "f32", "bf16")
+    scores = 0 if flash or type_v == "f32" else 2 * n_batch * cells * n_head
+    return max(scores, 4 * n_batch * max(n_ff, n_embd))

@@ -24,7 +24,6 @@ drafter's q rows and, for a growable cache (torch), the candidate KV slots.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 from tandem.models.errors import TandemError
@@ -47,6 +46,7 @@ from tandem.runtime.planning.shapes import (
     KV_TYPE_SIZES,
     QUANT_COPY_TYPES,
     ModelShape,
+    padded_ctx,
     shape_from_gguf,
     shape_from_hf,
 )
@@ -55,7 +55,7 @@ __all__ = [
     "COSTS", "KINDS", "KV_PAD", "KV_TYPE_SIZES", "LLAMA_CPP", "ONNX", "QUANT_COPY_TYPES", "TORCH",
     "TORCH_ALLOC_ROUND", "TORCH_CUDA_DEVICE", "TORCH_CUDA_HOST", "TORCH_CUDA_HOST_CONTEXT", "TORCH_HEAP_RETAINED",
     "TORCH_SCORE_MATRICES", "TORCH_WORK_FIXED", "Estimate", "Item", "ModelShape", "RuntimeCosts", "Setup",
-    "estimate", "model_items", "padded_ctx", "shape_from_gguf", "shape_from_hf", "speculation_items",
+    "estimate", "model_items", "shape_from_gguf", "shape_from_hf", "speculation_items",
     "torch_capacity", "torch_gpu_items",
 ]
 
@@ -114,10 +114,6 @@ class Estimate:
                 "items": [asdict(i) for i in self.items]}
 
 
-def padded_ctx(n_ctx: int, kind: str = "llama.cpp") -> int:
-    return math.ceil(n_ctx / KV_PAD) * KV_PAD if kind == "llama.cpp" else n_ctx
-
-
 def torch_capacity(tokens: int, start: int = 256) -> int:
     """Cells a doubling torch cache holds for ``tokens`` (see torch_engine.cache)."""
     cap = start
@@ -168,7 +164,7 @@ def llama_cpu_items(shape: ModelShape, setup: Setup, role: str = "target") -> li
     * **context overhead**: context structures, the thread pool, first-decode
       allocations, measured once per machine with a tiny model (:func:`llama_context_overhead`).
     """
-    from tandem.runtime.planning.llama_sizes import ContextSetup, sizes_for
+    from tandem.runtime.planning.llama_sizes import ContextSetup, sizes_for, work_buffer
 
     sizes = sizes_for(shape.path)
     t = min(setup.n_batch, setup.n_ctx)
@@ -183,24 +179,13 @@ def llama_cpu_items(shape: ModelShape, setup: Setup, role: str = "target") -> li
         Item(f"{role} compute buffer (batch {t}, reserved by llama.cpp)", role, "host", ctx.compute),
         Item(f"{role} logits ({rows} rows: llama.cpp's output buffer and our copy)", role, "host",
              2 * 4 * rows * shape.n_vocab),
-        Item(f"{role} matmul work buffer (batch {t})", role, "host", work_buffer(shape, setup)),
+        Item(f"{role} matmul work buffer (batch {t})", role, "host", work_buffer(t, padded_ctx(setup.n_ctx), shape.n_embd, shape.n_ff, shape.n_head,
+                                                                          setup.type_v, setup.flash_attn)),
         Item(f"{role} runtime (vocabulary, tokenizer and metadata: measured)", role, "host", sizes.runtime),
         Item(f"{role} context, thread pool and first-decode allocations (measured on this machine)", role, "host",
              llama_context_overhead()),
     ]
     return [i for i in items if i.bytes]
-
-
-def work_buffer(shape: ModelShape, setup: Setup) -> int:
-    """The CPU backend's work buffer for the largest matmul of a full ubatch: it converts
-    the right-hand operand to the kernel's type first. Without flash attention that is
-    the attention scores (cells × batch × heads) turned into f16 for an f16/bf16 V cache
-    (llama.cpp's ``ggml_mul_mat`` of V by softmax(KQ)); otherwise the widest activation
-    (at most 4 bytes an element: an upper bound for the quantized kernels' ~1.1)."""
-    t = min(setup.n_batch, setup.n_ctx)
-    flash = setup.flash_attn or setup.type_v not in ("f16", "f32", "bf16")
-    scores = 0 if flash or setup.type_v == "f32" else 2 * t * padded_ctx(setup.n_ctx) * shape.n_head
-    return max(scores, 4 * t * max(shape.n_ff, shape.n_embd))
 
 
 def llama_context_overhead() -> int:

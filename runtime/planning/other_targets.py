@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tandem.models.errors import BudgetError, TandemError
 from tandem.runtime.planning.devices import SAFETY
-from tandem.runtime.planning.hardware import format_size, process_rss, resolve_machine
+from tandem.runtime.planning.hardware import format_size, resolve_machine
 from tandem.runtime.planning.memory_model import (
     ModelShape,
     Setup,
@@ -26,6 +26,7 @@ from tandem.runtime.planning.memory_model import (
     shape_from_gguf,
     shape_from_hf,
 )
+from tandem.runtime.planning.memprobe import process_rss
 
 MEMORY_KINDS = {"onnx": "onnxruntime", "torch": "torch"}
 """``open_backend.backend_kind`` -> the memory model's backend kind."""

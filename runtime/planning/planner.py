@@ -44,7 +44,7 @@ from tandem.runtime.planning.devices import (
     place_draft,
     torch_cuda_ok,
 )
-from tandem.runtime.planning.hardware import Machine, format_size, process_rss
+from tandem.runtime.planning.hardware import Machine, format_size
 from tandem.runtime.planning.memory_model import (
     Estimate,
     Item,
@@ -53,6 +53,7 @@ from tandem.runtime.planning.memory_model import (
     estimate,
     shape_from_gguf,
 )
+from tandem.runtime.planning.memprobe import process_rss
 from tandem.runtime.planning.plan import (
     ACCEPTANCE_PRIOR,
     KV_QUALITY,

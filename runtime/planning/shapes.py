@@ -19,6 +19,11 @@ KV_PAD = 256
 """llama.cpp rounds the KV cache's cell count up to this many (padding for kernels)."""
 
 
+def padded_ctx(n_ctx: int, kind: str = "llama.cpp") -> int:
+    """KV cells a context of ``n_ctx`` takes: llama.cpp pads to :data:`KV_PAD`."""
+    return math.ceil(n_ctx / KV_PAD) * KV_PAD if kind == "llama.cpp" else n_ctx
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What the memory model needs to know about one model."""

@@ -27,7 +27,7 @@ from tandem.models.errors import BudgetError, TandemError
 from tandem.runtime.kv.config import PRESETS, KVCompressConfig, held_bytes
 from tandem.runtime.moe.config import SPEED_NOTE, MoeOffloadSpec, OffloadConfig
 from tandem.runtime.planning.devices import SAFETY
-from tandem.runtime.planning.hardware import format_size, parse_size, process_rss, resolve_machine
+from tandem.runtime.planning.hardware import format_size, parse_size, resolve_machine
 from tandem.runtime.planning.memory_model import (
     Estimate,
     Item,
@@ -38,6 +38,7 @@ from tandem.runtime.planning.memory_model import (
     shape_from_hf,
     torch_gpu_items,
 )
+from tandem.runtime.planning.memprobe import process_rss
 
 TORCH_BATCH = 512
 """The torch engine's prefill chunk (``TorchConfig.n_batch``)."""

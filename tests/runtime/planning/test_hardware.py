@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tandem.models.errors import TandemError
-from tandem.runtime.planning import hardware
+from tandem.runtime.planning import hardware, memprobe
 from tandem.runtime.planning.hardware import (
     PROFILES,
     GiB,
@@ -42,7 +42,7 @@ def test_detect_reads_this_machine() -> None:
 
 
 def test_bandwidth_measure_is_plausible() -> None:
-    bw = hardware.measure_ram_bandwidth(nbytes=8 * MiB, reps=2)
+    bw = memprobe.measure_ram_bandwidth(nbytes=8 * MiB, reps=2)
     assert 0.1 < bw < 2000  # GB/s: anything from a phone to an HBM server
 
 
@@ -81,7 +81,7 @@ def test_unified_memory_caps_vram_by_host_budget() -> None:
 
 
 def test_process_rss_is_positive() -> None:
-    assert hardware.process_rss() > 10 * MiB
+    assert memprobe.process_rss() > 10 * MiB
 
 
 def test_tiny_budget_without_unit_is_explained() -> None:

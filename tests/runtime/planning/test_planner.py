@@ -204,7 +204,7 @@ def test_predicted_speed_is_stable_between_identical_calls(stories_twin: Path,
 
 CHAT = textwrap.dedent("""
     import json, sys, threading, time
-    from tandem.runtime.planning.hardware import process_rss
+    from tandem.runtime.planning.memprobe import process_rss
     from tandem.runtime.planning.planner import plan_for_run
     from tandem.runtime.backends.llama import LlamaCppBackend
     from tandem.runtime.speculative.drafters.model import ModelDrafter
