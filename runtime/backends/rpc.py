@@ -152,7 +152,7 @@ def direct(fn: Callable[..., Any], *args: Any) -> Any:
 
 # -- one model's link to its servers ---------------------------------------------------------
 class _Job:
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    def __init__(self, fn: Callable[..., Any] | None, args: tuple[Any, ...]) -> None:
         self.fn, self.args = fn, args
         self.done = threading.Event()
         self.result: Any = None
@@ -189,6 +189,8 @@ class RpcLink:
                 while not self._jobs:
                     self._wake.wait()
                 job = self._jobs.pop(0)
+            if job.fn is None:  # released: nothing more will come
+                return
             try:
                 job.result = job.fn(*job.args)
             except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
@@ -277,6 +279,9 @@ class RpcLink:
             try:
                 self.call(context.close, timeout=self.timeout)
                 self.call(model.close, timeout=self.timeout)
+                with self._wake:  # end the worker
+                    self._jobs.append(_Job(None, ()))
+                    self._wake.notify()
                 return
             except RpcPeerLost:
                 pass
