@@ -102,11 +102,13 @@ class OnlineCost:
         self._v = np.zeros(n)
         self._w = np.zeros(n)
         self._since_t1 = 0
+        self._scale: float | None = None
 
     def observe(self, k: int, seconds: float) -> None:
         """One verify call over ``k + 1`` tokens took ``seconds``."""
         if k >= len(self._v) or seconds <= 0:
             return
+        self._scale = None
         self._recent[k].append(seconds)
         self._w[k] += 1
         self._v[k] = float(np.median(self._recent[k]))
@@ -142,10 +144,17 @@ class OnlineCost:
         learnt = self._learnt(k)
         if learnt is not None:
             return min(learnt, k + 1.0)  # a batch is never dearer than its tokens one by one
-        scales = [(x - 1.0) / (self.prior(j) - 1.0) for j in range(1, len(self._w))
-                  if (x := self._learnt(j)) is not None and self.prior(j) > 1.0]
-        scale = float(np.median(scales)) if scales else 1.0
-        return min(1.0 + (self.prior(k) - 1.0) * scale, k + 1.0)
+        return min(1.0 + (self.prior(k) - 1.0) * self._prior_scale(), k + 1.0)
+
+    def _prior_scale(self) -> float:
+        """How far off the prior was on the sizes seen (median ratio of their excess
+        over one step), recomputed only after a new observation: the policy prices every
+        length each round, and this scan over all sizes was a millisecond a round."""
+        if self._scale is None:
+            scales = [(x - 1.0) / (self.prior(j) - 1.0) for j in range(1, len(self._w))
+                      if (x := self._learnt(j)) is not None and self.prior(j) > 1.0]
+            self._scale = float(np.median(scales)) if scales else 1.0
+        return self._scale
 
     def __call__(self, k: int) -> float:
         """Cost of verifying ``k`` drafts (``k + 1`` tokens), chunked as verification is."""
