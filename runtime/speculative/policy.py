@@ -188,9 +188,11 @@ class OnlineCost:
 def _verify_clock(backend: Backend):
     """With one compute thread, CPU time is the steadiest measure on a busy machine (it
     excludes time other processes take); with several, idle-spinning threads would
-    inflate it, so wall time it is."""
+    inflate it, so wall time it is. A target split over RPC servers computes mostly
+    elsewhere and waits on the network: only wall time sees that."""
     config = getattr(backend, "config", None)
-    return time.process_time if getattr(config, "n_threads", None) == 1 else time.perf_counter
+    remote = bool(getattr(config, "rpc", ()))
+    return time.process_time if getattr(config, "n_threads", None) == 1 and not remote else time.perf_counter
 
 
 def measure_cost_curve(backend: Backend, k_max: int = 8, reps: int | None = None, context: int = 64) -> CostCurve:
@@ -449,6 +451,11 @@ class AdaptiveConfig:
 
 
 PROBE_WORTHY = 0.85
+TRUST_AFTER = 3.0
+"""Confidence-weighted tokens a model-free source must have had verified before a draft
+of it is verified at full length: a fresh strategy trusted its first confident draft at
+face value and verified it whole (9 tokens, all rejected: 8 % of a 64-token reply on a
+compute-bound target); now a :attr:`AdaptiveConfig.probe_len` prefix earns the trust."""
 """A model-free draft predicted at this fraction of the break-even rate may be probed."""
 
 
@@ -631,6 +638,8 @@ class AdaptivePolicy:
         rates = [self.rate(m, a, 0.0) for m in range(n + 1)]
         m = int(np.argmax(rates))
         pays = m > 0 and rates[m] >= self.config.min_gain
+        if pays and self._calib.get(source, (0.0, 0.0))[1] < TRUST_AFTER:
+            m = min(m, self.config.probe_len)  # unproven: verify a short prefix first
         if self.cheap_sources:  # next to a model drafter: the better of the two drafts
             if self.model_budget and self._best()[1] > rates[m]:
                 return 0

@@ -143,14 +143,21 @@ def test_a_free_drafter_next_to_a_steep_target_still_drafts_certain_runs() -> No
     """Model-free drafts cost nothing to make: a long run it is sure of (copying text)
     pays even on a steep curve, a doubtful one does not."""
     policy = AdaptivePolicy(STEEP, AdaptiveConfig(max_len=8, free_max_len=32), cheap_drafter=True)
-    assert policy.trim([0.999] * 24, 24, "suffix") > 0
+    for _ in range(2):  # trust earned with short prefixes first
+        n = policy.trim([0.999] * 24, 24, "suffix")
+        policy.observe(n, n, 0.0, 0.1 * STEEP(n), 0.1 * STEEP(n), source="suffix")
+    assert policy.trim([0.999] * 24, 24, "suffix") > 2
     assert policy.trim([0.5] * 24, 24, "suffix") == 0
 
 
 def test_trim_gates_cheap_drafts_by_confidence_and_calibrates() -> None:
     policy = AdaptivePolicy(CPU, AdaptiveConfig(max_len=8, probe_every=1000), cheap_drafter=True)
     assert policy.next_length() == policy.config.free_max_len  # asking a model-free drafter is free
-    assert policy.trim([0.99] * 6, 6) >= 3  # a confident long match is worth verifying
+    assert policy.trim([0.99] * 6, 6) == 2  # an unproven source: a short prefix first
+    policy.observe(2, 2, 0.0, 0.1 * CPU(2), 0.1 * CPU(2))
+    assert policy.trim([0.99] * 6, 6) == 2
+    policy.observe(2, 2, 0.0, 0.1 * CPU(2), 0.1 * CPU(2))
+    assert policy.trim([0.99] * 6, 6) >= 3  # trust earned: a confident long match is worth verifying
     assert policy.trim([0.2, 0.2], 2) == 0  # a weak one is not: plain round
     # Confident drafts that keep failing: calibration drops and gating follows.
     for _ in range(60):
@@ -170,6 +177,10 @@ def test_mixed_chain_keeps_model_free_out_of_model_stats() -> None:
             policy.observe(k, 0, 0.0, 0.1 * CPU(k), 0.1 * CPU(k), source="model:x")
     assert policy.model_budget == 0
     before = policy.acceptance().copy()
+    for _ in range(2):  # the suffix source earns its trust with short prefixes
+        n = policy.trim([0.99] * 8, 8, source="suffix")
+        assert n == 2
+        policy.observe(n, n, 0.0, 0.1 * CPU(n), 0.1 * CPU(n), source="suffix")
     n = policy.trim([0.99] * 8, 8, source="suffix")  # a confident suffix draft still goes through
     assert n >= 4
     policy.observe(n, n, 0.0, 0.1 * CPU(n), 0.1 * CPU(n), source="suffix")
