@@ -36,6 +36,9 @@ if ! ls "$WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
 fi
 .venv/bin/python -m pip install --quiet --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-*.whl
 
+# Tandem and its dependencies (llama_cpp itself imports typing_extensions, used below).
+.venv/bin/python -m pip install --quiet -e ".[dev]"
+
 # tandem-rpc-server (packaging/rpc_server.cpp): llama.cpp's RPC server linked against the
 # wheel's own libggml, so it always speaks the client's protocol version. A few seconds
 # to compile; cached beside the wheel per source version, installed into .venv/bin.
@@ -57,6 +60,5 @@ if [ -e "$LIBS/libggml-rpc.so" ]; then
 else
     echo "note: no RPC backend in this llama.cpp build (GGML_RPC off): tandem rpc-server is unavailable" >&2
 fi
-.venv/bin/python -m pip install --quiet -e ".[dev]"
 .venv/bin/python -m tandem.runtime.backends.selfcheck
 echo "Tandem is installed in .venv: try .venv/bin/tandem --help"
