@@ -100,12 +100,12 @@ scores, softmax; measured 2.5-2.9 on an H100 for chunks of 64-512 tokens)."""
 TORCH_WORK_FIXED = 64 * 1024
 """Small blocks of a forward pass (rope tables, positions, index tensors), each rounded."""
 
-TORCH = RuntimeCosts(process=0, per_model=1_000_000, per_vocab=1600.0, kt_flash=0.0, kt_plain=5.0,
+TORCH = RuntimeCosts(process=0, per_model=500_000, per_vocab=1600.0, kt_flash=0.0, kt_plain=5.0,
                      kth_plain=8.0, t_embd=78.0, out_row=8.0, device_context=TORCH_CUDA_DEVICE)
 """torch engine on the CPU (fitted to memprobe peaks with glibc's mmap threshold pinned,
 see ``torch_engine.backend.return_large_temporaries``: stories260K and tinystories-656k
 F32, contexts 256-2048, batches 64-512, 16 points; -10 % to +11 %, most within 7 %;
-``per_model`` lowered from 1.69 MB after two machines, AMD and CI's, both measured the
+``per_model`` lowered from 1.69 MB to 0.5 MB after two machines, AMD and CI's, measured the
 tested points 5-14 % under: now 0 % to +10 % against the nearest of three runs).
 ``import torch`` (~250-350 MB) is in the process baseline, not here. The engine hands
 SDPA 3-D tensors and a boolean mask, which takes the unfused math path: per chunk of

@@ -291,7 +291,7 @@ def test_drafter_goes_to_the_gpu_through_torch_when_llama_cpp_cannot_offload(
 
     monkeypatch.setattr(llama_cpp, "llama_supports_gpu_offload", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    base = resolve_machine(None, "2GiB", None)
+    base = resolve_machine(None, "6GiB", None)  # room for the torch CUDA host side whatever the baseline
     gpu = GPU("test GPU", 8 * 1024**3, 8 * 1024**3, 300.0)
     machine = replace(base, gpus=(gpu,), vram_budget=4 * 1024**3, source="detected")
     plan = make_plan(PlanRequest(stories_twin, stories260k, 512, machine, acceptance=ALPHA, drop_slow_draft=False))
