@@ -146,3 +146,14 @@ def verify_sampled(
             res = residual(p[i : i + 1], None if q is None else q[i : i + 1], x[i : i + 1])
             return Verdict(i, int(inverse_cdf(res, np.array([rng.random()]))[0]))
     return Verdict(k, int(inverse_cdf(p[k : k + 1], np.array([rng.random()]))[0]))
+
+
+def expected_tokens(acceptance: float | Sequence[float] | np.ndarray, k: int) -> float:
+    """Tokens a round of ``k`` drafts yields: the accepted prefix plus the target's own
+    token, E = 1 + sum_j prod_{i<=j} a_i. ``acceptance``: one rate for every position
+    (then E = (1 - a^(k+1)) / (1 - a)), or one per position. The one formula the planner,
+    the placement and the adaptive policy all price speculation with."""
+    if np.ndim(acceptance) == 0:
+        a = float(acceptance)
+        return k + 1.0 if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+    return 1.0 + float(np.sum(np.cumprod(np.asarray(acceptance, dtype=np.float64)[:k])))

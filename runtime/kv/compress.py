@@ -297,19 +297,6 @@ class CompressedKVCache(CodecMixin, KVCache):
         self._len = self._pass_start = start + len(indices)
 
 
-def compressed_cache_factory(cfg: KVCompressConfig):
-    """A ``TorchConfig.cache_factory`` building :class:`CompressedKVCache` with ``cfg``.
-
-    The factory cannot see ``rope_freqs``: for models that have them (Llama 3.1) use
-    :func:`use_compressed_cache`.
-    """
-
-    def build(model_cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> KVCache:
-        return CompressedKVCache(model_cfg, cfg, dtype=dtype, device=device)
-
-    return build
-
-
 def use_compressed_cache(backend, cfg: KVCompressConfig) -> CompressedKVCache:
     """Swap a :class:`TorchBackend`'s cache for a compressed one (clears the sequence).
 

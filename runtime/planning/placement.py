@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from tandem.kernels.acceptance import expected_tokens
 from tandem.runtime.backends.protocol import Backend
 
 CALIBRATION_K = 4
@@ -114,13 +115,6 @@ MIN_SPLIT_THREADS = 8
 2 cores the 1+1 split ran at 0.83x of in-turn: halving the target's threads slows
 verification more than overlap saves), so a CPU-only machine that small has a single
 option and its first run with a drafter measures nothing."""
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    """Tokens a round yields: accepted drafts plus the target's own token."""
-    if alpha >= 1.0:
-        return k + 1.0
-    return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
 def predict(option: Option, costs: Costs, k: int = CALIBRATION_K) -> float:

@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from tandem.kernels.acceptance import expected_tokens
 from tandem.models.errors import TandemError
 from tandem.runtime.planning.devices import (
     SAFETY,
@@ -105,8 +106,7 @@ def predicted_speedup(alpha: float, k: int, c_draft: float, verify_cost: float) 
     """§0: E[tokens/round] / (k·c + c_verify(k)), in units of one target step."""
     if k <= 0:
         return 1.0
-    expected = (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else k + 1
-    return expected / (k * c_draft + verify_cost)
+    return expected_tokens(alpha, k) / (k * c_draft + verify_cost)
 
 
 def _verify_cost(k: int, on_gpu: bool) -> float:

@@ -39,6 +39,7 @@ from typing import Protocol
 
 import numpy as np
 
+from tandem.kernels.acceptance import expected_tokens
 from tandem.runtime.backends.protocol import Backend
 
 
@@ -545,8 +546,7 @@ class AdaptivePolicy:
         return self._model.rates()
 
     def expected_tokens(self, k: int, a: np.ndarray | None = None) -> float:
-        a = self.acceptance() if a is None else a
-        return 1.0 + float(np.sum(np.cumprod(a[:k])))
+        return expected_tokens(self.acceptance() if a is None else a, k)
 
     def expected_time(self, k: int) -> float:
         return 1.0 if k == 0 else self.cost(k) + self.draft_cost * k + self.overhead

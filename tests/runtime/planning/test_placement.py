@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tandem.kernels.acceptance import expected_tokens
 from tandem.models.errors import TandemError
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 from tandem.runtime.planning.calibration import calibrate, place
@@ -17,7 +18,6 @@ from tandem.runtime.planning.placement import (
     Costs,
     Option,
     choose,
-    expected_tokens,
     options,
     predict,
     target_gpu_fits,
