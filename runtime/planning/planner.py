@@ -65,14 +65,13 @@ from tandem.runtime.planning.plan import (
     check_context,
 )
 from tandem.runtime.planning.suggest import leanest_kv, suggest
+from tandem.runtime.speculative.policy import CPU_COST_CURVE
 
 PROFILE_BASELINE = 80 * 1024**2
 """Python, numpy, llama-cpp-python and the app, resident before any model (measured
 ~45 MiB for the CLI here; the TUI adds ~30 MiB)."""
 DECODE_EFFICIENCY = 0.6
 """Share of memory bandwidth a decode step achieves reading weights (llama.cpp CPU)."""
-CPU_VERIFY_COST = (1.0, 1.7, 1.9, 2.1, 2.4, 2.55, 2.7, 2.85, 3.0)
-"""c(k): a CPU verify of k drafts relative to one decode step (issue 3's measurement)."""
 DRAFT_CELLS = (1024, 512, 256)
 """Context cells of a windowed drafter, from roomiest to leanest. llama.cpp pads a KV
 cache to 256 cells (and the torch engine's cache doubles from 256), so memory moves in
@@ -112,7 +111,7 @@ def predicted_speedup(alpha: float, k: int, c_draft: float, verify_cost: float) 
 def _verify_cost(k: int, on_gpu: bool) -> float:
     if on_gpu:
         return 1.0 + 0.02 * k
-    return CPU_VERIFY_COST[min(k, len(CPU_VERIFY_COST) - 1)] + 0.15 * max(0, k - len(CPU_VERIFY_COST) + 1)
+    return CPU_COST_CURVE(k)
 
 
 def _draft_rungs(d_shape: ModelShape, ctx: int, draft_max: int, quant: str | None):

@@ -19,6 +19,7 @@ from tandem.runtime.speculative.drafters.base import Drafter
 from tandem.runtime.speculative.drafters.chain import ChainDrafter
 from tandem.runtime.speculative.loop import RoundHook, speculative
 from tandem.runtime.speculative.policy import (
+    CPU_COST_CURVE,
     AdaptiveConfig,
     AdaptivePolicy,
     FixedLength,
@@ -116,8 +117,6 @@ class SpeculativeStrategy:
             self._run = None
 
 
-# Cost curve assumed when measuring is switched off: the 2-core CPU figures of issue 3.
-CPU_COST_CURVE = (1.0, 1.7, 1.9, 2.1, 2.4, 2.55, 2.7, 2.85, 3.0)
 
 
 def model_free_drafter(target: Backend, *, shared: bool = True) -> Drafter:
@@ -213,7 +212,6 @@ def build_strategy(
     drafter on the GPU (the planner's priced config). Close the result when done
     (it frees the drafter); the target stays open. Output is lossless in every mode.
     """
-    from tandem.runtime.speculative.policy import CostCurve
 
     opts = options or SpecOptions()
     notify = notify or (lambda message: None)
@@ -247,7 +245,7 @@ def build_strategy(
             notify("timing the target's verify calls (once for this model and machine)")
             cached = quick_cost_curve(target, k_max)
             remember_cost_curve(target, cached)
-        cost = OnlineCost(cached or CostCurve(CPU_COST_CURVE, 0.0), chunk=target.exact_batch)
+        cost = OnlineCost(cached or CPU_COST_CURVE, chunk=target.exact_batch)
         model_free = draft is None or opts.mode == "ngram"
         policy = AdaptivePolicy(cost, AdaptiveConfig(max_len=k_max, stop_threshold=opts.stop_threshold),
                                 draft_cost=opts.draft_cost or weight_ratio(drafter, target),
