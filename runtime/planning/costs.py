@@ -106,7 +106,7 @@ TORCH = RuntimeCosts(process=0, per_model=500_000, per_vocab=1600.0, kt_flash=0.
 see ``torch_engine.backend.return_large_temporaries``: stories260K and tinystories-656k
 F32, contexts 256-2048, batches 64-512, 16 points; -10 % to +11 %, most within 7 %;
 ``per_model`` lowered from 1.69 MB to 0.5 MB after two machines, AMD and CI's, measured the
-tested points 5-14 % under: now 0 % to +10 % against the nearest of three runs).
+tested points 5-14 % under: now -2 % to +9 % against the nearest of three runs).
 ``import torch`` (~250-350 MB) is in the process baseline, not here. The engine hands
 SDPA 3-D tensors and a boolean mask, which takes the unfused math path: per chunk of
 ``t`` tokens over ``S`` keys it holds two float32 score matrices per head (scores, then
