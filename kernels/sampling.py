@@ -44,7 +44,8 @@ def top_p_filter(probs: np.ndarray, p: float) -> np.ndarray:
     """Keep the smallest set of most likely tokens whose mass reaches ``p``; renormalize."""
     if p >= 1.0:
         return probs
-    order = np.argsort(-probs, kind="stable")
+    support = np.flatnonzero(probs > 0)  # after top-k, a few dozen of 151,936: sort only those
+    order = support[np.argsort(-probs[support], kind="stable")]
     cum = np.cumsum(probs[order])
     keep_n = int(np.searchsorted(cum, p, side="left")) + 1
     out = np.zeros_like(probs)

@@ -40,6 +40,23 @@ def test_top_p_keeps_smallest_set_reaching_p() -> None:
     np.testing.assert_allclose(out[:2], [0.5 / 0.8, 0.3 / 0.8])
 
 
+def test_top_p_matches_a_full_stable_sort_with_ties_and_zeros() -> None:
+    """Sorting only the support gives what a stable sort of the whole vocabulary gives,
+    ties (kept in id order) and zero-probability tokens (after top-k) included."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        probs = rng.integers(0, 4, size=int(rng.integers(2, 60))).astype(float)
+        if probs.sum() == 0:
+            continue
+        probs /= probs.sum()
+        p = float(rng.uniform(0.05, 0.99))
+        order = np.argsort(-probs, kind="stable")
+        keep = order[: int(np.searchsorted(np.cumsum(probs[order]), p, side="left")) + 1]
+        want = np.zeros_like(probs)
+        want[keep] = probs[keep]
+        np.testing.assert_allclose(top_p_filter(probs, p), want / want.sum())
+
+
 def test_min_p_drops_tokens_below_fraction_of_max() -> None:
     p = np.array([0.6, 0.3, 0.05, 0.05])
     out = min_p_filter(p, 0.1)

@@ -16,6 +16,7 @@ from tandem.kernels.superpose import (
     lm_proposal,
     mixing_weights,
     superposed_embedding,
+    top_ids,
 )
 from tandem.models.ngram import NgramModel
 from tandem.runtime.autocomplete.superposed import SuperposedDecoder
@@ -186,3 +187,14 @@ def test_deadline_and_cancel_stop_early(stories_backend) -> None:
     r = decoder.decode(prompt, k=3, max_tokens=50, cancel=cancel)
     assert r.stopped == "cancelled" and r.steps == 1
     assert stories_backend.tokens == prompt
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-3, 3), min_size=1, max_size=80), st.integers(1, 90))
+def test_top_ids_is_the_head_of_a_stable_full_sort(values: list[int], m: int) -> None:
+    """Partition-then-sort equals the first m of a full sort by value, ties by lower id
+    (what k = 1 relies on to reproduce greedy decoding), with many ties."""
+    x = np.asarray(values, dtype=np.float64)
+    m = min(m, len(values))
+    want = np.lexsort((np.arange(len(x)), -x))[:m]
+    assert top_ids(x, m).tolist() == want.tolist()
