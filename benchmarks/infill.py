@@ -149,8 +149,19 @@ def typing_requests(corpus: list[Hole], n_holes: int = 10, step: int = 4) -> lis
     return out
 
 
+LONG_TOKENS = 32
+
+
+def long_requests(reqs: list[dict], n_holes: int = 10) -> list[dict]:
+    """A 32-token suggestion on a cached prompt, not streamed (llama.vim and llama.vscode
+    send ``stream: false``): llama.vim's warm-up (``n_predict: 0``) has filled the cache,
+    then the same request asks for 32 tokens with no indent or time stop."""
+    return [req | {"n_predict": LONG_TOKENS, "n_indent": 0, "t_max_predict_ms": 0} for req in reqs[:n_holes]]
+
+
 def run_server_mode(model: str, threads: int, extra_args: list[str], reqs: list[dict], corpus: list[Hole],
-                    log, superposed_k: int = 0, typing_session: bool = False) -> tuple[Run, list[dict], Run | None, Run]:
+                    log, superposed_k: int = 0, typing_session: bool = False,
+                    long_session: bool = False) -> tuple[Run, list[dict], Run | None, Run, Run]:
     import httpx
 
     port = _free_port()
@@ -194,10 +205,26 @@ def run_server_mode(model: str, threads: int, extra_args: list[str], reqs: list[
                 typing.tokens.append(int(final.get("timings", {}).get("predicted_n", 0)))
                 typing.cached.append(int(final.get("tokens_cached", 0)))
                 typing.prompt_n.append(int(final.get("timings", {}).get("prompt_n", 0)))
+            long = Run()
+            for req in long_requests(reqs) if long_session else []:
+                body = {k: v for k, v in req.items() if k != "_hole"} | {"stream": False}  # as llama.vim sends it
+                client.post(f"{url}/infill", json=body | {"n_predict": 0}, timeout=300)
+                t0 = time.perf_counter()
+                r = client.post(f"{url}/infill", json=body, timeout=300)
+                r.raise_for_status()
+                total = ttft = (time.perf_counter() - t0) * 1000  # not streamed: the whole suggestion at once
+                final = r.json()
+                if int(final.get("timings", {}).get("predicted_n", 0)) < LONG_TOKENS:
+                    continue  # ended early (end of the fill): not a 32-token suggestion
+                long.ttft_ms.append(ttft)
+                long.total_ms.append(total)
+                long.tokens.append(LONG_TOKENS)
+                long.cached.append(int(final.get("tokens_cached", 0)))
+                long.prompt_n.append(int(final.get("timings", {}).get("prompt_n", 0)))
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    return run, finals, sup, typing
+    return run, finals, sup, typing, long
 
 
 def run_baseline(model: str, threads: int, reqs: list[dict], token_counts: list[int], log) -> Run:
@@ -256,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also the requests with n=K at temperature 0 (superposed drafts) on the default server")
     ap.add_argument("--typing", action="store_true",
                     help="also an editor session on the default server: a request every 4 typed characters")
+    ap.add_argument("--long", action="store_true",
+                    help="also 32-token suggestions on a cached prompt (warm-up first) on the default server")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
 
@@ -273,11 +302,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, extra in modes:
         log(f"{name} ...")
         first_mode = not token_counts
-        run, finals, sup, typing = run_server_mode(args.model, args.threads, extra, reqs, corpus, log,
-                                                   superposed_k=args.superposed if first_mode else 0,
-                                                   typing_session=args.typing and first_mode)
+        run, finals, sup, typing, long = run_server_mode(args.model, args.threads, extra, reqs, corpus, log,
+                                                         superposed_k=args.superposed if first_mode else 0,
+                                                         typing_session=args.typing and first_mode,
+                                                         long_session=args.long and first_mode)
         if typing.total_ms:
             results["modes"]["typing session (prompt grows, cache reused)"] = typing.summary()
+        if long.total_ms:
+            results["modes"][f"{LONG_TOKENS}-token suggestion, prompt cached"] = long.summary()
         run.exact = [fill_matches(corpus[r["_hole"]], c) for r, c in zip(reqs, run.contents, strict=True)]
         run.multi = [corpus[r["_hole"]].multi_line for r in reqs]
         results["modes"][name] = run.summary()

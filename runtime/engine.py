@@ -24,10 +24,11 @@ needs less.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tandem.models.errors import TandemError
 from tandem.runtime.backends.opener import backend_kind, open_backend
@@ -54,6 +55,7 @@ RUNTIMES = {"LlamaCppBackend": "llama.cpp", "TorchBackend": "torch", "OnnxBacken
 LLAMA_KV_TYPES = ("f16", "q8_0", "q4_0")
 """``--kv-type`` for llama.cpp targets."""
 
+T = TypeVar("T")
 Notify = Callable[[str], None]
 
 
@@ -212,8 +214,35 @@ def open_engine(spec: EngineSpec, notify: Notify | None = None) -> Engine:
     kind = target_engine(spec)
     check_spec(spec, kind)
     if kind == "llama.cpp":
-        return _open_llama(spec, say)
-    return _open_other(spec, kind, say)
+        return on_passing_thread(lambda: _open_llama(spec, say))
+    return on_passing_thread(lambda: _open_other(spec, kind, say))
+
+
+def on_passing_thread(fn: Callable[[], T]) -> T:
+    """``fn()`` computed on a thread that ends when it returns (its exception re-raised).
+
+    llama.cpp's CPU backend runs each graph as an OpenMP parallel region, and libgomp
+    keeps a team of threads alive for every thread that has run one. Opening an engine
+    computes (the verify-cost measurement); done on, say, a server's main thread, that
+    team would outlive the load beside the generation thread's own, and with more OpenMP
+    threads than cores libgomp stops spinning at barriers and sleeps instead: ~100
+    context switches per token and 25 % slower decoding when every core is used
+    (BENCHMARKS.md, "Editor autocomplete"). A passing thread takes its team with it."""
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:  # handed to the caller
+            error.append(exc)
+
+    thread = threading.Thread(target=run, name="tandem-open", daemon=True)
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
 
 
 def engine_for(target: Backend, spec: EngineSpec | None = None) -> Engine:
@@ -224,8 +253,8 @@ def engine_for(target: Backend, spec: EngineSpec | None = None) -> Engine:
     kind = RUNTIMES.get(type(target).__name__, type(target).__name__)
     engine = Engine(spec, target, SpeculativeStrategy(None, None), kind)
     try:
-        return _finish(engine, spec.drafter if _wants_model(spec) else None,
-                       spec_options(spec), None, None, _quiet)
+        return on_passing_thread(lambda: _finish(engine, spec.drafter if _wants_model(spec) else None,
+                                                 spec_options(spec), None, None, _quiet))
     except BaseException:
         engine.close()
         raise

@@ -183,3 +183,31 @@ def test_kv_type_on_a_real_model(real_models) -> None:
     assert tight.fits and tight.target.type_k in ("q8_0", "q4_0")
     assert tight.kv_note and "f16 did not fit" in tight.kv_note and tight.kv_note in tight.reasons
     assert not plan(budget, kv_type="f16").fits  # asked for f16: the plan says it does not fit
+
+
+LEFTOVER_THREADS = """
+import os, sys, time
+from pathlib import Path
+from tandem.runtime.engine import EngineSpec, open_engine
+
+before = len(os.listdir("/proc/self/task"))
+engine = open_engine(EngineSpec(Path(sys.argv[1]), threads=2, n_ctx=512))
+deadline = time.monotonic() + 30
+while len(os.listdir("/proc/self/task")) > before and time.monotonic() < deadline:
+    time.sleep(0.05)  # a passing thread's OpenMP team exits just after it
+print(before, len(os.listdir("/proc/self/task")))
+engine.close()
+"""
+
+
+def test_opening_an_engine_leaves_no_openmp_team_behind(real_models) -> None:
+    """Opening computes (the verify-cost measurement). If that ran on the caller's thread,
+    llama.cpp's OpenMP team would stay alive there beside the one of the thread that later
+    generates (a server's worker): more OpenMP threads than cores, and libgomp then sleeps
+    at every barrier (~100 context switches a token, 25 % slower). A fresh process opens
+    SmolLM2 with two threads; afterwards it has no more threads than before."""
+    out = subprocess.run([sys.executable, "-c", LEFTOVER_THREADS, str(real_models.smollm2)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    before, after = map(int, out.stdout.split())
+    assert after == before, f"{after - before} thread(s) left running after open_engine"
