@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from tandem.kernels.sampling import Sampler
@@ -26,8 +27,10 @@ from tandem.runtime.speculative.policy import (
     LengthPolicy,
     OnlineCost,
     cached_cost_curve,
+    cached_draft_cost,
     quick_cost_curve,
     remember_cost_curve,
+    remember_draft_cost,
 )
 
 MODES = ("auto", "model", "xvocab", "ngram", "off")
@@ -82,10 +85,12 @@ class SpeculativeStrategy:
     """
 
     def __init__(self, drafter: Drafter | None, policy: LengthPolicy | None, hook: RoundHook | None = None,
-                 *, predraft: bool = False) -> None:
+                 *, predraft: bool = False, on_close: Callable[[], None] | None = None) -> None:
         self.drafter = drafter
         self.policy = policy
         self.predraft = predraft
+        self._on_close = on_close
+        """Saves what the policy learnt for the next strategy (:func:`build_strategy`)."""
         self._run = (speculative(drafter, policy, hook=hook, predraft=predraft)
                      if drafter is not None and policy is not None else None)
 
@@ -111,6 +116,9 @@ class SpeculativeStrategy:
         return info
 
     def close(self) -> None:
+        if self._on_close is not None:
+            on_close, self._on_close = self._on_close, None
+            on_close()
         if self.drafter is not None:
             self.drafter.close()
             self.drafter = None
@@ -224,6 +232,7 @@ def build_strategy(
     if opts.draft_max < 1 or (opts.draft_length is not None and opts.draft_length < 0):
         raise TandemError("The draft length must be positive.")
     drafters: list[Drafter] = []
+    model_drafter: Drafter | None = None
     if opts.mode in ("auto", "ngram"):
         drafters.append(model_free_drafter(target, shared=opts.shared_suffix_cache))
     if draft is not None and opts.mode != "ngram":
@@ -235,6 +244,7 @@ def build_strategy(
             model_drafter = WindowedDrafter(model_drafter, opts.draft_window)
         drafters.append(model_drafter)
     drafter = drafters[0] if len(drafters) == 1 else ChainDrafter(drafters)
+    on_close: Callable[[], None] | None = None
     policy: LengthPolicy
     if opts.draft_length is not None:
         policy = FixedLength(opts.draft_length)
@@ -247,9 +257,24 @@ def build_strategy(
             remember_cost_curve(target, cached)
         cost = OnlineCost(cached or CPU_COST_CURVE, chunk=target.exact_batch)
         model_free = draft is None or opts.mode == "ngram"
-        policy = AdaptivePolicy(cost, AdaptiveConfig(max_len=k_max, stop_threshold=opts.stop_threshold),
-                                draft_cost=opts.draft_cost or weight_ratio(drafter, target),
-                                cheap_drafter=model_free,
-                                cheap_sources=frozenset() if model_free or len(drafters) == 1 else MODEL_FREE_SOURCES)
+        learnt_draft_cost = (cached_draft_cost(target, model_drafter.name, model_drafter.weight_bytes())
+                             if model_drafter is not None and opts.measure_cost else None)
+        adaptive = AdaptivePolicy(cost, AdaptiveConfig(max_len=k_max, stop_threshold=opts.stop_threshold),
+                                  draft_cost=opts.draft_cost or learnt_draft_cost or weight_ratio(drafter, target),
+                                  cheap_drafter=model_free,
+                                  cheap_sources=frozenset() if model_free or len(drafters) == 1 else MODEL_FREE_SOURCES)
+        if opts.measure_cost:
+            on_close = partial(remember_learnt, target, adaptive, model_drafter)
+        policy = adaptive
     predraft = opts.predraft if opts.predraft is not None else opts.draft_device == "cuda"
-    return SpeculativeStrategy(drafter, policy, hook, predraft=predraft)
+    return SpeculativeStrategy(drafter, policy, hook, predraft=predraft, on_close=on_close)
+
+
+def remember_learnt(target: Backend, policy: AdaptivePolicy, model_drafter: Drafter | None) -> None:
+    """What a strategy learnt, cached for the next one with this target (and drafter) on
+    this machine: the verify-cost curve it measured while decoding, and the model
+    drafter's cost per token once rounds timed it."""
+    if isinstance(policy.cost, OnlineCost) and policy.cost.learnt:
+        remember_cost_curve(target, policy.cost.curve())
+    if model_drafter is not None and policy.draft_timed > 0:
+        remember_draft_cost(target, model_drafter.name, model_drafter.weight_bytes(), policy.draft_cost)

@@ -353,19 +353,55 @@ def remember_cost_curve(backend: Backend, curve: CostCurve, *, cache_file: Path 
     """Cache ``curve`` for this model, settings and machine (atomic write; best effort:
     a read-only cache dir only means the next run starts from the prior again)."""
     key = cost_curve_key(backend)
-    if key is None:
-        return
+    if key is not None:
+        _store(key, {"c": list(curve.c), "t1_s": curve.t1_s, "model": str(getattr(backend, "path", ""))},
+               cache_file)
+
+
+def _store(key: str, entry: dict, cache_file: Path | None) -> None:
+    """Write one entry of the cost cache (atomic; best effort: a read-only cache dir only
+    means the next run starts from the prior again)."""
     try:
         file = _cost_file(cache_file)
         table = _cost_table(file)
-        table[key] = {"c": list(curve.c), "t1_s": curve.t1_s, "model": str(getattr(backend, "path", "")),
-                      "machine": machine_id(), "measured_at": time.time()}
+        table[key] = entry | {"machine": machine_id(), "measured_at": time.time()}
         file.parent.mkdir(parents=True, exist_ok=True)
         tmp = file.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(table, indent=1))
         tmp.replace(file)
     except OSError:
         pass
+
+
+def _draft_cost_key(target: Backend, drafter_name: str, drafter_bytes: int) -> str | None:
+    key = cost_curve_key(target)
+    if key is None:
+        return None
+    return "draft:" + hashlib.sha256(f"{key}|{drafter_name}|{drafter_bytes}".encode()).hexdigest()[:24]
+
+
+def cached_draft_cost(target: Backend, drafter_name: str, drafter_bytes: int, *,
+                      cache_file: Path | None = None) -> float | None:
+    """A model drafter's cost per drafted token (in one-token target calls) as an earlier
+    run with this target, drafter and machine learnt it, if any. A fresh strategy starts
+    from it instead of the drafter's weight share: a drafter that cannot pay here (a
+    cross-vocabulary one whose text translation costs more than its weights suggest) is
+    then never probed, where each new conversation used to pay a probe and its catch-up
+    to learn that again."""
+    key = _draft_cost_key(target, drafter_name, drafter_bytes)
+    try:
+        entry = _cost_table(_cost_file(cache_file)).get(key) if key is not None else None
+    except OSError:
+        return None
+    return float(entry["draft_cost"]) if entry and entry.get("draft_cost", 0) > 0 else None
+
+
+def remember_draft_cost(target: Backend, drafter_name: str, drafter_bytes: int, draft_cost: float, *,
+                        cache_file: Path | None = None) -> None:
+    """Cache what a run learnt of a model drafter's cost (best effort, atomic)."""
+    key = _draft_cost_key(target, drafter_name, drafter_bytes)
+    if key is not None and draft_cost > 0:
+        _store(key, {"draft_cost": draft_cost, "drafter": drafter_name}, cache_file)
 
 
 def load_cost_curve(backend: Backend, k_max: int = 8, *, cache_file: Path | None = None) -> CostCurve:
@@ -530,6 +566,8 @@ class AdaptivePolicy:
         """Per source: decayed (accepted tokens, summed confidence of the tokens tested)."""
         self._last_conf: np.ndarray | None = None
         self.model_budget: int | None = None
+        self.draft_timed = 0
+        """Rounds that timed the model drafter (its :attr:`draft_cost` is then learnt)."""
 
     # -- model ------------------------------------------------------------------------
     @property
@@ -712,6 +750,7 @@ class AdaptivePolicy:
         t1 = self.cost.t1_s
         if t1 > 0:
             self.draft_cost = 0.8 * self.draft_cost + 0.2 * (draft_s / drafted / t1)
+            self.draft_timed += 1
             extra = max(0.0, round_s - draft_s - verify_s) / t1
             self.overhead = 0.8 * self.overhead + 0.2 * extra
 

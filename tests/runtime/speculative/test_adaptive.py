@@ -292,3 +292,38 @@ def test_first_strategy_times_the_target_once_and_caches_it(stories260k: Path) -
         assert curve is not None and curve.c[0] == 1.0
         build_strategy(target, None, SpecOptions(mode="ngram"), notify=said.append).close()
         assert len(said) == 1 and target.tokens == []
+
+
+def test_a_drafter_cost_learnt_in_one_strategy_seeds_the_next(stories260k: Path) -> None:
+    """A fresh strategy prices its model drafter by weight share until rounds time it; what
+    they learnt (and the verify curve learnt while decoding) is cached at close, so the next
+    strategy for this target, drafter and machine starts from it: a drafter that cannot pay
+    here is then not probed again by every new conversation."""
+    from tandem.runtime.speculative.factory import SpecOptions, build_strategy
+    from tandem.runtime.speculative.policy import cached_draft_cost
+
+    with LlamaCppBackend(stories260k, LlamaConfig(n_ctx=256, n_threads=1)) as target:
+        first = build_strategy(target, stories260k, SpecOptions(mode="model"))
+        policy = first.policy
+        assert isinstance(policy, AdaptivePolicy)
+        prior = policy.draft_cost
+        assert prior == pytest.approx(1.0, rel=0.05)  # the drafter is the target's own file
+        for _ in range(2):
+            policy.observe(0, 0, 0.0, 0.010, 0.010)  # plain rounds: the one-token time
+        for _ in range(6):
+            policy.observe(4, 1, draft_s=4 * 0.030, verify_s=0.020, round_s=0.150)  # 3 steps a token
+        assert policy.draft_timed == 6 and policy.draft_cost > 2.0
+        learnt = policy.draft_cost
+        name, size = first.drafter.name, first.drafter.weight_bytes()
+        first.close()
+        assert cached_draft_cost(target, name, size) == pytest.approx(learnt)
+        second = build_strategy(target, stories260k, SpecOptions(mode="model"))
+        try:
+            assert isinstance(second.policy, AdaptivePolicy)
+            assert second.policy.draft_cost == pytest.approx(learnt)
+            assert second.policy.cost.call(4) == pytest.approx(2.0)  # the learnt c(4), not the prior
+        finally:
+            second.close()
+        plain_cost = build_strategy(target, None, SpecOptions(mode="ngram"))  # no model drafter: nothing to seed
+        assert isinstance(plain_cost.policy, AdaptivePolicy) and plain_cost.policy.draft_cost == 0.0
+        plain_cost.close()
