@@ -41,7 +41,8 @@ from tandem.runtime.autocomplete.fim import (
     infill_prompt,
 )
 from tandem.runtime.autocomplete.infill import InfillChunk, InfillDone, InfillLimits, run_infill
-from tandem.runtime.backends.protocol import Backend
+from tandem.runtime.backends.protocol import Backend, common_prefix_len
+from tandem.runtime.speculative.factory import SpeculativeStrategy
 
 MAX_EXTRA_CHUNKS = 256
 
@@ -141,12 +142,21 @@ def infill_job(slot: ModelSlot, ids: list[int], req: InfillRequest, client: str 
     def run(cancel: threading.Event) -> Iterator[InfillChunk | InfillDone]:
         with slot.engine.lock:
             reuse = req.cache_prompt and cache_owner.reusable(slot, client)
+            strategy = slot.engine.strategy
+            if reuse and isinstance(strategy, SpeculativeStrategy):
+                # The client's previous suggestion is still in the cache after its prompt:
+                # llama.vim asks again with the accepted part appended, so the rest of it
+                # is a draft the model-free drafters can offer.
+                previous = slot.target.tokens
+                strategy.prime(previous[common_prefix_len(previous, ids):])
             cache_owner.take(slot, client, ids)
             try:
                 yield from run_infill(slot.target, ids, Sampler(req.gen.params), req.limits,
-                                      strategy=slot.engine.strategy, cache_prompt=reuse,
+                                      strategy=strategy, cache_prompt=reuse,
                                       cache_reuse=cache_reuse if reuse else 0, cancel=cancel)
             finally:
+                if isinstance(strategy, SpeculativeStrategy):
+                    strategy.prime([])  # never carried into another client's request
                 cache_owner.release(slot, client)
 
     return run
@@ -171,7 +181,8 @@ def done_body(done: InfillDone, req: InfillRequest, model: str, built: FimPrompt
         "fim": fmt is not None,
         "tandem": {"fim_format": fmt.style if fmt else None, "extra_chunks": built.extra_chunks,
                    "extra_dropped": built.extra_dropped, "extra_ignored": built.extra_ignored,
-                   "ttft_ms": done.ttft_ms},
+                   "ttft_ms": done.ttft_ms, "target_calls": done.target_calls,
+                   "accepted_drafts": done.accepted_drafts},
     }
     return select_fields(body, req.response_fields)
 

@@ -160,6 +160,10 @@ class InfillDone:
     stopping_word: str = ""
     ttft_ms: float = 0.0
     tokens: list[int] = field(default_factory=list)
+    target_calls: int = 0
+    """Target calls that decided tokens (fewer than the tokens when drafts were accepted)."""
+    accepted_drafts: int = 0
+    """Tokens that came from a drafter and the target accepted."""
 
 
 def reusable_spans(cached: Sequence[int], prompt: Sequence[int], min_chunk: int) -> list[tuple[int, int]]:
@@ -228,13 +232,15 @@ def run_infill(target: Backend, prompt: Sequence[int], sampler: Sampler, limits:
         yield InfillDone("", "limit", cached, len(prompt), timings)
         return
     cutter = TextCutter(limits)
-    stop_type, n_tokens, first_ms = "limit", 0, 0.0
+    stop_type, n_tokens, first_ms, calls, accepted = "limit", 0, 0.0, 0, 0
     events = generate(target, prompt, sampler, strategy=strategy, max_tokens=limits.n_predict, cancel=cancel)
     try:
         for ev in events:
             now_ms = (time.perf_counter() - t1) * 1000
             if isinstance(ev, TokenEvent):
                 n_tokens += len(ev.tokens)
+                calls += bool(ev.tokens)
+                accepted += ev.drafted
                 if not first_ms and ev.tokens:
                     first_ms = (time.perf_counter() - t0) * 1000
                 text, stop = cutter.feed(ev.text, now_ms)
@@ -254,4 +260,4 @@ def run_infill(target: Backend, prompt: Sequence[int], sampler: Sampler, limits:
     t2 = time.perf_counter()
     timings = InfillTimings(prompt_n, (t1 - t0) * 1000, n_tokens, (t2 - t1) * 1000)
     yield InfillDone(cutter.text, stop_type, cached, len(prompt), timings, cutter.stopping_word,
-                     first_ms or (t2 - t0) * 1000)
+                     first_ms or (t2 - t0) * 1000, target_calls=calls, accepted_drafts=accepted)

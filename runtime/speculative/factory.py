@@ -7,7 +7,7 @@ the engine builder (:mod:`tandem.runtime.engine`) calls it for every front end.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -114,6 +114,11 @@ class SpeculativeStrategy:
             info["cost_curve"] = [round(c, 3) for c in policy.cost.c]
             info["rounds_off"] = policy.rounds_off
         return info
+
+    def prime(self, tokens: Sequence[int]) -> None:
+        """Tokens the next request may repeat (see ``Drafter.prime``); nothing in plain mode."""
+        if self.drafter is not None:
+            self.drafter.prime(tokens)
 
     def close(self) -> None:
         if self._on_close is not None:

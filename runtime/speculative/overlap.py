@@ -60,6 +60,9 @@ class WindowedDrafter:
     def weight_bytes(self) -> int:
         return self.inner.weight_bytes()
 
+    def prime(self, tokens: Sequence[int]) -> None:
+        self.inner.prime(tokens)
+
     def close(self) -> None:
         self.inner.close()
 

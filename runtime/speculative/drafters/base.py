@@ -62,4 +62,10 @@ class Drafter(Protocol):
         is timed, its cost per token is priced as this share of the target's weights."""
         ...
 
+    def prime(self, tokens: Sequence[int]) -> None:
+        """Text the next request is likely to repeat (an editor's previous suggestion,
+        asked for again with the part the user accepted appended): model-free drafters
+        draft from it as from the request's own context; model drafters ignore it."""
+        ...
+
     def close(self) -> None: ...

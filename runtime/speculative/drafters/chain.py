@@ -50,6 +50,10 @@ class ChainDrafter:
     def weight_bytes(self) -> int:
         return sum(d.weight_bytes() for d in self.drafters)
 
+    def prime(self, tokens: Sequence[int]) -> None:
+        for d in self.drafters:
+            d.prime(tokens)
+
     def close(self) -> None:
         for d in self.drafters:
             d.close()

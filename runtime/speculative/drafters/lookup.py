@@ -59,5 +59,8 @@ class PromptLookupDrafter:
     def weight_bytes(self) -> int:
         return 0
 
+    def prime(self, tokens: Sequence[int]) -> None:
+        """Not used: see :meth:`~tandem.runtime.speculative.drafters.base.Drafter.prime`."""
+
     def close(self) -> None:
         self._seq, self._index = [], {}

@@ -182,12 +182,21 @@ class SuffixDrafter:
         self.params = params or (global_cache.params if global_cache else SuffixParams())
         self.global_cache = global_cache
         self.name = "suffix"
+        self._primer: list[int] = []
         self._reset()
 
     def _reset(self) -> None:
         self.trie = SuffixTrie(self.params.depth)
         self._seq: list[int] = []
         self._active = [self.trie.root]
+        if self._primer:  # the request starting now may repeat it (:meth:`prime`)
+            self.trie.add(self._primer)
+            self._primer = []
+
+    def prime(self, tokens: Sequence[int]) -> None:
+        """Held until the next request starts, then part of its trie (never of the shared
+        cache: it is this request's client's own text)."""
+        self._primer = list(tokens)
 
     def end_request(self) -> None:
         if self.global_cache is not None and self._seq:

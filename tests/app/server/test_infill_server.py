@@ -176,3 +176,33 @@ def test_cache_reuse_keeps_the_extra_chunks_that_moved(real_models) -> None:
         cached, evaluated = body["tokens_cached"], body["timings/prompt_n"]
         assert body["content"].startswith(RIGHT_FILL), body["content"]
         assert (cached > evaluated) is expect_most, (reuse, cached, evaluated)
+
+
+def test_asking_again_with_the_accepted_part_drafts_the_rest(real_models) -> None:
+    """llama.vim asks again once part of a suggestion is accepted (the prompt grows by it):
+    the rest of the previous suggestion, still in that client's cache, is drafted and
+    accepted, and the fill is the one a fresh request from another client gets (lossless).
+    A fixed draft length, so the test does not depend on this CPU's verify costs."""
+    from tandem.app.server.app import ServerConfig, create_app
+    from tandem.app.server.models import isolated, slot_for
+    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.engine import EngineSpec, engine_for
+
+    target = LlamaCppBackend(real_models.qwen_05b, LlamaConfig(n_ctx=2048, n_threads=2))
+    spec = isolated(EngineSpec(real_models.qwen_05b, draft_mode="ngram", draft_len=6))
+    slot = slot_for(engine_for(target, spec), name="qwen")
+    try:
+        with running(create_app([slot], ServerConfig()), start_timeout=60) as url:
+            first = _request("llama_vscode_fim_no_extra", n_predict=24, n_indent=0, t_max_predict_ms=0)
+            suggestion = _post(url, first)["content"]
+            assert suggestion.startswith("rectangle_area("), suggestion
+            again = first | {"prompt": first["prompt"] + "rectangle_"}
+            primed = _post(url, again)
+            other = httpx.post(f"{url}/infill", json=again, headers={"Authorization": "Bearer someone-else"},
+                               timeout=120).json()
+    finally:
+        slot.close()
+    assert primed["content"] == other["content"]
+    assert suggestion.startswith("rectangle_" + primed["content"][:12])
+    assert primed["tandem"]["accepted_drafts"] > other["tandem"]["accepted_drafts"]
+    assert primed["tandem"]["target_calls"] < primed["timings"]["predicted_n"]

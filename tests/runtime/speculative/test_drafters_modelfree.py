@@ -136,3 +136,22 @@ def test_chain_first_nonempty_wins_and_all_see_commits() -> None:
     chain.commit([0, 1], 1)
     assert (empty.commits, a.commits, b.commits) == (1, 1, 1)
     assert ChainDrafter([empty, b]).propose([0], 5, GREEDY).tokens == [3]
+
+
+def test_a_primed_suffix_drafter_offers_the_previous_suggestion_once() -> None:
+    """An editor asks again with part of the last suggestion accepted: primed with the
+    previous request's tail, the next request drafts the rest of that suggestion; the
+    primer is used by one request only and can be withdrawn."""
+    greedy = Sampler(SamplingParams.greedy_params())
+    previous = [1, 2, 3, 9, 40, 41, 42, 43, 44, 45]  # ... suffix, <mid>, then the suggestion 40..45
+    drafter = SuffixDrafter()
+    drafter.propose([7, 7, 1, 2, 3, 9, 40], 8, greedy)  # the previous request (its trie)
+    drafter.prime(previous)
+    context = [7, 7, 8, 1, 2, 3, 9, 40, 41]  # new prompt (the prefix grew), then the first tokens again
+    assert drafter.propose(context, 8, greedy).tokens == [42, 43, 44, 45]
+    drafter.propose([5, 5, 5, 9, 40, 41], 8, greedy)  # a request after that: no primer left
+    assert drafter.propose([6, 6, 9, 40, 41], 8, greedy).tokens == []
+    chain = ChainDrafter([SuffixDrafter(), PromptLookupDrafter()])
+    chain.prime(previous)
+    chain.prime([])  # withdrawn (the server does so after every request)
+    assert chain.propose(context, 8, greedy).tokens == []

@@ -393,6 +393,9 @@ class CrossVocabDrafter:
     def weight_bytes(self) -> int:
         return self.drafter.memory().weights
 
+    def prime(self, tokens: Sequence[int]) -> None:
+        """Not used: see :meth:`~tandem.runtime.speculative.drafters.base.Drafter.prime`."""
+
     def close(self) -> None:
         try:
             self._learn_pending()
