@@ -289,13 +289,6 @@ class History:
                 "UPDATE messages SET content = content || ? WHERE id = ?", (text, message_id)
             )
 
-    def update_stats(self, message_id: int, stats: dict | None) -> None:
-        with self._lock:
-            self._db.execute(
-                "UPDATE messages SET stats = ? WHERE id = ?",
-                (json.dumps(stats) if stats else None, message_id),
-            )
-
     def finish_reply(self, message_id: int, status: str, stats: dict | None = None) -> None:
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, not {status!r}")
@@ -304,10 +297,6 @@ class History:
                 "UPDATE messages SET status = ?, stats = ? WHERE id = ?",
                 (status, json.dumps(stats) if stats else None, message_id),
             )
-
-    def set_content(self, message_id: int, content: str) -> None:
-        with self._lock:
-            self._db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
 
     def delete_from(self, chat_id: int, message_id: int) -> int:
         """Delete a message and every later one in its chat (regenerate, edit-and-resend)."""

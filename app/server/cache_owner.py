@@ -24,7 +24,7 @@ def client_identity(host: str | None, authorization: str | None) -> str:
 
 def reusable(slot: ModelSlot, client: str) -> bool:
     """The KV cache still holds exactly what ``client``'s own last request left there."""
-    owner = slot.infill_owner  # the slot's one owner record (/infill's and every other route's)
+    owner = slot.kv_owner  # one record for every route that generates
     return owner is not None and owner[0] == client and owner[1] == tuple(slot.target.tokens)
 
 
@@ -34,10 +34,10 @@ def take(slot: ModelSlot, client: str, prompt: list[int]) -> int:
     least the last one)."""
     if not reusable(slot, client):
         slot.target.truncate(0)
-    slot.infill_owner = None  # until the request ends, nobody may rely on the cache's state
+    slot.kv_owner = None  # until the request ends, nobody may rely on the cache's state
     return min(common_prefix_len(slot.target.tokens, prompt), max(0, len(prompt) - 1))
 
 
 def release(slot: ModelSlot, client: str) -> None:
     """The request of ``client`` is over: what the cache holds now is its own text."""
-    slot.infill_owner = (client, tuple(slot.target.tokens))
+    slot.kv_owner = (client, tuple(slot.target.tokens))

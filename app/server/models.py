@@ -44,8 +44,8 @@ class ModelSlot:
     strategy: SpeculativeStrategy | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     _auto: Autocompleter | None = None
-    infill_owner: tuple[str, tuple[int, ...]] | None = None
-    """Which client's /infill left the KV cache, and what it left (see app.server.infill)."""
+    kv_owner: tuple[str, tuple[int, ...]] | None = None
+    """Which client's request left the KV cache, and what it left (see :mod:`.cache_owner`)."""
     notes: list[str] = field(default_factory=list)
     """What the engine builder chose or changed (a KV type for the budget, a placement...)."""
 

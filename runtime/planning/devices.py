@@ -18,7 +18,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from tandem.runtime.planning.hardware import Machine
-from tandem.runtime.planning.memory_model import Estimate, ModelShape, Setup, estimate
+from tandem.runtime.planning.memory_model import Estimate, Setup, estimate
+from tandem.runtime.planning.shapes import ModelShape
 
 if TYPE_CHECKING:
     from tandem.runtime.planning.plan import ModelPlan

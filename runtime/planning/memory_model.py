@@ -29,35 +29,18 @@ from dataclasses import asdict, dataclass, field
 from tandem.models.errors import TandemError
 from tandem.runtime.planning.costs import (
     COSTS,
-    LLAMA_CPP,
-    ONNX,
     TORCH,
     TORCH_ALLOC_ROUND,
-    TORCH_CUDA_DEVICE,
     TORCH_CUDA_HOST,
     TORCH_CUDA_HOST_CONTEXT,
     TORCH_HEAP_RETAINED,
     TORCH_SCORE_MATRICES,
     TORCH_WORK_FIXED,
-    RuntimeCosts,
 )
 from tandem.runtime.planning.shapes import (
-    KV_PAD,
-    KV_TYPE_SIZES,
-    QUANT_COPY_TYPES,
     ModelShape,
     padded_ctx,
-    shape_from_gguf,
-    shape_from_hf,
 )
-
-__all__ = [
-    "COSTS", "KINDS", "KV_PAD", "KV_TYPE_SIZES", "LLAMA_CPP", "ONNX", "QUANT_COPY_TYPES", "TORCH",
-    "TORCH_ALLOC_ROUND", "TORCH_CUDA_DEVICE", "TORCH_CUDA_HOST", "TORCH_CUDA_HOST_CONTEXT", "TORCH_HEAP_RETAINED",
-    "TORCH_SCORE_MATRICES", "TORCH_WORK_FIXED", "Estimate", "Item", "ModelShape", "RuntimeCosts", "Setup",
-    "estimate", "model_items", "shape_from_gguf", "shape_from_hf", "speculation_items",
-    "torch_capacity", "torch_gpu_items",
-]
 
 KINDS = ("llama.cpp", "torch", "onnxruntime")
 ONNX_KV_COPIES = 6

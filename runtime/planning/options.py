@@ -18,9 +18,9 @@ from pathlib import Path
 from tandem.runtime.kv.config import PRESETS, held_bytes
 from tandem.runtime.moe.config import SPEED_NOTE, MoeOffloadSpec
 from tandem.runtime.planning.hardware import format_size
-from tandem.runtime.planning.memory_model import shape_from_gguf, torch_capacity
+from tandem.runtime.planning.memory_model import torch_capacity
 from tandem.runtime.planning.plan import KV_QUALITY, KV_TYPES
-from tandem.runtime.planning.shapes import padded_ctx
+from tandem.runtime.planning.shapes import padded_ctx, shape_from_gguf
 from tandem.runtime.planning.torch_target import (
     LOW_BIT_SHARE,
     TORCH_BATCH,

@@ -19,14 +19,9 @@ from pathlib import Path
 from tandem.models.errors import BudgetError, TandemError
 from tandem.runtime.planning.devices import SAFETY
 from tandem.runtime.planning.hardware import format_size, resolve_machine
-from tandem.runtime.planning.memory_model import (
-    ModelShape,
-    Setup,
-    estimate,
-    shape_from_gguf,
-    shape_from_hf,
-)
+from tandem.runtime.planning.memory_model import Setup, estimate
 from tandem.runtime.planning.memprobe import process_rss
+from tandem.runtime.planning.shapes import ModelShape, shape_from_gguf, shape_from_hf
 
 MEMORY_KINDS = {"onnx": "onnxruntime", "torch": "torch"}
 """``open_backend.backend_kind`` -> the memory model's backend kind."""

@@ -148,13 +148,9 @@ def target_gpu_fits(plan) -> bool:
 
     if not torch.cuda.is_available():
         return False
-    from tandem.runtime.planning.memory_model import (
-        TORCH_CUDA_DEVICE,
-        TORCH_CUDA_HOST,
-        Setup,
-        shape_from_gguf,
-        torch_gpu_items,
-    )
+    from tandem.runtime.planning.costs import TORCH_CUDA_DEVICE, TORCH_CUDA_HOST
+    from tandem.runtime.planning.memory_model import Setup, torch_gpu_items
+    from tandem.runtime.planning.shapes import shape_from_gguf
 
     shape = shape_from_gguf(plan.target.path)
     cfg = plan.target

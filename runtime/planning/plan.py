@@ -11,7 +11,8 @@ from pathlib import Path
 
 from tandem.models.errors import BudgetError, TandemError
 from tandem.runtime.planning.hardware import Machine
-from tandem.runtime.planning.memory_model import Estimate, ModelShape, Setup
+from tandem.runtime.planning.memory_model import Estimate, Setup
+from tandem.runtime.planning.shapes import ModelShape
 
 ACCEPTANCE_PRIOR = 0.7
 """Per-token acceptance assumed for a same-family model drafter before measuring."""

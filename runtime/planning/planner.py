@@ -46,14 +46,7 @@ from tandem.runtime.planning.devices import (
     torch_cuda_ok,
 )
 from tandem.runtime.planning.hardware import Machine, format_size
-from tandem.runtime.planning.memory_model import (
-    Estimate,
-    Item,
-    ModelShape,
-    Setup,
-    estimate,
-    shape_from_gguf,
-)
+from tandem.runtime.planning.memory_model import Estimate, Item, Setup, estimate
 from tandem.runtime.planning.memprobe import process_rss
 from tandem.runtime.planning.plan import (
     ACCEPTANCE_PRIOR,
@@ -64,6 +57,7 @@ from tandem.runtime.planning.plan import (
     PlanRequest,
     check_context,
 )
+from tandem.runtime.planning.shapes import ModelShape, shape_from_gguf
 from tandem.runtime.planning.suggest import leanest_kv, suggest
 from tandem.runtime.speculative.policy import CPU_COST_CURVE
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tandem.runtime.planning.hardware import format_size
-from tandem.runtime.planning.memory_model import ModelShape, Setup, estimate
+from tandem.runtime.planning.memory_model import Setup, estimate
+from tandem.runtime.planning.shapes import ModelShape
 
 QUANT_BPW = {"q8_0": 8.5, "q6_k": 6.56, "q5_k_m": 5.69, "q4_k_m": 4.85, "q4_0": 4.5, "q3_k_m": 3.91}
 """Average bits per weight of common GGUF quantizations (llama.cpp's published sizes)."""

@@ -28,17 +28,9 @@ from tandem.runtime.kv.config import PRESETS, KVCompressConfig, held_bytes
 from tandem.runtime.moe.config import SPEED_NOTE, MoeOffloadSpec, OffloadConfig
 from tandem.runtime.planning.devices import SAFETY
 from tandem.runtime.planning.hardware import format_size, parse_size, resolve_machine
-from tandem.runtime.planning.memory_model import (
-    Estimate,
-    Item,
-    ModelShape,
-    Setup,
-    estimate,
-    shape_from_gguf,
-    shape_from_hf,
-    torch_gpu_items,
-)
+from tandem.runtime.planning.memory_model import Estimate, Item, Setup, estimate, torch_gpu_items
 from tandem.runtime.planning.memprobe import process_rss
+from tandem.runtime.planning.shapes import ModelShape, shape_from_gguf, shape_from_hf
 
 TORCH_BATCH = 512
 """The torch engine's prefill chunk (``TorchConfig.n_batch``)."""

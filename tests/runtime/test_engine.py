@@ -170,7 +170,7 @@ def test_kv_type_on_a_real_model(real_models) -> None:
                                      baseline=100 * 2**20))
 
     from tandem.runtime.planning.devices import SAFETY
-    from tandem.runtime.planning.memory_model import shape_from_gguf
+    from tandem.runtime.planning.shapes import shape_from_gguf
     from tandem.runtime.planning.suggest import lean_need
 
     roomy = plan(None)

@@ -51,11 +51,21 @@ def test_fts_query_quotes_words_and_prefixes_the_last() -> None:
     assert fts_query("...") == ""
 
 
+def edit_outside(path: Path, message_id: int, content: str) -> None:
+    """Replace a message's text from another connection (the app never rewrites a finished
+    message; a user's own tool, or a future edit feature, might): the index must follow."""
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
+    finally:
+        db.close()
+
+
 def test_index_follows_edits_and_deletes(tmp_path: Path) -> None:
     with History(tmp_path / "h.sqlite3") as h:
         chat = h.create_chat("x")
         m = h.add_message(chat.id, "assistant", "first draft")
-        h.set_content(m.id, "second version")
+        edit_outside(tmp_path / "h.sqlite3", m.id, "second version")
         assert h.search("first") == [] and [x.message_id for x in h.search("second")] == [m.id]
         later = h.add_message(chat.id, "user", "second thoughts")
         h.delete_from(chat.id, later.id)
@@ -101,6 +111,6 @@ def test_a_reply_cut_by_esc_or_a_crash_is_searchable(tmp_path: Path) -> None:
     with History(path) as h:  # the next open indexes what the dead writer left
         assert [x.message_id for x in h.search("died")] == [crashed.id]
         h.finish_reply(crashed.id, COMPLETE, None)
-        h.set_content(crashed.id, "edited afterwards")  # an edit of a finished message
+        edit_outside(path, crashed.id, "edited afterwards")  # an edit of a finished message
         assert h.search("died") == [] and [x.message_id for x in h.search("edited")] == [crashed.id]
         assert h.integrity_ok()

@@ -71,8 +71,8 @@ async def test_footer_keys_and_assistant_label_fit_80_columns(stories260k: Path,
     with History(history) as h:  # a long model + drafter label, as with real model names
         (chat,) = h.list_chats()
         msg = h.messages(chat.id)[-1]
-        h.update_stats(msg.id, {"generated_tokens": 3, "model": "qwen2.5-coder-1.5b-instruct-q4_k_m",
-                                "drafter": "qwen2.5-coder-0.5b-instruct-q8_0"})
+        h.finish_reply(msg.id, COMPLETE, {"generated_tokens": 3, "model": "qwen2.5-coder-1.5b-instruct-q4_k_m",
+                                          "drafter": "qwen2.5-coder-0.5b-instruct-q8_0"})
     app = make_app(stories260k, tmp_path, history_path=history)
     async with app.run_test(size=NARROW) as pilot:
         screen = await ready(app, pilot)

@@ -12,15 +12,9 @@ from pathlib import Path
 import pytest
 
 from tandem.models.gguf_file import inspect_gguf
-from tandem.runtime.planning.memory_model import (
-    KV_TYPE_SIZES,
-    Setup,
-    estimate,
-    model_items,
-    shape_from_gguf,
-    shape_from_hf,
-)
+from tandem.runtime.planning.memory_model import Setup, estimate, model_items
 from tandem.runtime.planning.memprobe import ProbeModel, ProbeSpec, measure
+from tandem.runtime.planning.shapes import KV_TYPE_SIZES, shape_from_gguf, shape_from_hf
 
 TOLERANCE = 0.10
 LLAMA_UNDER = 0.03
@@ -232,7 +226,7 @@ def test_cuda_context_in_the_baseline_is_not_counted_twice(stories_twin: Path, s
     import types
 
     from tandem.runtime.planning import devices as plan_devices
-    from tandem.runtime.planning.memory_model import TORCH_CUDA_HOST, TORCH_CUDA_HOST_CONTEXT
+    from tandem.runtime.planning.costs import TORCH_CUDA_HOST, TORCH_CUDA_HOST_CONTEXT
 
     t, d = shape_from_gguf(stories_twin), shape_from_gguf(stories260k)
     fresh = estimate(t, Setup(512), d, Setup(512), k=4, draft_device="cuda")

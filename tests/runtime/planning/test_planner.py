@@ -61,7 +61,7 @@ def test_tight_budget_shrinks_the_drafter_not_the_context(stories_twin: Path, st
 
 def _lean_budget(target: Path, ctx: int, share: float) -> int:
     """A budget holding ``share`` of the leanest rung at ``ctx`` (baseline 40 MiB, as ``_plan``)."""
-    from tandem.runtime.planning.memory_model import shape_from_gguf
+    from tandem.runtime.planning.shapes import shape_from_gguf
     from tandem.runtime.planning.suggest import lean_need, leanest_kv
 
     shape = shape_from_gguf(target)
@@ -359,12 +359,9 @@ def test_torch_gpu_drafter_is_priced_in_vram(stories_twin: Path, stories260k: Pa
     """A torch drafter on CUDA: weights, KV and workspace in VRAM, the CUDA runtime's host
     side on the host; both devices fit, the GPU first; `tandem plan` lists its items on the gpu."""
     from tandem.app.commands.plan import render
-    from tandem.runtime.planning.memory_model import (
-        TORCH_CUDA_HOST,
-        Setup,
-        shape_from_gguf,
-        torch_gpu_items,
-    )
+    from tandem.runtime.planning.costs import TORCH_CUDA_HOST
+    from tandem.runtime.planning.memory_model import Setup, torch_gpu_items
+    from tandem.runtime.planning.shapes import shape_from_gguf
 
     machine = _cuda_machine(monkeypatch, "2GiB", 4 * 1024**3)
     plan = make_plan(PlanRequest(stories_twin, stories260k, 512, machine, acceptance=ALPHA, drop_slow_draft=False,
@@ -377,8 +374,8 @@ def test_torch_gpu_drafter_is_priced_in_vram(stories_twin: Path, stories260k: Pa
     priced = torch_gpu_items(shape, Setup(plan.draft.n_ctx, plan.draft.n_batch))
     assert plan.memory.total("gpu", "draft") > sum(i.bytes for i in priced if i.device == "gpu")  # + CUDA context
     assert 4 * shape.n_params <= plan.memory.total("gpu", "draft") <= plan.vram_budget
+    from tandem.runtime.planning.costs import TORCH_CUDA_HOST_CONTEXT
     from tandem.runtime.planning.devices import cuda_context_held
-    from tandem.runtime.planning.memory_model import TORCH_CUDA_HOST_CONTEXT
 
     host_side = TORCH_CUDA_HOST - (TORCH_CUDA_HOST_CONTEXT if cuda_context_held() else 0)  # a real GPU box may hold one
     assert any(i.device == "host" and i.bytes == host_side for i in plan.memory.items)
@@ -396,7 +393,7 @@ def test_vram_budget_bounds_the_torch_gpu_drafter(stories_twin: Path, stories260
     from dataclasses import replace
 
     from tandem.runtime.planning import memory_model
-    from tandem.runtime.planning.memory_model import shape_from_gguf
+    from tandem.runtime.planning.shapes import shape_from_gguf
 
     small = _cuda_machine(monkeypatch, "2GiB", 256 * MiB)
     plan = make_plan(PlanRequest(stories_twin, stories260k, 512, small, acceptance=ALPHA, drop_slow_draft=False,
