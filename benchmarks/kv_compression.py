@@ -192,7 +192,7 @@ def main() -> None:
         return
     held = ref.tokenize(HELD_OUT, add_bos=True)[: ref.n_ctx - 1]
     full_bytes = ref.cache.nbytes() / max(1, len(ref.tokens))
-    elem = ref.model_config.n_layers * 2 * ref.model_config.kv_width
+    elem = ref.model_config.n_layer * 2 * ref.model_config.kv_width
     print(f"model {args.model.name}: {args.tokens} generated tokens, held-out {len(held)} tokens, window {args.window}")
     print(f"full-cache fp32 bytes/token {4 * elem}, fp16 would be {2 * elem} (allocated now {full_bytes:.0f})")
     cfgs = {k: v for k, v in settings(args.window).items() if v is None or re.search(args.only, k)}
@@ -207,7 +207,7 @@ def main() -> None:
             speeds[name].append(tps)
             if rep:
                 continue
-            stored = sum(b.cache.stored(i) for i in range(b.model_config.n_layers)) if cfg else None
+            stored = sum(b.cache.stored(i) for i in range(b.model_config.n_layer)) if cfg else None
             kv = b.cache.nbytes() if cfg else 4 * elem * len(b.tokens)
             per_tok = kv / len(b.tokens)
             logp = log_softmax(lg.astype(np.float64))

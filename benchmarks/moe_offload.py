@@ -89,7 +89,7 @@ def main() -> None:
     resident = [f.store for f in ffns]
     src = ram_source(b) if source == "ram" else GGUFExpertSource(args.model)
     one = src.load(0, 0)[0].nbytes
-    n_total = src.n_layers * src.n_experts
+    n_total = src.n_layer * src.n_experts
     budget = int(round(args.fraction * n_total)) * one
     cfgs = settings(budget, args.low_bits)
     low = LowBitExperts(src, args.low_bits, b.device)
@@ -104,7 +104,7 @@ def main() -> None:
         print(f"dense source {args.dense.name}: held-out PPL {ppl(TorchBackend(args.dense, TorchConfig(device=args.device)), held):.3f}")
     gpu = f" ({torch.cuda.get_device_name(b.device)}, torch {torch.__version__})" if cuda else ""
     print(f"model {args.model.name} ({args.model.stat().st_size / 1e9:.2f} GB) on {args.device}{gpu}: "
-          f"{src.n_layers} layers x {src.n_experts} experts, top-{b.model_config.n_experts_used}, "
+          f"{src.n_layer} layers x {src.n_experts} experts, top-{b.model_config.n_experts_used}, "
           f"expert {one / 1e6:.2f} MB, all experts {n_total * one / 1e9:.2f} GB, budget {budget / 1e6:.1f} MB "
           f"({budget // one} of {n_total} experts), source {source}")
     speeds: dict[str, list[float]] = {k: [] for k in cfgs}

@@ -28,25 +28,18 @@ import numpy as np
 from tandem.models.errors import ModelFormatError, ModelNotFound, UnsupportedModel
 from tandem.models.hf_tokenizer import add_vocab, read_hf_tokenizer
 from tandem.models.quantize import QUANTIZED, check_type, quantize_gguf
+from tandem.models.shape import DecoderShape, dims_from_hf
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
 
 
-@dataclass(frozen=True)
-class LlamaHParams:
-    """The hyperparameters llama.cpp needs, read from config.json."""
+@dataclass(frozen=True, kw_only=True)
+class LlamaHParams(DecoderShape):
+    """The hyperparameters llama.cpp needs: the dimensions (:class:`DecoderShape`) plus
+    the norm epsilon and RoPE settings."""
 
-    vocab_size: int
-    hidden: int
-    ffn: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
     rms_eps: float
     rope_theta: float
-    context: int
-    tied: bool
     rope_linear_factor: float | None = None
 
 
@@ -119,20 +112,13 @@ def read_hparams(config: dict[str, Any]) -> LlamaHParams:
             raise UnsupportedModel(f"rope_scaling type {kind!r} is not supported (only linear).")
         factor = float(scaling["factor"])
     try:
-        heads = int(config["num_attention_heads"])
-        hidden = int(config["hidden_size"])
+        dims = dims_from_hf(config)
+        if "intermediate_size" not in config:  # a llama.cpp Llama has a dense FFN of this width
+            raise KeyError("intermediate_size")
         return LlamaHParams(
-            vocab_size=int(config["vocab_size"]),
-            hidden=hidden,
-            ffn=int(config["intermediate_size"]),
-            layers=int(config["num_hidden_layers"]),
-            heads=heads,
-            kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
+            **dims.dims(),
             rms_eps=float(config.get("rms_norm_eps", 1e-6)),
             rope_theta=float(config.get("rope_theta", 10000.0)),
-            context=int(config.get("max_position_embeddings", 2048)),
-            tied=bool(config.get("tie_word_embeddings", False)),
             rope_linear_factor=factor,
         )
     except (KeyError, TypeError, ValueError) as exc:
@@ -185,12 +171,12 @@ def _tensor_plan(hp: LlamaHParams, st: _SafetensorsIndex, f16: bool) -> list[Pla
 
     embed = "model.embed_tokens.weight" if "model.embed_tokens.weight" in st.where else "lm_head.weight"
     plan = [planned("token_embd.weight", embed)]
-    for i in range(hp.layers):
+    for i in range(hp.n_layer):
         p = f"model.layers.{i}."
         plan += [
             planned(f"blk.{i}.attn_norm.weight", p + "input_layernorm.weight"),
-            planned(f"blk.{i}.attn_q.weight", p + "self_attn.q_proj.weight", lambda w: permute_qk(w, hp.heads)),
-            planned(f"blk.{i}.attn_k.weight", p + "self_attn.k_proj.weight", lambda w: permute_qk(w, hp.kv_heads)),
+            planned(f"blk.{i}.attn_q.weight", p + "self_attn.q_proj.weight", lambda w: permute_qk(w, hp.n_head)),
+            planned(f"blk.{i}.attn_k.weight", p + "self_attn.k_proj.weight", lambda w: permute_qk(w, hp.n_head_kv)),
             planned(f"blk.{i}.attn_v.weight", p + "self_attn.v_proj.weight"),
             planned(f"blk.{i}.attn_output.weight", p + "self_attn.o_proj.weight"),
             planned(f"blk.{i}.ffn_norm.weight", p + "post_attention_layernorm.weight"),
@@ -205,14 +191,14 @@ def _tensor_plan(hp: LlamaHParams, st: _SafetensorsIndex, f16: bool) -> list[Pla
 
 
 def add_llama_hparams(writer: gguf.GGUFWriter, hp: LlamaHParams) -> None:
-    writer.add_context_length(hp.context)
-    writer.add_embedding_length(hp.hidden)
-    writer.add_block_count(hp.layers)
-    writer.add_feed_forward_length(hp.ffn)
-    writer.add_head_count(hp.heads)
-    writer.add_head_count_kv(hp.kv_heads)
+    writer.add_context_length(hp.n_ctx_train)
+    writer.add_embedding_length(hp.n_embd)
+    writer.add_block_count(hp.n_layer)
+    writer.add_feed_forward_length(hp.n_ff)
+    writer.add_head_count(hp.n_head)
+    writer.add_head_count_kv(hp.n_head_kv)
     writer.add_rope_dimension_count(hp.head_dim)
-    if hp.head_dim * hp.heads != hp.hidden:
+    if hp.head_dim * hp.n_head != hp.n_embd:
         writer.add_key_length(hp.head_dim)
         writer.add_value_length(hp.head_dim)
     writer.add_layer_norm_rms_eps(hp.rms_eps)
@@ -220,7 +206,7 @@ def add_llama_hparams(writer: gguf.GGUFWriter, hp: LlamaHParams) -> None:
     if hp.rope_linear_factor:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(hp.rope_linear_factor)
-    writer.add_vocab_size(hp.vocab_size)
+    writer.add_vocab_size(hp.n_vocab)
 
 
 def _write_float(src: Path, out: Path, f16: bool, progress: Callable[[int, int], None] | None = None) -> None:
@@ -228,9 +214,9 @@ def _write_float(src: Path, out: Path, f16: bool, progress: Callable[[int, int],
     hp = read_hparams(config)
     st = _SafetensorsIndex(src)
     vocab = read_hf_tokenizer(src, config)
-    if len(vocab.tokens) != hp.vocab_size:
+    if len(vocab.tokens) != hp.n_vocab:
         raise ModelFormatError(
-            f"tokenizer has {len(vocab.tokens)} tokens but config.json says vocab_size={hp.vocab_size}."
+            f"tokenizer has {len(vocab.tokens)} tokens but config.json says vocab_size={hp.n_vocab}."
         )
     plan = _tensor_plan(hp, st, f16)
     writer = gguf.GGUFWriter(out, "llama")

@@ -44,6 +44,7 @@ from tandem.models.convert import PlannedTensor, write_streaming
 from tandem.models.errors import TandemError, UnsupportedModel
 from tandem.models.gguf_file import check_runnable, inspect_gguf
 from tandem.models.quantize import QUANTIZED, check_type, quantize_gguf
+from tandem.models.shape import DecoderShape, dims_from_gguf
 
 WIDTH_QUANTUM = 256
 CHANNELS_PER_LAYER = 64
@@ -55,30 +56,10 @@ _REPLACED_KEYS = ("embedding_length", "feed_forward_length", "block_count", "att
 
 
 @dataclass(frozen=True)
-class LlamaShape:
-    vocab: int
-    hidden: int
-    ffn: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    tied: bool
-
-    @property
-    def n_params(self) -> int:
-        q = self.heads * self.head_dim
-        kv = self.kv_heads * self.head_dim
-        layer = 2 * self.hidden * q + 2 * self.hidden * kv + 3 * self.hidden * self.ffn + 2 * self.hidden
-        embed = self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
-        return self.layers * layer + embed
-
-
-@dataclass(frozen=True)
 class TwinReport:
     path: Path
-    source: LlamaShape
-    shape: LlamaShape
+    source: DecoderShape
+    shape: DecoderShape
     seconds: float
     file_bytes: int
 
@@ -105,22 +86,22 @@ def _round_up(x: float, q: int) -> int:
     return int(math.ceil(x / q)) * q
 
 
-def plan_twin(src: LlamaShape, target: int) -> LlamaShape:
+def plan_twin(src: DecoderShape, target: int) -> DecoderShape:
     """The widened shape for ``target`` parameters (rule in the module docstring)."""
-    ratio = src.heads // src.kv_heads
+    ratio = src.n_head // src.n_head_kv
     quantum = math.lcm(WIDTH_QUANTUM, src.head_dim * ratio)
-    ffn_ratio = src.ffn / src.hidden
+    ffn_ratio = src.n_ff / src.n_embd
     per_d2 = 2 + 2 / ratio + 3 * ffn_ratio  # layer params / D^2
     ideal = (CHANNELS_PER_LAYER * target / per_d2) ** (1 / 3)
-    hidden = max(_round_up(src.hidden, quantum), quantum * max(1, round(ideal / quantum)))
+    hidden = max(_round_up(src.n_embd, quantum), quantum * max(1, round(ideal / quantum)))
     heads = hidden // src.head_dim
-    wide = replace(src, hidden=hidden, ffn=max(src.ffn, _round_up(ffn_ratio * hidden, WIDTH_QUANTUM)),
-                   heads=heads, kv_heads=heads // ratio, layers=1)
-    per_layer = wide.n_params - replace(wide, layers=0).n_params
-    layers = max(src.layers, round((target - replace(wide, layers=0).n_params) / per_layer))
-    shape = replace(wide, layers=layers)
-    if target < src.n_params:
-        raise TandemError(f"A twin must be larger than its source ({params_label(src.n_params)} parameters).")
+    wide = replace(src, n_embd=hidden, n_ff=max(src.n_ff, _round_up(ffn_ratio * hidden, WIDTH_QUANTUM)),
+                   n_head=heads, n_head_kv=heads // ratio, n_layer=1)
+    per_layer = wide.layer_params
+    layers = max(src.n_layer, round((target - replace(wide, n_layer=0).count_params()) / per_layer))
+    shape = replace(wide, n_layer=layers)
+    if target < src.count_params():
+        raise TandemError(f"A twin must be larger than its source ({params_label(src.count_params())} parameters).")
     return shape
 
 
@@ -129,24 +110,19 @@ def _field(reader: gguf.GGUFReader, key: str) -> Any:
     return f.contents() if f is not None else None
 
 
-def read_shape(reader: gguf.GGUFReader) -> LlamaShape:
+def read_shape(reader: gguf.GGUFReader) -> DecoderShape:
     arch = _field(reader, "general.architecture")
     if arch != "llama":
         raise UnsupportedModel(f"Cost twins are made from Llama GGUFs; this one is {arch!r}.")
     names = {t.name for t in reader.tensors}
+    n_vocab = next(int(t.shape[1]) for t in reader.tensors if t.name == "token_embd.weight")
+    shape = dims_from_gguf(lambda key, default: _field(reader, f"llama.{key}") or default, n_vocab,
+                           tied="output.weight" not in names)
     known = {"token_embd.weight", "output_norm.weight", "output.weight"}
-    hp = {k: _field(reader, f"llama.{k}") for k in ("embedding_length", "feed_forward_length", "block_count",
-                                                      "attention.head_count", "attention.head_count_kv")}
-    layers = int(hp["block_count"])
-    known |= {f"blk.{i}.{n}.weight" for i in range(layers) for n in _LAYER_TENSORS}
+    known |= {f"blk.{i}.{n}.weight" for i in range(shape.n_layer) for n in _LAYER_TENSORS}
     if names - known:
         raise UnsupportedModel(f"Cannot widen tensors {sorted(names - known)[:4]} (plain Llama only).")
-    heads = int(hp["attention.head_count"])
-    hidden = int(hp["embedding_length"])
-    head_dim = int(_field(reader, "llama.attention.key_length") or hidden // heads)
-    vocab = next(int(t.shape[1]) for t in reader.tensors if t.name == "token_embd.weight")
-    return LlamaShape(vocab, hidden, int(hp["feed_forward_length"]), layers, heads,
-                      int(hp["attention.head_count_kv"] or heads), head_dim, "output.weight" not in names)
+    return shape
 
 
 def _as_f32(t: Any) -> np.ndarray:
@@ -161,22 +137,22 @@ def _pad(w: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return out
 
 
-def _target_shape(name: str, s: LlamaShape) -> tuple[int, ...]:
+def _target_shape(name: str, s: DecoderShape) -> tuple[int, ...]:
     """numpy (rows, cols) of a llama.cpp tensor for shape ``s``."""
     kind = name.split(".")[-2]
-    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    q, kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
     return {
-        "token_embd": (s.vocab, s.hidden), "output": (s.vocab, s.hidden),
-        "output_norm": (s.hidden,), "attn_norm": (s.hidden,), "ffn_norm": (s.hidden,),
-        "attn_q": (q, s.hidden), "attn_k": (kv, s.hidden), "attn_v": (kv, s.hidden),
-        "attn_output": (s.hidden, q), "ffn_gate": (s.ffn, s.hidden), "ffn_up": (s.ffn, s.hidden),
-        "ffn_down": (s.hidden, s.ffn),
+        "token_embd": (s.n_vocab, s.n_embd), "output": (s.n_vocab, s.n_embd),
+        "output_norm": (s.n_embd,), "attn_norm": (s.n_embd,), "ffn_norm": (s.n_embd,),
+        "attn_q": (q, s.n_embd), "attn_k": (kv, s.n_embd), "attn_v": (kv, s.n_embd),
+        "attn_output": (s.n_embd, q), "ffn_gate": (s.n_ff, s.n_embd), "ffn_up": (s.n_ff, s.n_embd),
+        "ffn_down": (s.n_embd, s.n_ff),
     }[kind]
 
 
-def _plan_tensors(reader: gguf.GGUFReader, src: LlamaShape, dst: LlamaShape, f16: bool) -> list[PlannedTensor]:
+def _plan_tensors(reader: gguf.GGUFReader, src: DecoderShape, dst: DecoderShape, f16: bool) -> list[PlannedTensor]:
     by_name = {t.name: t for t in reader.tensors}
-    norm_scale = math.sqrt(src.hidden / dst.hidden)
+    norm_scale = math.sqrt(src.n_embd / dst.n_embd)
 
     def dtype(shape: tuple[int, ...]) -> type[np.floating[Any]]:
         return np.float16 if f16 and len(shape) > 1 else np.float32
@@ -196,8 +172,8 @@ def _plan_tensors(reader: gguf.GGUFReader, src: LlamaShape, dst: LlamaShape, f16
         return PlannedTensor(name, shape, dtype(shape), lambda: np.full(shape, fill, dtype=np.float32))
 
     plan = [widened(n) for n in ("token_embd.weight", "output_norm.weight", "output.weight") if n in by_name]
-    for i in range(dst.layers):
-        make = widened if i < src.layers else identity
+    for i in range(dst.n_layer):
+        make = widened if i < src.n_layer else identity
         plan += [make(f"blk.{i}.{n}.weight") for n in _LAYER_TENSORS]
     return plan
 
@@ -212,21 +188,21 @@ def _copy_metadata(reader: gguf.GGUFReader, writer: gguf.GGUFWriter) -> None:
         writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
 
 
-def _write_float_twin(src_path: Path, out: Path, target: int, f16: bool) -> tuple[LlamaShape, LlamaShape]:
+def _write_float_twin(src_path: Path, out: Path, target: int, f16: bool) -> tuple[DecoderShape, DecoderShape]:
     reader = gguf.GGUFReader(src_path)
     src = read_shape(reader)
     dst = plan_twin(src, target)
     eps = float(_field(reader, "llama.attention.layer_norm_rms_epsilon") or 1e-5)
     writer = gguf.GGUFWriter(out, "llama")
     _copy_metadata(reader, writer)
-    writer.add_name(f"{_field(reader, 'general.name') or src_path.stem} twin {params_label(dst.n_params)}")
+    writer.add_name(f"{_field(reader, 'general.name') or src_path.stem} twin {params_label(dst.count_params())}")
     writer.add_file_type(1 if f16 else 0)
-    writer.add_embedding_length(dst.hidden)
-    writer.add_feed_forward_length(dst.ffn)
-    writer.add_block_count(dst.layers)
-    writer.add_head_count(dst.heads)
-    writer.add_head_count_kv(dst.kv_heads)
-    writer.add_layer_norm_rms_eps(eps * src.hidden / dst.hidden)
+    writer.add_embedding_length(dst.n_embd)
+    writer.add_feed_forward_length(dst.n_ff)
+    writer.add_block_count(dst.n_layer)
+    writer.add_head_count(dst.n_head)
+    writer.add_head_count_kv(dst.n_head_kv)
+    writer.add_layer_norm_rms_eps(eps * src.n_embd / dst.n_embd)
     write_streaming(writer, _plan_tensors(reader, src, dst, f16))
     return src, dst
 

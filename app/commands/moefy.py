@@ -41,16 +41,16 @@ class MoefyReport:
 
 
 @contextlib.contextmanager
-def _record_ffn_inputs(n_layers: int) -> Iterator[list[list[torch.Tensor]]]:
+def _record_ffn_inputs(n_layer: int) -> Iterator[list[list[torch.Tensor]]]:
     """Capture each dense layer's FFN input (post-norm hidden state) during forward passes."""
     import tandem.runtime.backends.torch_engine.llama as llama
 
-    seen: list[list[torch.Tensor]] = [[] for _ in range(n_layers)]
+    seen: list[list[torch.Tensor]] = [[] for _ in range(n_layer)]
     original = llama.swiglu
     calls = [0]
 
     def spy(x, gate, up, down):
-        seen[calls[0] % n_layers].append(x.detach().float().cpu())
+        seen[calls[0] % n_layer].append(x.detach().float().cpu())
         calls[0] += 1
         return original(x, gate, up, down)
 
@@ -70,9 +70,9 @@ def calibration_inputs(src: Path, text: str | None, n_tokens: int, seed: int = 0
     threads = torch.get_num_threads()
     # One-token steps of a small model: one thread avoids oversubscription on busy machines.
     b = TorchBackend(src, TorchConfig(device="cpu", n_threads=1))
-    n_layers = b.model_config.n_layers
+    n_layer = b.model_config.n_layer
     rng = np.random.default_rng(seed)
-    with _record_ffn_inputs(n_layers) as seen:
+    with _record_ffn_inputs(n_layer) as seen:
         if text:
             ids = b.tokenize(text, add_bos=True)[: b.n_ctx]
             for start in range(0, len(ids), b.n_ctx):

@@ -96,8 +96,8 @@ def run(args: argparse.Namespace) -> int:
         report = build_twin(args.src, out, args.params, args.type)
         s = report.shape
         print(f"wrote {report.path} ({report.file_bytes / 2**20:.1f} MiB) in {report.seconds:.1f} s: "
-              f"{params_label(s.n_params)} parameters ({s.n_params:,}), hidden {s.hidden}, ffn {s.ffn}, "
-              f"{s.layers} layers, {s.heads} heads / {s.kv_heads} KV heads of {s.head_dim}")
+              f"{params_label(s.count_params())} parameters ({s.count_params():,}), n_embd {s.n_embd}, "
+              f"n_ff {s.n_ff}, {s.n_layer} layers, {s.n_head} heads / {s.n_head_kv} KV heads of {s.head_dim}")
     if args.verify:
         verify(Path(args.src), out, args.verify, args.threads, args.repeats)
     return 0

@@ -116,9 +116,9 @@ def export_graph(model: LlamaModel, path: Path, n_ctx: int, opset: int = 17, *, 
     if cfg.is_moe:
         raise UnsupportedModel("ONNX export of mixture-of-experts models is not supported (routing is data-dependent).")
     wrapper = DecoderWithPast(model, n_ctx).eval()
-    inputs, outputs = io_names(cfg.n_layers)
+    inputs, outputs = io_names(cfg.n_layer)
     past_len, new_len = 3, 2  # non-trivial sizes so the tracer keeps both axes symbolic
-    past = [torch.zeros(1, cfg.n_kv_heads, past_len, cfg.head_dim) for _ in range(2 * cfg.n_layers)]
+    past = [torch.zeros(1, cfg.n_head_kv, past_len, cfg.head_dim) for _ in range(2 * cfg.n_layer)]
     args = (torch.zeros(1, new_len, dtype=torch.long), torch.tensor([new_len - 1]), *past)
     axes = {"input_ids": {1: "new"}, "logits_index": {0: "rows"}, "logits": {1: "rows"}}
     for name in inputs[2:]:
@@ -184,7 +184,7 @@ def export_onnx(
     src, out = Path(model_path), Path(out_dir)
     cfg, weights = load_weights(src, torch.float32, "cpu")
     model = LlamaModel(cfg, weights).eval()
-    n_ctx = n_ctx or cfg.context_length
+    n_ctx = n_ctx or cfg.n_ctx_train
     out.mkdir(parents=True, exist_ok=True)
     export_graph(model, out / FP32_FILE, n_ctx, dedupe=dedupe)
     written = [out / FP32_FILE]
@@ -199,6 +199,6 @@ def export_onnx(
     else:
         write_vocab_gguf(src, out / "vocab.gguf")
         tokenizer = "vocab.gguf"
-    meta = OnnxMeta(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.vocab_size, n_ctx, tokenizer, str(src))
+    meta = OnnxMeta(cfg.n_layer, cfg.n_head_kv, cfg.head_dim, cfg.n_vocab, n_ctx, tokenizer, str(src))
     (out / META_FILE).write_text(json.dumps(asdict(meta), indent=2) + "\n", encoding="utf-8")
     return written

@@ -69,37 +69,37 @@ class CompressedKVCache(CodecMixin, KVCache):
         device: torch.device | str = "cpu",
         rope_freqs: torch.Tensor | None = None,
     ) -> None:
-        self.n_layers, self.n_kv_heads, self.head_dim = model_cfg.n_layers, model_cfg.n_kv_heads, model_cfg.head_dim
+        self.n_layer, self.n_head_kv, self.head_dim = model_cfg.n_layer, model_cfg.n_head_kv, model_cfg.head_dim
         self.mcfg, self.cfg = model_cfg, cfg
         self.dtype, self.device = dtype, torch.device(device)
         self.hold = HOLD_DTYPES[cfg.hold] or dtype
         self.rope = RopeTable(model_cfg.rotary_dim, model_cfg.rope_theta, rope_freqs, dtype)
         self.wants_attention = cfg.policy == "cake"
-        self.width = width = self.n_kv_heads * self.head_dim
+        self.width = width = self.n_head_kv * self.head_dim
         if cfg.bits is not None and (width % cfg.group or (cfg.group * cfg.bits) % 8):
             raise ValueError(f"group {cfg.group} must divide the KV row width {width}")
         self._block = cfg.rot_block or pow2_block(width)
-        self._rot: list[torch.Tensor | None] = [None] * self.n_layers
-        self._key_rot: list[torch.Tensor | None] = [None] * self.n_layers
+        self._rot: list[torch.Tensor | None] = [None] * self.n_layer
+        self._key_rot: list[torch.Tensor | None] = [None] * self.n_layer
         if cfg.rotate:
             m = rotation_matrix(width, self._block).to(self.device)
-            self._rot = [m] * self.n_layers
-            self._key_rot = [m] * self.n_layers
+            self._rot = [m] * self.n_layer
+            self._key_rot = [m] * self.n_layer
         self.reset()
 
     def set_key_order(self, perms: list[torch.Tensor]) -> None:
         """RotateKV channel reordering: per layer, the key permutation applied before the rotation."""
-        if len(perms) != self.n_layers:
+        if len(perms) != self.n_layer:
             raise ValueError("one permutation per layer")
         self._key_rot = [rotation_matrix(self.width, self._block, p).to(self.device) for p in perms]
 
     # -- bookkeeping -------------------------------------------------------------------
     def reset(self) -> None:
         empty = torch.zeros(0, dtype=torch.long, device=self.device)
-        self._sink = [Seg(empty, empty) for _ in range(self.n_layers)]
-        self._body = [Seg(empty, empty) for _ in range(self.n_layers)]
+        self._sink = [Seg(empty, empty) for _ in range(self.n_layer)]
+        self._body = [Seg(empty, empty) for _ in range(self.n_layer)]
         self._len = self._pass_start = 0
-        self._pending = [False] * self.n_layers
+        self._pending = [False] * self.n_layer
         self._budgets: list[int] | None = None
         self.evicted = 0
 
@@ -132,7 +132,7 @@ class CompressedKVCache(CodecMixin, KVCache):
                 self._keep_body(layer, torch.arange(len(body) - self.cfg.window, len(body), device=self.device))
         elif self.cfg.policy == "cake" and (body.obs is not None or body.m1 is not None):
             if layer == 0 or self._budgets is None:
-                self._budgets = self._cake_budgets(self.n_layers)
+                self._budgets = self._cake_budgets(self.n_layer)
             self._cake_evict(layer, self._budgets[layer])
 
     def _fold(self, layer: int) -> None:
@@ -153,16 +153,16 @@ class CompressedKVCache(CodecMixin, KVCache):
             keep = select_keep(scores, max(budget, 0), window=self.cfg.window)
             self._keep_body(layer, keep.to(self.device))
 
-    def _cake_budgets(self, n_layers: int) -> list[int]:
-        """CAKE budgets for layers ``0 .. n_layers-1`` sharing the whole total (cascade: a prefix)."""
+    def _cake_budgets(self, n_layer: int) -> list[int]:
+        """CAKE budgets for layers ``0 .. n_layer-1`` sharing the whole total (cascade: a prefix)."""
         prefs, lengths = [], []
-        for layer in range(n_layers):
+        for layer in range(n_layer):
             self._fold(layer)
             body = self._body[layer]
             prefs.append(1.0 if body.m1 is None or body.seen < 2 else preference_from_moments(body.m1, body.m2))
             lengths.append(self.stored(layer))
         floor = min(self.cfg.sinks + self.cfg.window, self.cfg.budget)
-        return allocate_budgets(prefs, self.cfg.budget * self.n_layers, lengths, floor=floor)
+        return allocate_budgets(prefs, self.cfg.budget * self.n_layer, lengths, floor=floor)
 
     # -- the engine's interface --------------------------------------------------------
     def update(
@@ -233,7 +233,7 @@ class CompressedKVCache(CodecMixin, KVCache):
         seg = self._body[layer]
         h, t, n = probs.shape
         # Held raw until the next pass folds them (a rollback may cut into this pass).
-        rows = probs.detach().float().view(self.n_kv_heads, h // self.n_kv_heads, t, n).mean(dim=1).half()
+        rows = probs.detach().float().view(self.n_head_kv, h // self.n_head_kv, t, n).mean(dim=1).half()
         old = seg.obs
         if old is not None and old.shape[-1] < n:
             old = torch.nn.functional.pad(old, (0, n - old.shape[-1]))
@@ -247,7 +247,7 @@ class CompressedKVCache(CodecMixin, KVCache):
     def commit(self, n_new: int) -> None:
         self._pass_start = self._len
         self._len += n_new
-        self._pending = [True] * self.n_layers
+        self._pending = [True] * self.n_layer
 
     def _select(self, pred) -> None:
         """Keep, in every layer, the entries whose logical index satisfies ``pred`` (a tensor op).
@@ -256,7 +256,7 @@ class CompressedKVCache(CodecMixin, KVCache):
         and every column (stored entries) are filtered by the same predicate, so accepting
         a tree branch leaves the statistics a plain evaluation of the branch would have.
         """
-        for layer in range(self.n_layers):
+        for layer in range(self.n_layer):
             sink, body = self._sink[layer], self._body[layer]
             masks = [pred(seg.logical) for seg in (sink, body)]
             cols = torch.cat(masks)
@@ -290,7 +290,7 @@ class CompressedKVCache(CodecMixin, KVCache):
             out[tail] = start + torch.searchsorted(idx, logical[tail])
             return out
 
-        for layer in range(self.n_layers):
+        for layer in range(self.n_layer):
             for seg in (self._sink[layer], self._body[layer]):
                 seg.logical = renumber(seg.logical)
             self._body[layer].obs_rows = renumber(self._body[layer].obs_rows)

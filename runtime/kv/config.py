@@ -132,14 +132,14 @@ def quantized_row_bytes(width: int, bits: int, group: int) -> int:
     return -(-width // group) * (group * bits // 8 + 4)
 
 
-def held_bytes(cfg: KVCompressConfig, *, n_layers: int, n_kv_heads: int, head_dim: int, n_tokens: int,
+def held_bytes(cfg: KVCompressConfig, *, n_layer: int, n_head_kv: int, head_dim: int, n_tokens: int,
                pass_tokens: int, engine_bytes: int = 4) -> int:
     """Most bytes a :class:`~tandem.runtime.kv.compress.CompressedKVCache` holds (what its
     ``nbytes()`` reports) with ``n_tokens`` in the sequence, when passes are at most
     ``pass_tokens`` long: eviction and key grouping are lazy (the next pass does them), so
     up to one pass's entries more than the kept tokens are held; CAKE's cascade evicts
     inside passes longer than its observation window."""
-    w = n_kv_heads * head_dim
+    w = n_head_kv * head_dim
     hold = 2 if cfg.hold == "float16" else engine_bytes
     sinks = min(cfg.sinks, n_tokens)
     extra = min(pass_tokens, cfg.window) if cfg.policy == "cake" and cfg.cascade else pass_tokens
@@ -159,5 +159,5 @@ def held_bytes(cfg: KVCompressConfig, *, n_layers: int, n_kv_heads: int, head_di
             total += grouped * w * key_bits // 8 + math.ceil(grouped / cfg.key_group) * (4 * w + 4) + full * w * hold
     if cfg.policy == "cake":  # running moments (fp16) per entry, and one pass's attention rows
         entries = sinks + body
-        total += entries * (n_kv_heads + 1) * 2 + n_kv_heads * extra * entries * 2
-    return n_layers * total
+        total += entries * (n_head_kv + 1) * 2 + n_head_kv * extra * entries * 2
+    return n_layer * total

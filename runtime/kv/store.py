@@ -121,8 +121,8 @@ class CodecMixin:
 
     cfg: Any
     width: int
-    n_layers: int
-    n_kv_heads: int
+    n_layer: int
+    n_head_kv: int
     head_dim: int
     hold: torch.dtype
     dtype: torch.dtype
@@ -143,7 +143,7 @@ class CodecMixin:
         elem = torch.empty(0, dtype=self.hold).element_size()
         w, cfg = self.width, self.cfg
         total = 0
-        for layer in range(self.n_layers):
+        for layer in range(self.n_layer):
             sink, body = self._sink[layer], self._body[layer]
             for stat in (body.m1, body.m2, body.obs):  # CAKE's statistics are memory too
                 total += 0 if stat is None else stat.numel() * stat.element_size()
@@ -167,7 +167,7 @@ class CodecMixin:
     def _decode(self, q, rot: torch.Tensor | None) -> torch.Tensor:
         rows = dequantize(q)
         rows = rows if rot is None else rows @ rot.T
-        return rows.reshape(-1, self.n_kv_heads, self.head_dim).to(self.dtype)
+        return rows.reshape(-1, self.n_head_kv, self.head_dim).to(self.dtype)
 
     def _body_keys(self, layer: int) -> torch.Tensor:
         """The body's dequantized keys as stored (pre- or post-RoPE), (n, H, D) in the engine dtype."""
@@ -177,7 +177,7 @@ class CodecMixin:
         parts = []
         if body.n_q:
             rows = dequantize_channels(body.kc, self.key_bits, body.kstep[body.kg], body.klo[body.kg], self.dtype)
-            parts.append(rows.reshape(-1, self.n_kv_heads, self.head_dim))
+            parts.append(rows.reshape(-1, self.n_head_kv, self.head_dim))
         if body.rk is not None and body.rk.shape[0]:
             parts.append(body.rk.to(self.dtype))
         return torch.cat(parts) if len(parts) > 1 else parts[0]
@@ -236,7 +236,7 @@ def calibrate_key_scales(backend, tokens: list[int]) -> list[torch.Tensor]:
     n = len(tokens)
     table = RopeTable(cfg.rotary_dim, cfg.rope_theta, getattr(backend.model, "rope_freqs", None), torch.float64)
     scales = []
-    for layer in range(cfg.n_layers):
+    for layer in range(cfg.n_layer):
         k = cache._k[layer][:, :n].transpose(0, 1).double()  # (n, H, D), post-RoPE
         pre = table.apply(k, cache.positions()[:n], inverse=True)
         scales.append(pre.reshape(n, -1).abs().amax(dim=0).float())

@@ -81,8 +81,8 @@ class _Entry:
 class ExpertCache:
     """Resident experts, their byte accounting and the eviction policy (thread-safe)."""
 
-    def __init__(self, cfg: OffloadConfig, n_layers: int) -> None:
-        self.cfg, self.n_layers = cfg, n_layers
+    def __init__(self, cfg: OffloadConfig, n_layer: int) -> None:
+        self.cfg, self.n_layer = cfg, n_layer
         self.entries: dict[Key, _Entry] = {}
         self.used = 0
         self.clock = 0
@@ -97,8 +97,8 @@ class ExpertCache:
         if self.cfg.eviction == "lru":
             return recency
         freq = entry.count / max(1, self.clock)
-        distance = (key[0] - current_layer) % self.n_layers  # layers until it runs again
-        closeness = 1.0 - distance / self.n_layers
+        distance = (key[0] - current_layer) % self.n_layer  # layers until it runs again
+        closeness = 1.0 - distance / self.n_layer
         return self.cfg.w_recency * recency + self.cfg.w_frequency * freq + self.cfg.w_layer * closeness
 
     def get(self, key: Key) -> _Entry | None:
@@ -169,7 +169,7 @@ class OffloadManager:
         self.routers, self.n_used = routers, n_used
         self.device, self.dtype = device, dtype
         self.cuda = device.type == "cuda"
-        self.cache = ExpertCache(cfg, source.n_layers)
+        self.cache = ExpertCache(cfg, source.n_layer)
         if cfg.mixed_precision:
             self.low = low if low is not None else LowBitExperts(source, cfg.low_bits, device)
         else:

@@ -52,7 +52,7 @@ class ExpertWeights:
 
 
 class ExpertSource(Protocol):
-    n_layers: int
+    n_layer: int
     n_experts: int
 
     def load(self, layer: int, expert: int) -> tuple[ExpertWeights, int]:
@@ -69,7 +69,7 @@ class GGUFExpertSource:
         self.n_experts = int(info.arch_value("expert_count", 0) or 0)
         if not self.n_experts:
             raise UnsupportedModel(f"{self.path} is not a mixture-of-experts model (no expert_count).")
-        self.n_layers = int(info.arch_value("block_count", 0))
+        self.n_layer = int(info.arch_value("block_count", 0))
         self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
         self._tensors = {}
         for t in info.tensors:
@@ -77,7 +77,7 @@ class GGUFExpertSource:
                 if t.name.endswith(f".ffn_{p}_exps.weight"):
                     layer = int(t.name.split(".")[1])
                     self._tensors[(layer, p)] = (info.data_offset + t.offset, t.nbytes, t.shape, t.ggml_type)
-        missing = [(i, p) for i in range(self.n_layers) for p in PROJ if (i, p) not in self._tensors]
+        missing = [(i, p) for i in range(self.n_layer) for p in PROJ if (i, p) not in self._tensors]
         if missing:
             raise UnsupportedModel(f"{self.path}: expert tensor ffn_{missing[0][1]}_exps of layer {missing[0][0]} is missing.")
 
@@ -105,7 +105,7 @@ class RamExpertSource:
 
     def __init__(self, stacks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
         self.stacks = [tuple(t.detach().cpu() for t in s) for s in stacks]
-        self.n_layers = len(stacks)
+        self.n_layer = len(stacks)
         self.n_experts = int(stacks[0][0].shape[0])
         self.pin = torch.cuda.is_available()
         if self.pin:  # page-locked host memory makes host-to-device copies asynchronous
@@ -155,7 +155,7 @@ class LowBitExperts:
         self._dim: dict[int, int] = {}
         work, host = torch.device(work_device), torch.device("cpu")
         pin = torch.cuda.is_available()
-        for layer in range(source.n_layers):
+        for layer in range(source.n_layer):
             for e in range(source.n_experts):
                 w, _ = source.load(layer, e)
                 self._ff[layer], self._dim[layer] = w.gate.shape[0], w.gate.shape[1]

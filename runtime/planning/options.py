@@ -68,8 +68,8 @@ def torch_options(path: Path, n_ctx: int, chosen_kv: str | None = None) -> list[
     out.append(TechniqueOption("torch", "--engine torch --kv-compress none", f"KV cache, {n_ctx} tokens, float32",
                                full, "no quality cost", chosen_kv == "none"))
     for name, preset in PRESETS.items():
-        held = held_bytes(preset.config, n_layers=shape.n_layer, n_kv_heads=shape.n_head_kv,
-                          head_dim=shape.head_dim_k, n_tokens=n_ctx, pass_tokens=min(TORCH_BATCH, n_ctx))
+        held = held_bytes(preset.config, n_layer=shape.n_layer, n_head_kv=shape.n_head_kv,
+                          head_dim=shape.head_dim, n_tokens=n_ctx, pass_tokens=min(TORCH_BATCH, n_ctx))
         out.append(TechniqueOption("torch", f"--engine torch --kv-compress {name}",
                                    f"KV cache, {n_ctx} tokens, {preset.summary}", held,
                                    preset.measured.describe(), name == chosen_kv))

@@ -76,7 +76,7 @@ def onnx_shape(path: str | Path) -> ModelShape:
                   and f.suffix not in (".json", ".gguf"))
     hkv, hd, layers = int(meta["n_kv_heads"]), int(meta["head_dim"]), int(meta["n_layers"])
     return ModelShape(name=folder.name, n_layer=layers, n_embd=hkv * hd, n_head=hkv, n_head_kv=hkv,
-                      head_dim_k=hd, head_dim_v=hd, n_ff=0, n_vocab=int(meta["vocab_size"]),
+                      head_dim=hd, head_dim_v=hd, n_ff=0, n_vocab=int(meta["vocab_size"]),
                       n_ctx_train=int(meta["context_length"]), layer_bytes=(weights // max(layers, 1),) * layers,
                       input_bytes=0, output_bytes=0)
 

@@ -131,7 +131,7 @@ def kv_candidates(t_shape: ModelShape, req: PlanRequest) -> list[str]:
             raise TandemError(f"Unknown KV cache type {req.kv_type!r}; choose one of {', '.join(KV_TYPES)}.")
         if not t_shape.kv_type_ok(req.kv_type):
             raise TandemError(f"--kv-type {req.kv_type} stores blocks of 32 values but {t_shape.name}'s attention "
-                              f"heads have {t_shape.head_dim_k}; use f16 for this model.")
+                              f"heads have {t_shape.head_dim}; use f16 for this model.")
         return [req.kv_type]
     return [kv for kv in KV_TYPES if kv == "f16" or (req.allow_kv_quant and t_shape.kv_type_ok(kv))]
 

@@ -1,6 +1,6 @@
-"""Model shapes for the memory model: what it needs to know about a model, read from a
-GGUF header or a Hugging Face config without loading any weights (split out of
-:mod:`tandem.runtime.planning.memory_model`, which re-exports these names)."""
+"""Model shapes for the memory model: what it needs to know about a model (its
+:class:`~tandem.models.shape.DecoderShape` dimensions and weight bytes), read from a
+GGUF header or a Hugging Face config without loading any weights."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.models.errors import TandemError
+from tandem.models.shape import DecoderShape, dims_from_gguf, dims_from_hf
 
 KV_TYPE_SIZES = {"f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q8_0": (32, 34), "q5_1": (32, 24),
                  "q5_0": (32, 22), "q4_1": (32, 20), "q4_0": (32, 18)}
@@ -24,20 +25,14 @@ def padded_ctx(n_ctx: int, kind: str = "llama.cpp") -> int:
     return math.ceil(n_ctx / KV_PAD) * KV_PAD if kind == "llama.cpp" else n_ctx
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """What the memory model needs to know about one model."""
+@dataclass(frozen=True, kw_only=True)
+class ModelShape(DecoderShape):
+    """What the memory model needs to know about one model: its dimensions
+    (:class:`DecoderShape`) and the bytes of its weights."""
 
     name: str
-    n_layer: int
-    n_embd: int
-    n_head: int
-    n_head_kv: int
-    head_dim_k: int
     head_dim_v: int
-    n_ff: int
-    n_vocab: int
-    n_ctx_train: int
+    """Value width of one head (GGUF ``attention.value_length``; ``head_dim`` is the key's)."""
     layer_bytes: tuple[int, ...]
     """Weight bytes of each block, in order."""
     input_bytes: int
@@ -64,12 +59,12 @@ class ModelShape:
             block, size = KV_TYPE_SIZES[type_name]
             return width // block * size
 
-        width_k, width_v = self.head_dim_k * self.n_head_kv, self.head_dim_v * self.n_head_kv
+        width_k, width_v = self.head_dim * self.n_head_kv, self.head_dim_v * self.n_head_kv
         return self.n_layer * (row(type_k, width_k) + row(type_v, width_v))
 
     def kv_type_ok(self, type_name: str) -> bool:
         block = KV_TYPE_SIZES[type_name][0]
-        return self.head_dim_k % block == 0 and self.head_dim_v % block == 0
+        return self.head_dim % block == 0 and self.head_dim_v % block == 0
 
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
@@ -101,10 +96,10 @@ def shape_from_gguf(path_or_info, as_type: str | None = None) -> ModelShape:
     check_runnable(info)  # an unknown architecture or metadata that would make llama.cpp's size probe abort
     if as_type is not None and as_type not in QUANT_COPY_TYPES:
         raise TandemError(f"Cannot price a {as_type} copy; choose one of {', '.join(QUANT_COPY_TYPES)}.")
-    n_layer = int(info.arch_value("block_count", 0) or 0)
-    n_head = int(info.arch_value("attention.head_count", 1) or 1)
-    n_embd = int(info.arch_value("embedding_length", 0) or 0)
-    k_dim = int(info.arch_value("attention.key_length", n_embd // max(n_head, 1)))
+    tokens = info.metadata.get("tokenizer.ggml.tokens")
+    n_vocab = getattr(tokens, "length", None) or (len(tokens) if isinstance(tokens, list) else 0)
+    dims = dims_from_gguf(info.arch_value, n_vocab, tied=all(t.name != "output.weight" for t in info.tensors))
+    n_layer = dims.n_layer
     layers = [0] * n_layer
     inp = out = 0
     types: dict[int, int] = {}
@@ -118,17 +113,12 @@ def shape_from_gguf(path_or_info, as_type: str | None = None) -> ModelShape:
             inp += nbytes
         else:
             out += nbytes
-    tokens = info.metadata.get("tokenizer.ggml.tokens")
-    n_vocab = getattr(tokens, "length", None) or (len(tokens) if isinstance(tokens, list) else 0)
     import gguf
 
     wtype = gguf.GGMLQuantizationType(max(types, key=types.get)).name.lower() if types else "f32"
     return ModelShape(
-        name=info.path.stem if as_type is None else f"{info.path.stem} ({as_type.upper()} copy)", n_layer=n_layer, n_embd=n_embd, n_head=n_head,
-        n_head_kv=int(info.arch_value("attention.head_count_kv", n_head) or n_head),
-        head_dim_k=k_dim, head_dim_v=int(info.arch_value("attention.value_length", k_dim)),
-        n_ff=int(info.arch_value("feed_forward_length", 0) or 0), n_vocab=int(n_vocab),
-        n_ctx_train=int(info.arch_value("context_length", 2048) or 2048),
+        **dims.dims(), name=info.path.stem if as_type is None else f"{info.path.stem} ({as_type.upper()} copy)",
+        head_dim_v=int(info.arch_value("attention.value_length", dims.head_dim)),
         layer_bytes=tuple(layers), input_bytes=inp, output_bytes=out, weight_type=as_type or wtype,
         n_params=info.n_params, path=str(info.path),
         file_bytes=info.file_size - info.weights_bytes + inp + out + sum(layers),
@@ -143,16 +133,15 @@ def shape_from_hf(folder: str | Path, dtype_bytes: int = 4) -> ModelShape:
         cfg = json.loads(cfg_path.read_text())
     except (OSError, ValueError) as exc:
         raise TandemError(f"Cannot read {cfg_path}: {exc}") from None
-    e, layers, ff, v = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
-    h = cfg["num_attention_heads"]
-    hkv = cfg.get("num_key_value_heads", h)
-    hd = cfg.get("head_dim", e // h)
-    per_layer = e * h * hd + 2 * e * hkv * hd + h * hd * e + 3 * e * ff + 2 * e
-    tied = cfg.get("tie_word_embeddings", False)
+    try:
+        dims = dims_from_hf(cfg)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TandemError(f"{cfg_path} lacks a valid Llama dimension: {exc}") from None
+    e, v, tied = dims.n_embd, dims.n_vocab, dims.tied
+    per_layer = dims.layer_params
     return ModelShape(
-        name=Path(folder).name, n_layer=layers, n_embd=e, n_head=h, n_head_kv=hkv, head_dim_k=hd,
-        head_dim_v=hd, n_ff=ff, n_vocab=v, n_ctx_train=cfg.get("max_position_embeddings", 2048),
-        layer_bytes=(per_layer * dtype_bytes,) * layers, input_bytes=v * e * dtype_bytes,
+        **dims.dims(), name=Path(folder).name, head_dim_v=dims.head_dim,
+        layer_bytes=(per_layer * dtype_bytes,) * dims.n_layer, input_bytes=v * e * dtype_bytes,
         output_bytes=(e + (0 if tied else v * e)) * dtype_bytes, weight_type=f"{8 * dtype_bytes}-bit float",
-        n_params=layers * per_layer + v * e * (1 if tied else 2) + e,
+        n_params=dims.count_params(),
     )

@@ -122,7 +122,7 @@ def kv_label(cfg: KVCompressConfig) -> str:
 def _compressed(items: list[Item], shape: ModelShape, cfg: KVCompressConfig, n_ctx: int) -> list[Item]:
     """The target's KV rows (and glibc's retained heap, which scales with them) priced as ``cfg`` holds them."""
     full = sum(i.bytes for i in items if i.role == "target" and "KV cache" in i.label)
-    held = held_bytes(cfg, n_layers=shape.n_layer, n_kv_heads=shape.n_head_kv, head_dim=shape.head_dim_k,
+    held = held_bytes(cfg, n_layer=shape.n_layer, n_head_kv=shape.n_head_kv, head_dim=shape.head_dim,
                       n_tokens=n_ctx, pass_tokens=min(TORCH_BATCH, n_ctx))
     ratio = held / max(full, 1)
     out = []

@@ -89,7 +89,7 @@ def test_routing_is_input_dependent(stories_moe: Path) -> None:
     from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
 
     tb = TorchBackend(stories_moe, TorchConfig(device="cpu", n_threads=1))
-    chosen: list[set[tuple[int, ...]]] = [set() for _ in range(tb.model_config.n_layers)]
+    chosen: list[set[tuple[int, ...]]] = [set() for _ in range(tb.model_config.n_layer)]
     for block in tb.model.blocks:
         original = block.ffn.route
 

@@ -10,11 +10,13 @@ from tandem.app.cli import main
 from tandem.app.commands.twin import PROMPTS, agreement, greedy
 from tandem.models.errors import ModelFormatError, TandemError
 from tandem.models.gguf_file import inspect_gguf
-from tandem.models.twin import LlamaShape, build_twin, ensure_twin, parse_params, plan_twin
+from tandem.models.shape import DecoderShape
+from tandem.models.twin import build_twin, ensure_twin, parse_params, plan_twin
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 
 CFG = LlamaConfig(n_ctx=256, n_threads=1)
-SHAPE_656K = LlamaShape(vocab=2048, hidden=128, ffn=384, layers=2, heads=8, kv_heads=4, head_dim=16, tied=True)
+SHAPE_656K = DecoderShape(n_vocab=2048, n_embd=128, n_ff=384, n_layer=2, n_head=8, n_head_kv=4, head_dim=16,
+                          tied=True)
 
 
 def _greedy_all(path, prompts_text, n=64):
@@ -42,7 +44,7 @@ def test_untied_source_twin_is_exact(stories260k, tmp_path):
     """stories260K stores its own output matrix and has head dim 8: the rule still holds."""
     report = build_twin(stories260k, tmp_path / "t.gguf", "3M", "f32")
     assert not report.shape.tied and report.shape.head_dim == 8
-    assert report.shape.heads // report.shape.kv_heads == 2
+    assert report.shape.n_head // report.shape.n_head_kv == 2
     assert _greedy_all(report.path, PROMPTS[:2]) == _greedy_all(stories260k, PROMPTS[:2])
 
 
@@ -59,16 +61,16 @@ def test_q8_twin_agreement(tinystories656k_gguf, tmp_path):
 def test_plan_hits_target_and_keeps_structure(target):
     n = parse_params(target)
     shape = plan_twin(SHAPE_656K, n)
-    assert abs(shape.n_params - n) / n < 0.15
-    assert shape.hidden % 256 == 0 and shape.ffn % 256 == 0
-    assert shape.heads * shape.head_dim == shape.hidden and shape.head_dim == 16
-    assert shape.heads // shape.kv_heads == 2 and shape.heads % shape.kv_heads == 0
-    assert shape.layers >= 2 and shape.vocab == 2048
+    assert abs(shape.count_params() - n) / n < 0.15
+    assert shape.n_embd % 256 == 0 and shape.n_ff % 256 == 0
+    assert shape.n_head * shape.head_dim == shape.n_embd and shape.head_dim == 16
+    assert shape.n_head // shape.n_head_kv == 2 and shape.n_head % shape.n_head_kv == 0
+    assert shape.n_layer >= 2 and shape.n_vocab == 2048
 
 
 def test_planned_params_equal_file_params(small_twin):
     info = inspect_gguf(small_twin)
-    assert info.n_params == plan_twin(SHAPE_656K, parse_params("4M")).n_params
+    assert info.n_params == plan_twin(SHAPE_656K, parse_params("4M")).count_params()
 
 
 def test_parse_params():

@@ -100,7 +100,7 @@ def test_torch_engine_kv_compression_end_to_end(stories260k: Path, preset: str) 
         assert any("KV compression" in n for n in engine.notes)  # the measured quality cost is said
         speculative = greedy(engine, 48)
         cfg = engine.target.model_config
-        priced = held_bytes(spec.kv_compress, n_layers=cfg.n_layers, n_kv_heads=cfg.n_kv_heads,
+        priced = held_bytes(spec.kv_compress, n_layer=cfg.n_layer, n_head_kv=cfg.n_head_kv,
                             head_dim=cfg.head_dim, n_tokens=len(engine.target.tokens), pass_tokens=256)
         assert 0 < cache.nbytes() <= priced
         assert engine.describe()["kv_compress"] == preset

@@ -68,7 +68,7 @@ def default_device() -> str:
 
 
 def full_cache(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> KVCache:
-    return KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, dtype=dtype, device=device)
+    return KVCache(cfg.n_layer, cfg.n_head_kv, cfg.head_dim, dtype=dtype, device=device)
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ class TorchBackend(TokenizerDelegate):
         self.model_config, weights = load_weights(self.path, self.dtype, self.device, skip)
         self.model = LlamaModel(self.model_config, weights).eval()
         del weights
-        self._n_ctx = cfg.n_ctx or min(self.model_config.context_length, 4096)
+        self._n_ctx = cfg.n_ctx or min(self.model_config.n_ctx_train, 4096)
         self.cache = (cfg.cache_factory or full_cache)(self.model_config, self.dtype, self.device)
         self._tokens: list[int] = []
         self._tree: tuple[int, list[int]] | None = None
@@ -147,7 +147,7 @@ class TorchBackend(TokenizerDelegate):
     # -- protocol -------------------------------------------------------------------
     @property
     def n_vocab(self) -> int:
-        return self.model_config.vocab_size
+        return self.model_config.n_vocab
 
     @property
     def n_ctx(self) -> int:
@@ -155,7 +155,7 @@ class TorchBackend(TokenizerDelegate):
 
     @property
     def n_embd(self) -> int:
-        return self.model_config.dim
+        return self.model_config.n_embd
 
     @property
     def tokens(self) -> list[int]:

@@ -6,9 +6,9 @@ them and nothing in the model changes:
 
 ``update(layer, k, v, positions) -> (k_all, v_all, key_positions)``
     Called once per layer per forward pass with the *new* keys and values of shape
-    ``(n_kv_heads, T, head_dim)``. Keys arrive **already rotated** (RoPE applied at their
+    ``(n_head_kv, T, head_dim)``. Keys arrive **already rotated** (RoPE applied at their
     absolute ``positions``, shape ``(T,)``). Returns everything the new queries attend
-    over, shape ``(n_kv_heads, S, head_dim)``, with the ``T`` new entries **last and in
+    over, shape ``(n_head_kv, S, head_dim)``, with the ``T`` new entries **last and in
     order**, plus the absolute position of each of the ``S`` keys. The engine lets every
     new query see all ``S - T`` older entries and applies its own causal (or tree) mask
     to the last ``T``; a cache that drops entries simply returns fewer older ones.
@@ -33,7 +33,7 @@ them and nothing in the model changes:
 ``wants_attention`` / ``observe_attention(layer, probs)``
     A cache that needs attention statistics (e.g. CAKE budgets, H2O scores) sets
     ``wants_attention = True``; the engine then computes attention explicitly and passes
-    the probabilities ``(n_heads, T, S)`` after each layer.
+    the probabilities ``(n_head, T, S)`` after each layer.
 
 ``__len__`` is the logical number of tokens seen (the next position), which may exceed
 what is physically stored once a cache evicts.
@@ -51,28 +51,28 @@ class KVCache:
 
     def __init__(
         self,
-        n_layers: int,
-        n_kv_heads: int,
+        n_layer: int,
+        n_head_kv: int,
         head_dim: int,
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         capacity: int = 256,
     ) -> None:
-        self.n_layers = n_layers
-        self.n_kv_heads = n_kv_heads
+        self.n_layer = n_layer
+        self.n_head_kv = n_head_kv
         self.head_dim = head_dim
         self.dtype = dtype
         self.device = torch.device(device)
         self._capacity = max(1, capacity)
-        self._k = [self._alloc(self._capacity) for _ in range(n_layers)]
-        self._v = [self._alloc(self._capacity) for _ in range(n_layers)]
+        self._k = [self._alloc(self._capacity) for _ in range(n_layer)]
+        self._v = [self._alloc(self._capacity) for _ in range(n_layer)]
         self._pos = torch.zeros(self._capacity, dtype=torch.long, device=self.device)
         self._len = 0
         self._pass_start = 0
 
     def _alloc(self, capacity: int) -> torch.Tensor:
-        return torch.zeros(self.n_kv_heads, capacity, self.head_dim, dtype=self.dtype, device=self.device)
+        return torch.zeros(self.n_head_kv, capacity, self.head_dim, dtype=self.dtype, device=self.device)
 
     def _grow(self, needed: int) -> None:
         """Double the storage until ``needed`` entries fit (amortised O(1) appends)."""
@@ -144,8 +144,8 @@ class KVCache:
 
     def nbytes(self) -> int:
         """Bytes allocated for keys and values (what ``memory()`` reports)."""
-        per = self.n_kv_heads * self._capacity * self.head_dim * self._k[0].element_size()
-        return 2 * self.n_layers * per
+        per = self.n_head_kv * self._capacity * self.head_dim * self._k[0].element_size()
+        return 2 * self.n_layer * per
 
     def reset(self) -> None:
         self._len = self._pass_start = 0

@@ -12,28 +12,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tandem.models.shape import DecoderShape
 
-@dataclass(frozen=True)
-class ModelConfig:
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig(DecoderShape):
+    """A decoder's dimensions (:class:`DecoderShape`, GGUF names) plus what the torch
+    engine computes with: architecture, norm, RoPE and MoE routing."""
+
     arch: str
-    vocab_size: int
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    ffn_dim: int
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     rope_dim: int = 0
     """Leading dims of each head that RoPE rotates (0 means all of ``head_dim``)."""
-    context_length: int = 2048
     n_experts: int = 0
     n_experts_used: int = 0
-    expert_ffn_dim: int = 0
+    n_ff_exp: int = 0
+    """Width of one expert's feed-forward (GGUF ``expert_feed_forward_length``)."""
     expert_weights_norm: bool = True
     """Renormalise the chosen experts' softmax weights to sum to 1 (Mixtral yes, Qwen2-MoE no)."""
-    shared_expert_ffn_dim: int = 0
+    n_ff_shexp: int = 0
+    """Width of the shared expert (GGUF ``expert_shared_feed_forward_length``)."""
 
     @property
     def is_moe(self) -> bool:
@@ -42,7 +41,3 @@ class ModelConfig:
     @property
     def rotary_dim(self) -> int:
         return self.rope_dim or self.head_dim
-
-    @property
-    def kv_width(self) -> int:
-        return self.n_kv_heads * self.head_dim

@@ -110,9 +110,9 @@ class Block(nn.Module):
     ) -> torch.Tensor:
         cfg, t = self.cfg, x.shape[0]
         h = rms_norm(x, self.attn_norm, cfg.norm_eps)
-        q = linear(h, self.wq, self.bq).view(t, cfg.n_heads, cfg.head_dim).transpose(0, 1)
-        k = linear(h, self.wk, self.bk).view(t, cfg.n_kv_heads, cfg.head_dim).transpose(0, 1)
-        v = linear(h, self.wv, self.bv).view(t, cfg.n_kv_heads, cfg.head_dim).transpose(0, 1)
+        q = linear(h, self.wq, self.bq).view(t, cfg.n_head, cfg.head_dim).transpose(0, 1)
+        k = linear(h, self.wk, self.bk).view(t, cfg.n_head_kv, cfg.head_dim).transpose(0, 1)
+        v = linear(h, self.wv, self.bv).view(t, cfg.n_head_kv, cfg.head_dim).transpose(0, 1)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k_all, v_all, key_pos = cache.update(self.layer, k, v, positions)
         if new_mask is None:  # causal: a key is visible iff it is not in the future
@@ -123,7 +123,7 @@ class Block(nn.Module):
         out, probs = attend(q, k_all, v_all, mask, cache.wants_attention)
         if probs is not None:
             cache.observe_attention(self.layer, probs)
-        x = x + linear(out.transpose(0, 1).reshape(t, cfg.n_heads * cfg.head_dim), self.wo)
+        x = x + linear(out.transpose(0, 1).reshape(t, cfg.n_head * cfg.head_dim), self.wo)
         h = rms_norm(x, self.ffn_norm, cfg.norm_eps)
         if self.ffn is not None:
             return x + self.ffn(h)
@@ -142,7 +142,7 @@ class LlamaModel(nn.Module):
         self.output_norm = nn.Parameter(weights["output_norm.weight"], requires_grad=False)
         freqs = weights.get("rope_freqs.weight")
         self.register_buffer("rope_freqs", freqs, persistent=False)
-        self.blocks = nn.ModuleList(Block(cfg, i, weights) for i in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, i, weights) for i in range(cfg.n_layer))
 
     @property
     def dtype(self) -> torch.dtype:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from tandem.models.errors import ModelFormatError, ModelNotFound, UnsupportedModel
+from tandem.models.shape import dims_from_gguf, dims_from_hf
 from tandem.runtime.backends.torch_engine.config import ModelConfig
 
 INTERLEAVED_ROPE_ARCHS = {"llama"}
@@ -30,17 +31,17 @@ NEOX_ROPE_ARCHS = {"qwen2", "qwen2moe"}
 SUPPORTED_GGUF_ARCHS = INTERLEAVED_ROPE_ARCHS | NEOX_ROPE_ARCHS
 
 
-def unpermute_rope(w: np.ndarray, n_heads: int, rotary_dim: int) -> np.ndarray:
+def unpermute_rope(w: np.ndarray, n_head: int, rotary_dim: int) -> np.ndarray:
     """Interleaved (2i, 2i+1) RoPE rows -> half-split (i, i + r/2) rows, per head.
 
     Inverse of ``convert_hf_to_gguf.LlamaModel.permute``; rows past ``rotary_dim`` in a
     head are not rotated and stay where they are. Works for weights and biases.
     """
     rows = w.shape[0]
-    head_dim = rows // n_heads
-    heads = w.reshape(n_heads, head_dim, *w.shape[1:]).copy()
-    rot = heads[:, :rotary_dim].reshape(n_heads, rotary_dim // 2, 2, *w.shape[1:])
-    heads[:, :rotary_dim] = rot.swapaxes(1, 2).reshape(n_heads, rotary_dim, *w.shape[1:])
+    head_dim = rows // n_head
+    heads = w.reshape(n_head, head_dim, *w.shape[1:]).copy()
+    rot = heads[:, :rotary_dim].reshape(n_head, rotary_dim // 2, 2, *w.shape[1:])
+    heads[:, :rotary_dim] = rot.swapaxes(1, 2).reshape(n_head, rotary_dim, *w.shape[1:])
     return heads.reshape(w.shape)
 
 
@@ -71,29 +72,18 @@ def gguf_config(reader, shapes: dict[str, tuple[int, ...]]) -> ModelConfig:
     def meta(name: str, default=None):
         return _gguf_field(reader, f"{arch}.{name}", default)
 
-    dim = int(meta("embedding_length"))
-    n_heads = int(meta("attention.head_count"))
-    head_dim = int(meta("attention.key_length", dim // n_heads))
-    n_experts = int(meta("expert_count", 0) or 0)
-    ffn = int(meta("feed_forward_length", 0) or 0)
+    dims = dims_from_gguf(meta, shapes["token_embd.weight"][0], "output.weight" not in shapes)
     return ModelConfig(
+        **dims.dims(),
         arch=arch,
-        vocab_size=shapes["token_embd.weight"][0],
-        dim=dim,
-        n_layers=int(meta("block_count")),
-        n_heads=n_heads,
-        n_kv_heads=int(meta("attention.head_count_kv", n_heads)),
-        head_dim=head_dim,
-        ffn_dim=ffn,
         norm_eps=float(meta("attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(meta("rope.freq_base", 10000.0)),
-        rope_dim=int(meta("rope.dimension_count", head_dim)),
-        context_length=int(meta("context_length", 2048)),
-        n_experts=n_experts,
+        rope_dim=int(meta("rope.dimension_count", dims.head_dim)),
+        n_experts=int(meta("expert_count", 0) or 0),
         n_experts_used=int(meta("expert_used_count", 0) or 0),
-        expert_ffn_dim=int(meta("expert_feed_forward_length", ffn) or ffn),
+        n_ff_exp=int(meta("expert_feed_forward_length", dims.n_ff) or dims.n_ff),
         expert_weights_norm=arch != "qwen2moe",
-        shared_expert_ffn_dim=int(meta("expert_shared_feed_forward_length", 0) or 0),
+        n_ff_shexp=int(meta("expert_shared_feed_forward_length", 0) or 0),
     )
 
 
@@ -129,7 +119,7 @@ def load_gguf(
             ) from None
         data = np.asarray(data, dtype=np.float32).reshape(shapes[t.name])
         if cfg.arch in INTERLEAVED_ROPE_ARCHS and (".attn_q." in t.name or ".attn_k." in t.name):
-            heads = cfg.n_heads if ".attn_q." in t.name else cfg.n_kv_heads
+            heads = cfg.n_head if ".attn_q." in t.name else cfg.n_head_kv
             data = unpermute_rope(data, heads, cfg.rotary_dim)
         weights[t.name] = _to_torch(data, dtype, device)
     return cfg, weights
@@ -178,27 +168,18 @@ def hf_config(raw: dict) -> ModelConfig:
         raise UnsupportedModel(f"The torch engine runs Llama-family checkpoints; config.json says {model_type!r}.")
     if raw.get("rope_scaling"):
         raise UnsupportedModel(f"RoPE scaling {raw['rope_scaling']!r} is not supported by the torch engine yet.")
-    dim, n_heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
-    head_dim = int(raw.get("head_dim") or dim // n_heads)
-    n_experts = int(raw.get("num_local_experts") or raw.get("num_experts") or 0)
+    dims = dims_from_hf(raw)
     return ModelConfig(
+        **dims.dims(),
         arch=HF_MODEL_TYPES[model_type],
-        vocab_size=int(raw["vocab_size"]),
-        dim=dim,
-        n_layers=int(raw["num_hidden_layers"]),
-        n_heads=n_heads,
-        n_kv_heads=int(raw.get("num_key_value_heads") or n_heads),
-        head_dim=head_dim,
-        ffn_dim=int(raw.get("intermediate_size", 0)),
         norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         rope_theta=float(raw.get("rope_theta", 10000.0)),
-        rope_dim=int(head_dim * float(raw.get("partial_rotary_factor", 1.0))),
-        context_length=int(raw.get("max_position_embeddings", 2048)),
-        n_experts=n_experts,
+        rope_dim=int(dims.head_dim * float(raw.get("partial_rotary_factor", 1.0))),
+        n_experts=int(raw.get("num_local_experts") or raw.get("num_experts") or 0),
         n_experts_used=int(raw.get("num_experts_per_tok", 0) or 0),
-        expert_ffn_dim=int(raw.get("moe_intermediate_size") or raw.get("intermediate_size", 0)),
+        n_ff_exp=int(raw.get("moe_intermediate_size") or raw.get("intermediate_size", 0)),
         expert_weights_norm=bool(raw.get("norm_topk_prob", model_type != "qwen2_moe")),
-        shared_expert_ffn_dim=int(raw.get("shared_expert_intermediate_size", 0) or 0),
+        n_ff_shexp=int(raw.get("shared_expert_intermediate_size", 0) or 0),
     )
 
 

@@ -44,8 +44,8 @@ def test_gguf_weights_on_cuda(stories260k: Path) -> None:
     for device in ("cpu", "cuda"):
         cfg, weights = load_gguf(stories260k, torch.float32, device)
         model = LlamaModel(cfg, weights).eval()
-        cache = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, device=device, capacity=4)
-        ids = torch.arange(1, 301, device=device) % cfg.vocab_size  # grows the cache past its capacity
+        cache = KVCache(cfg.n_layer, cfg.n_head_kv, cfg.head_dim, device=device, capacity=4)
+        ids = torch.arange(1, 301, device=device) % cfg.n_vocab  # grows the cache past its capacity
         with torch.inference_mode():
             logits = model(model.embed(ids), torch.arange(300, device=device), cache)
         cache.commit(300)

@@ -201,14 +201,14 @@ def test_custom_cache_plugs_in(stories260k) -> None:
             self.seen.append((layer, tuple(probs.shape)))
 
     def factory(cfg, dtype, device):
-        return Watching(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, dtype=dtype, device=device)
+        return Watching(cfg.n_layer, cfg.n_head_kv, cfg.head_dim, dtype=dtype, device=device)
 
     plain = TorchBackend(stories260k, TorchConfig(device="cpu"))
     watched = TorchBackend(stories260k, TorchConfig(device="cpu", cache_factory=factory))
     ids = plain.tokenize("Mom said", add_bos=True)
     np.testing.assert_allclose(plain.evaluate(ids), watched.evaluate(ids), atol=1e-5)
     assert watched.cache.seen[0] == (0, (8, len(ids), len(ids)))
-    assert len(watched.cache.seen) == watched.model_config.n_layers
+    assert len(watched.cache.seen) == watched.model_config.n_layer
 
 
 def test_memory_report_and_errors(stories_torch, tmp_path, vocab_gguf) -> None:

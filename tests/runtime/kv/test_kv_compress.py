@@ -58,7 +58,7 @@ def test_sinks_kept_length_bounded_positions_contiguous(stories260k: Path) -> No
         b.evaluate([t])
         full.evaluate([7, t])
     assert len(b.tokens) == len(full.tokens) > 3 * (sinks + window)
-    for layer in range(cache.n_layers):
+    for layer in range(cache.n_layer):
         assert cache.logical(layer)[:sinks].tolist() == list(range(sinks))
         assert cache.stored(layer) <= sinks + window + 1  # + the last pass's token
     for t, pos, _ in seen[1:]:
@@ -86,7 +86,7 @@ def test_quantized_sinks_are_bit_exact_and_body_close(stories260k: Path, bits: i
 
     b.cache.update = spy  # type: ignore[method-assign]
     b.evaluate(ids)
-    for layer in range(b.cache.n_layers):
+    for layer in range(b.cache.n_layer):
         k_all, v_all, _ = got[layer]
         n = len(ids)
         if layer:  # deeper layers see hidden states already perturbed by quantized attention
@@ -100,7 +100,7 @@ def test_quantized_sinks_are_bit_exact_and_body_close(stories260k: Path, bits: i
         # i.e. roughly 7% of the norm at 4 bits and 35% at 2 bits for Gaussian-like rows.
         assert rel_k < {2: 0.5, 4: 0.12}[key_bits or bits]
         assert rel_v < {2: 0.5, 4: 0.12}[bits]
-    full_bytes = 2 * len(ids) * b.cache.n_layers * b.model_config.kv_width * 4
+    full_bytes = 2 * len(ids) * b.cache.n_layer * b.model_config.kv_width * 4
     assert b.cache.nbytes() < full_bytes / 2.5  # 4 of 21 tokens are full-precision sinks
 
 
@@ -135,7 +135,7 @@ def test_rollback_is_exact(stories260k: Path, cfg: KVCompressConfig) -> None:
         x = [20 + step]
         la, lb = a.evaluate(x), b.evaluate(x)
         assert np.array_equal(la, lb)
-    for layer in range(a.cache.n_layers):
+    for layer in range(a.cache.n_layer):
         assert torch.equal(a.cache.positions(layer), b.cache.positions(layer))
 
 
@@ -154,7 +154,7 @@ def test_partial_acceptance_equals_accepted_tokens_alone(stories260k: Path, cfg:
         a.truncate(len(b.tokens) + 2)
         b.evaluate(x)
         np.testing.assert_allclose(a.evaluate([40 + step]), b.evaluate([40 + step]), rtol=0, atol=1e-8)
-        for layer in range(a.cache.n_layers):
+        for layer in range(a.cache.n_layer):
             assert torch.equal(a.cache.logical(layer), b.cache.logical(layer))
         assert a.cache.nbytes() == b.cache.nbytes()
 
@@ -199,16 +199,16 @@ def test_cake_cascade_keeps_total_under_budget_during_prefill(stories260k: Path)
 
     def spy(layer, probs):
         original(layer, probs)
-        totals.append(sum(cache.stored(i) for i in range(cache.n_layers)))
+        totals.append(sum(cache.stored(i) for i in range(cache.n_layer)))
 
     cache.observe_attention = spy  # type: ignore[method-assign]
     ids = b.tokenize(PROMPT * 6, add_bos=True)
     assert len(ids) > 4 * cfg.budget
     b.evaluate(ids)  # one long pass
-    assert len(totals) == cache.n_layers
-    assert max(totals) <= cfg.budget * cache.n_layers
-    assert totals[0] == cfg.budget * cache.n_layers  # layer 0 alone may use the whole total
-    for layer in range(cache.n_layers):
+    assert len(totals) == cache.n_layer
+    assert max(totals) <= cfg.budget * cache.n_layer
+    assert totals[0] == cfg.budget * cache.n_layer  # layer 0 alone may use the whole total
+    for layer in range(cache.n_layer):
         assert cache.logical(layer)[:4].tolist() == [0, 1, 2, 3]
         assert set(range(len(ids) - cfg.window, len(ids))) <= set(cache.logical(layer).tolist())
 
@@ -220,7 +220,7 @@ def test_cake_cascade_with_room_for_everything_is_identity(stories260k: Path) ->
     ids = ref.tokenize(ids_text, add_bos=True)
     np.testing.assert_allclose(b.evaluate(ids, logits_for=list(range(len(ids)))),
                                ref.evaluate(ids, logits_for=list(range(len(ids)))), atol=1e-4)
-    assert b.cache.evicted == 0 and all(b.cache.stored(i) == len(ids) for i in range(b.cache.n_layers))
+    assert b.cache.evicted == 0 and all(b.cache.stored(i) == len(ids) for i in range(b.cache.n_layer))
 
 
 def test_kivi_groups_form_lazily_and_bytes_count_everything(stories260k: Path) -> None:
@@ -235,7 +235,7 @@ def test_kivi_groups_form_lazily_and_bytes_count_everything(stories260k: Path) -
     n_body = len(ids) - 4
     groups = (n_body - 3) // 8
     assert body.n_q == 8 * groups and body.rk.shape[0] == n_body + 1 - 8 * groups
-    w, layers = cache.width, cache.n_layers
+    w, layers = cache.width, cache.n_layer
     expect = layers * (2 * 4 * w * 4 + (n_body + 1) * (w // 2 + 4) + body.n_q * w // 2
                        + groups * (4 * w + 4) + body.rk.shape[0] * w * 4)
     assert cache.nbytes() == expect
@@ -247,7 +247,7 @@ def test_key_reordering_from_calibration(stories260k: Path) -> None:
 
     b = _backend(stories260k, None)
     scales = calibrate_key_scales(b, b.tokenize("One day, a cat sat on a mat. It was warm.", add_bos=True))
-    assert len(scales) == b.model_config.n_layers and len(b.tokens) == 0
+    assert len(scales) == b.model_config.n_layer and len(b.tokens) == 0
     assert all(s.shape == (b.model_config.kv_width,) and (s > 0).all() for s in scales)
     cfg = KVCompressConfig(policy="none", bits=8, group=8, rot_block=8)
     cache = use_compressed_cache(b, cfg)
@@ -272,10 +272,10 @@ def test_cake_budgets_and_window(stories260k: Path) -> None:
     for _ in range(12):
         b.evaluate([int(b.evaluate([5])[-1].argmax())])
         b.evaluate([9])  # next pass evicts
-        stored = [b.cache.stored(i) for i in range(b.cache.n_layers)]
-        assert sum(stored) - b.cache.n_layers <= cfg.budget * b.cache.n_layers
+        stored = [b.cache.stored(i) for i in range(b.cache.n_layer)]
+        assert sum(stored) - b.cache.n_layer <= cfg.budget * b.cache.n_layer
         n = len(b.tokens)
-        for layer in range(b.cache.n_layers):
+        for layer in range(b.cache.n_layer):
             logical = b.cache.logical(layer).tolist()
             assert set(range(n - cfg.window, n)) <= set(logical)  # the window is kept
             assert logical[:4] == [0, 1, 2, 3]
@@ -290,13 +290,13 @@ def test_cake_statistics_are_small_and_counted(stories260k: Path) -> None:
     for t in range(10):
         b.evaluate([5 + t])
     stats = 0
-    for layer in range(cache.n_layers):
+    for layer in range(cache.n_layer):
         body, n = cache._body[layer], cache.stored(layer)
         # Folded up to the previous pass: the newest entry has no history yet.
-        assert body.m1.shape == (cache.n_kv_heads, n - 1) and body.m2.shape == (n - 1,)
-        assert body.obs.shape == (cache.n_kv_heads, 1, n)  # the last pass, held for rollback
+        assert body.m1.shape == (cache.n_head_kv, n - 1) and body.m2.shape == (n - 1,)
+        assert body.obs.shape == (cache.n_head_kv, 1, n)  # the last pass, held for rollback
         stats += 2 * (body.m1.numel() + body.m2.numel() + body.obs.numel())  # fp16
-    kv = sum(2 * cache.stored(i) * cache.width * 4 for i in range(cache.n_layers))
+    kv = sum(2 * cache.stored(i) * cache.width * 4 for i in range(cache.n_layer))
     assert cache.nbytes() == kv + stats
     assert stats < kv
 
@@ -360,7 +360,7 @@ def test_accept_path_off_node_zero_equals_plain_branch(stories260k: Path, cfg: K
     b.evaluate([40, 42])
     assert a.tokens == b.tokens and len(a.cache) == len(b.cache)
     if cfg is not None:
-        for layer in range(a.cache.n_layers):
+        for layer in range(a.cache.n_layer):
             assert a.cache.logical(layer).tolist() == b.cache.logical(layer).tolist()
             assert torch.equal(a.cache.positions(layer), b.cache.positions(layer))
     for t in (50, 51):

@@ -68,7 +68,7 @@ def test_misprediction_falls_back_to_synchronous_load(stories_moe: Path, moe: To
 
 def test_expert_in_use_is_never_evicted() -> None:
     cfg = OffloadConfig(budget_bytes=3 * 4 * 3, eviction="hobbit")
-    cache = ExpertCache(cfg, n_layers=2)
+    cache = ExpertCache(cfg, n_layer=2)
 
     def w() -> ExpertWeights:
         return ExpertWeights(torch.zeros(1), torch.zeros(1), torch.zeros(1))  # 12 bytes
@@ -85,7 +85,7 @@ def test_expert_in_use_is_never_evicted() -> None:
 
 def test_prefetch_only_replaces_experts_of_its_own_layer() -> None:
     """A guess for layer 1 may push out a layer-1 expert, never another layer's (nor an unused guess)."""
-    cache = ExpertCache(OffloadConfig(budget_bytes=3 * 12), n_layers=3)
+    cache = ExpertCache(OffloadConfig(budget_bytes=3 * 12), n_layer=3)
 
     def w() -> ExpertWeights:
         return ExpertWeights(torch.zeros(1), torch.zeros(1), torch.zeros(1))
@@ -104,7 +104,7 @@ def test_hobbit_prefers_evicting_far_layers_and_lru_recency() -> None:
         return ExpertWeights(torch.zeros(1), torch.zeros(1), torch.zeros(1))
 
     for policy, victim in (("hobbit", (3, 0, False)), ("lru", (1, 0, False))):
-        cache = ExpertCache(OffloadConfig(budget_bytes=24, eviction=policy), n_layers=4)
+        cache = ExpertCache(OffloadConfig(budget_bytes=24, eviction=policy), n_layer=4)
         cache.insert((1, 0, False), w(), 0, False)  # older, but its layer runs next
         cache.clock = 1
         cache.insert((3, 0, False), w(), 0, False)  # newer, but its layer is the farthest
@@ -138,7 +138,7 @@ def test_widened_moe_computes_the_small_moe_and_routes_in_every_layer(stories_mo
     from benchmarks.moe_model import widen_moe
 
     wide = TorchBackend(widen_moe(stories_moe, tmp_path / "wide.gguf", 128, 32, 8), TorchConfig(device="cpu", n_threads=1))
-    assert (wide.model_config.dim, wide.model_config.expert_ffn_dim, wide.model_config.n_layers) == (128, 32, 8)
+    assert (wide.model_config.n_embd, wide.model_config.n_ff_exp, wide.model_config.n_layer) == (128, 32, 8)
     ids = moe.tokenize(TEXT, add_bos=True)
     ref_tokens, ref_logits = greedy_rows(moe, ids, 12)
     mgr = enable_offload(wide, OffloadConfig(budget_bytes=1 << 30, prefetch=False))

@@ -95,7 +95,7 @@ def test_expert_in_use_is_never_evicted_on_cuda(stories_moe: Path, reference: tu
     assert checked[0] > 0 and cache.evictions > 0
     assert tokens == ref_tokens and np.array_equal(logits, ref_logits)
 
-    unit = ExpertCache(OffloadConfig(budget_bytes=3 * 12), n_layers=2)
+    unit = ExpertCache(OffloadConfig(budget_bytes=3 * 12), n_layer=2)
 
     def w() -> ExpertWeights:
         return ExpertWeights(*(torch.zeros(1, device="cuda") for _ in range(3)))  # 12 bytes
