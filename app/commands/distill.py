@@ -41,8 +41,8 @@ def run(args: argparse.Namespace) -> int:
             raise TandemError(f"--{name.replace('_', '-')} must be at least 1.")
     if args.steps < 0:
         raise TandemError("--steps must not be negative.")
-    cfg = DistillConfig(stories=args.stories, story_tokens=args.story_tokens, dim=args.dim, layers=args.layers,
-                        heads=args.heads, ffn=args.ffn, steps=args.steps, seconds=args.seconds, seed=args.seed)
+    cfg = DistillConfig(stories=args.stories, story_tokens=args.story_tokens, n_embd=args.dim, n_layer=args.layers,
+                        n_head=args.heads, n_ff=args.ffn, steps=args.steps, seconds=args.seconds, seed=args.seed)
     report = distill(resolve_model(args.target), args.output, cfg)
     if args.json:
         print(json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in asdict(report).items()}))

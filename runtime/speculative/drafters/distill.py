@@ -1,13 +1,15 @@
 """Distil a tiny same-vocabulary drafter from a GGUF target (``tandem distill``).
 
-The target writes many short sampled stories; a tiny Llama (1-2 layers, dim 64-96)
+The target writes many short sampled stories; a tiny Llama (1-2 layers, n_embd 64-96)
 with the target's own tokenizer is trained on them with plain next-token cross-entropy
 (torch, CPU, a few minutes at most), then written as a GGUF that carries the target's
 tokenizer metadata verbatim, so ids mean the same bytes in both and the pair runs
 through the same-vocabulary model drafter.
 
-The torch model rotates adjacent pairs (llama.cpp's native RoPE layout), so its
-q/k weights are written without the HF permutation.
+The model trained is the torch engine's own :class:`LlamaModel` (one torch Llama in
+Tandem), its weights made trainable. That model rotates half-split pairs (Hugging Face's
+layout), so q/k rows are permuted to llama.cpp's interleaved layout on writing, exactly
+as ``tandem convert`` does for a Hugging Face checkpoint.
 """
 
 from __future__ import annotations
@@ -20,9 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.models.errors import TandemError
+from tandem.runtime.backends.torch_engine.cache import PastCache
+from tandem.runtime.backends.torch_engine.config import ModelConfig
+from tandem.runtime.backends.torch_engine.llama import LlamaModel
 from tandem.runtime.generate import DoneEvent, generate
 
 
@@ -31,10 +37,10 @@ class DistillConfig:
     stories: int = 400
     story_tokens: int = 160
     temperature: float = 1.0
-    dim: int = 64
-    layers: int = 2
-    heads: int = 4
-    ffn: int = 192
+    n_embd: int = 64
+    n_layer: int = 2
+    n_head: int = 4
+    n_ff: int = 192
     steps: int = 600
     batch: int = 16
     seq_len: int = 128
@@ -74,67 +80,46 @@ def generate_corpus(target, cfg: DistillConfig) -> list[list[int]]:
     return corpus
 
 
-def _build_model(vocab: int, cfg: DistillConfig, ctx: int):
-    import torch
-    from torch import nn
+def build_model(vocab: int, cfg: DistillConfig, ctx: int) -> LlamaModel:
+    """The torch engine's Llama at the drafter's size, randomly initialised (embedding
+    N(0, 0.02), linear layers as ``nn.Linear`` starts them, norms at one), trainable."""
+    model_cfg = ModelConfig(arch="llama", n_vocab=vocab, n_embd=cfg.n_embd, n_ff=cfg.n_ff, n_layer=cfg.n_layer,
+                            n_head=cfg.n_head, n_head_kv=cfg.n_head, head_dim=cfg.n_embd // cfg.n_head,
+                            n_ctx_train=ctx, tied=True, norm_eps=1e-5, rope_theta=10000.0)
+    gen = torch.Generator().manual_seed(cfg.seed)
 
-    head_dim = cfg.dim // cfg.heads
-    inv = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2).float() / head_dim))
-    ang = torch.outer(torch.arange(ctx).float(), inv)
-    cos, sin = ang.cos(), ang.sin()
+    def linear(rows: int, cols: int) -> torch.Tensor:
+        bound = 1.0 / math.sqrt(cols)
+        return (torch.rand(rows, cols, generator=gen) * 2 - 1) * bound
 
-    def rope(x: torch.Tensor) -> torch.Tensor:  # (B, H, T, D), adjacent pairs as llama.cpp
-        t = x.shape[2]
-        x0, x1 = x[..., 0::2], x[..., 1::2]
-        c, s = cos[:t], sin[:t]
-        return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
-
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.attn_norm = nn.RMSNorm(cfg.dim, eps=1e-5)
-            self.wq = nn.Linear(cfg.dim, cfg.dim, bias=False)
-            self.wk = nn.Linear(cfg.dim, cfg.dim, bias=False)
-            self.wv = nn.Linear(cfg.dim, cfg.dim, bias=False)
-            self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
-            self.ffn_norm = nn.RMSNorm(cfg.dim, eps=1e-5)
-            self.gate = nn.Linear(cfg.dim, cfg.ffn, bias=False)
-            self.up = nn.Linear(cfg.dim, cfg.ffn, bias=False)
-            self.down = nn.Linear(cfg.ffn, cfg.dim, bias=False)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            b, t, _ = x.shape
-            h = self.attn_norm(x)
-
-            def split(w: nn.Linear) -> torch.Tensor:
-                return w(h).view(b, t, cfg.heads, head_dim).transpose(1, 2)
-
-            att = nn.functional.scaled_dot_product_attention(rope(split(self.wq)), rope(split(self.wk)), split(self.wv), is_causal=True)
-            x = x + self.wo(att.transpose(1, 2).reshape(b, t, cfg.dim))
-            h = self.ffn_norm(x)
-            return x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
-
-    class TinyLlama(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = nn.Embedding(vocab, cfg.dim)
-            nn.init.normal_(self.embed.weight, std=0.02)
-            self.blocks = nn.ModuleList(Block() for _ in range(cfg.layers))
-            self.norm = nn.RMSNorm(cfg.dim, eps=1e-5)
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            x = self.embed(ids)
-            for blk in self.blocks:
-                x = blk(x)
-            return self.norm(x) @ self.embed.weight.T  # tied output, as token_embd in GGUF
-
-    return TinyLlama()
+    e, f = cfg.n_embd, cfg.n_ff
+    weights = {"token_embd.weight": torch.randn(vocab, e, generator=gen) * 0.02, "output_norm.weight": torch.ones(e)}
+    for i in range(cfg.n_layer):
+        p = f"blk.{i}."
+        weights |= {p + "attn_norm.weight": torch.ones(e), p + "ffn_norm.weight": torch.ones(e),
+                    p + "attn_q.weight": linear(e, e), p + "attn_k.weight": linear(e, e),
+                    p + "attn_v.weight": linear(e, e), p + "attn_output.weight": linear(e, e),
+                    p + "ffn_gate.weight": linear(f, e), p + "ffn_up.weight": linear(f, e),
+                    p + "ffn_down.weight": linear(e, f)}
+    model = LlamaModel(model_cfg, weights)
+    for param in model.parameters():
+        param.requires_grad_(True)
+    return model
 
 
-def train(model, corpus: list[list[int]], cfg: DistillConfig) -> tuple[int, float, float]:
+def window_logits(model: LlamaModel, ids: torch.Tensor) -> torch.Tensor:
+    """Logits (B, T, vocab) for a batch of windows: the engine runs one sequence at a
+    time, each from position 0 with an empty cache (causal attention over the window)."""
+    cfg, out = model.cfg, []
+    positions = torch.arange(ids.shape[1])
+    for row in ids:
+        empty = [torch.zeros(cfg.n_head_kv, 0, cfg.head_dim) for _ in range(cfg.n_layer)]
+        out.append(model(model.embed(row), positions, PastCache(empty, list(empty))))
+    return torch.stack(out)
+
+
+def train(model: LlamaModel, corpus: list[list[int]], cfg: DistillConfig) -> tuple[int, float, float]:
     """Next-token CE on random windows of the concatenated corpus; returns (steps, first, last loss)."""
-    import torch
-
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(1)  # tiny matrices: more threads only contend on a shared CPU
     data = torch.tensor([t for story in corpus for t in story], dtype=torch.long)
@@ -150,7 +135,7 @@ def train(model, corpus: list[list[int]], cfg: DistillConfig) -> tuple[int, floa
         idx = torch.randint(0, len(data) - cfg.seq_len - 1, (cfg.batch,), generator=gen)
         x = torch.stack([data[i : i + cfg.seq_len] for i in idx])
         y = torch.stack([data[i + 1 : i + cfg.seq_len + 1] for i in idx])
-        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss = torch.nn.functional.cross_entropy(window_logits(model, x).flatten(0, 1), y.flatten())
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -161,17 +146,15 @@ def train(model, corpus: list[list[int]], cfg: DistillConfig) -> tuple[int, floa
     return step if cfg.steps else 0, first, last
 
 
-def write_gguf(model, cfg: DistillConfig, target_path: Path, out: Path, ctx: int) -> Path:
+def write_gguf(model: LlamaModel, target_path: Path, out: Path) -> Path:
     """Write the model as a llama GGUF with the target's tokenizer metadata copied verbatim."""
     import gguf
 
-    from tandem.models.convert import LlamaHParams, add_llama_hparams
+    from tandem.models.convert import LlamaHParams, add_llama_hparams, permute_qk
 
+    cfg = model.cfg
     reader = gguf.GGUFReader(target_path)
-    vocab = model.embed.weight.shape[0]
-    hp = LlamaHParams(vocab_size=vocab, hidden=cfg.dim, ffn=cfg.ffn, layers=cfg.layers, heads=cfg.heads,
-                      kv_heads=cfg.heads, head_dim=cfg.dim // cfg.heads, rms_eps=1e-5, rope_theta=10000.0,
-                      context=ctx, tied=True)
+    hp = LlamaHParams(**cfg.dims(), rms_eps=cfg.norm_eps, rope_theta=cfg.rope_theta)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".distill-", suffix=".gguf")
     os.close(fd)
@@ -183,13 +166,19 @@ def write_gguf(model, cfg: DistillConfig, target_path: Path, out: Path, ctx: int
         if key.startswith("tokenizer."):
             sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
             writer.add_key_value(key, field.contents(), field.types[0], sub)
-    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    tensors = {"token_embd.weight": sd["embed.weight"], "output_norm.weight": sd["norm.weight"]}
-    names = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
-             "ffn_norm": "ffn_norm", "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
-    for i in range(cfg.layers):
-        for ours, theirs in names.items():
-            tensors[f"blk.{i}.{theirs}.weight"] = sd[f"blocks.{i}.{ours}.weight"]
+
+    def array(t: torch.Tensor) -> np.ndarray:
+        return t.detach().float().numpy()
+
+    tensors = {"token_embd.weight": array(model.tok_embd), "output_norm.weight": array(model.output_norm)}
+    for i, blk in enumerate(model.blocks):
+        p = f"blk.{i}."
+        tensors |= {p + "attn_norm.weight": array(blk.attn_norm),
+                    p + "attn_q.weight": permute_qk(array(blk.wq), cfg.n_head),
+                    p + "attn_k.weight": permute_qk(array(blk.wk), cfg.n_head_kv),
+                    p + "attn_v.weight": array(blk.wv), p + "attn_output.weight": array(blk.wo),
+                    p + "ffn_norm.weight": array(blk.ffn_norm), p + "ffn_gate.weight": array(blk.w_gate),
+                    p + "ffn_up.weight": array(blk.w_up), p + "ffn_down.weight": array(blk.w_down)}
     for name, arr in tensors.items():
         writer.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
     writer.write_header_to_file()
@@ -206,7 +195,7 @@ def distill(target_path: str | os.PathLike[str], out: str | os.PathLike[str], cf
 
     cfg = cfg or DistillConfig()
     target_path, out = Path(target_path), Path(out)
-    if cfg.dim % cfg.heads or (cfg.dim // cfg.heads) % 2:
+    if cfg.n_embd % cfg.n_head or (cfg.n_embd // cfg.n_head) % 2:
         raise TandemError("--dim must be a multiple of 2 x --heads.")
     t0 = time.perf_counter()
     # One thread: the model is tiny, and on a shared CPU extra threads only spin.
@@ -215,8 +204,8 @@ def distill(target_path: str | os.PathLike[str], out: str | os.PathLike[str], cf
         vocab = target.n_vocab
         ctx = int(target.info.arch_value("context_length", 2048) or 2048)
     t1 = time.perf_counter()
-    model = _build_model(vocab, cfg, max(ctx, cfg.seq_len))
+    model = build_model(vocab, cfg, ctx)
     steps, first, last = train(model, corpus, cfg) if cfg.steps else (0, math.nan, math.nan)
     t2 = time.perf_counter()
-    write_gguf(model, cfg, target_path, out, ctx)
+    write_gguf(model, target_path, out)
     return DistillReport(sum(map(len, corpus)), steps, first, last, t1 - t0, t2 - t1, out)

@@ -1,22 +1,33 @@
 """`tandem distill` on a tiny budget: the drafter loads, shares the target's vocabulary,
-and drafts better than the same architecture untrained."""
+drafts better than the same architecture untrained, and the file llama.cpp reads computes
+the torch engine's model that was trained."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from tandem.app.cli import main
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 from tandem.runtime.generate import DoneEvent, generate
-from tandem.runtime.speculative.drafters.distill import DistillConfig, distill
+from tandem.runtime.speculative.drafters.distill import (
+    DistillConfig,
+    build_model,
+    distill,
+    generate_corpus,
+    train,
+    window_logits,
+    write_gguf,
+)
 from tandem.runtime.speculative.drafters.model import ModelDrafter, same_vocabulary
 from tandem.runtime.speculative.loop import speculative
 from tandem.runtime.speculative.policy import FixedLength
 
-TINY = dict(stories=24, story_tokens=64, dim=32, layers=1, heads=2, ffn=64, batch=8, seq_len=64, seconds=180.0)
+TINY = dict(stories=24, story_tokens=64, n_embd=32, n_layer=1, n_head=2, n_ff=64, batch=8, seq_len=64, seconds=180.0)
 """``seconds`` only caps a slow machine: 150 steps take a few seconds on an idle one, and a
 budget that a loaded box runs out of trains a drafter too little to beat an untrained one."""
 
@@ -43,6 +54,24 @@ def test_distilled_drafter_beats_untrained(stories260k: Path, tmp_path: Path) ->
     with LlamaCppBackend(stories260k, LlamaConfig(n_ctx=512, n_threads=1)) as target:
         a_trained, a_untrained = _acceptance(target, trained.out), _acceptance(target, untrained.out)
     assert a_trained > a_untrained + 0.05, (a_trained, a_untrained)
+
+
+def test_written_drafter_computes_the_trained_model(stories260k: Path, tmp_path: Path) -> None:
+    """The engine's model rotates half-split pairs and the file holds llama.cpp's interleaved
+    Q/K rows: after training, llama.cpp on the written GGUF gives the in-memory model's logits."""
+    cfg = DistillConfig(steps=20, lr=1e-2, **{**TINY, "stories": 8})
+    with LlamaCppBackend(stories260k, LlamaConfig(n_ctx=512, n_threads=1)) as target:
+        corpus, vocab = generate_corpus(target, cfg), target.n_vocab
+    model = build_model(vocab, cfg, 2048)
+    train(model, corpus, cfg)
+    out = write_gguf(model, stories260k, tmp_path / "drafter.gguf")
+    ids = [t for story in corpus for t in story][:40]
+    with torch.no_grad():
+        ours = window_logits(model, torch.tensor([ids]))[0].numpy()
+    with LlamaCppBackend(out, LlamaConfig(n_ctx=512, n_threads=1, type_k="f32", type_v="f32")) as drafter:
+        ref = drafter.evaluate(ids, range(len(ids)))
+    assert ours.shape == ref.shape
+    np.testing.assert_allclose(ours, ref, atol=1e-3)
 
 
 def test_cli_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
