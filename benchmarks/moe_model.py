@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import gguf
@@ -35,53 +36,52 @@ import numpy as np
 
 from tandem.models.convert import PlannedTensor, write_streaming
 from tandem.models.errors import UnsupportedModel
+from tandem.models.shape import DecoderShape, dims_from_gguf
 from tandem.models.twin import _as_f32, _copy_metadata, _field, _pad
 
 NORMS = ("attn_norm", "ffn_norm", "output_norm")
 
 
-def _shape(kind: str, src_shape: tuple[int, ...], hidden: int, width: int, heads: int, kv_heads: int,
-           head_dim: int) -> tuple[int, ...]:
-    """numpy shape of tensor ``kind`` in the widened model."""
+def _shape(kind: str, src_shape: tuple[int, ...], dims: DecoderShape) -> tuple[int, ...]:
+    """numpy shape of tensor ``kind`` in the widened model (``dims.n_ff``: one expert's width)."""
     if kind in NORMS:
-        return (hidden,)
-    e = src_shape[0]
+        return (dims.n_embd,)
+    e, n_embd, q = src_shape[0], dims.n_embd, dims.n_head * dims.head_dim
     return {
-        "token_embd": (src_shape[0], hidden), "output": (src_shape[0], hidden),
-        "attn_q": (heads * head_dim, hidden), "attn_k": (kv_heads * head_dim, hidden),
-        "attn_v": (kv_heads * head_dim, hidden), "attn_output": (hidden, heads * head_dim),
-        "ffn_gate_inp": (e, hidden), "ffn_gate_exps": (e, width, hidden), "ffn_up_exps": (e, width, hidden),
-        "ffn_down_exps": (e, hidden, width),
+        "token_embd": (src_shape[0], n_embd), "output": (src_shape[0], n_embd),
+        "attn_q": (q, n_embd), "attn_k": (dims.kv_width, n_embd),
+        "attn_v": (dims.kv_width, n_embd), "attn_output": (n_embd, q),
+        "ffn_gate_inp": (e, n_embd), "ffn_gate_exps": (e, dims.n_ff, n_embd), "ffn_up_exps": (e, dims.n_ff, n_embd),
+        "ffn_down_exps": (e, n_embd, dims.n_ff),
     }[kind]
 
 
-def widen_moe(src: str | os.PathLike[str], out: str | os.PathLike[str], hidden: int, expert_width: int,
-              layers: int) -> Path:
+def widen_moe(src: str | os.PathLike[str], out: str | os.PathLike[str], n_embd: int, n_ff_exp: int,
+              n_layer: int) -> Path:
     """Write the widened copy of the MoE Llama GGUF ``src`` (see the module docstring)."""
     src, out = Path(src), Path(out)
     reader = gguf.GGUFReader(src)
     if _field(reader, "llama.expert_count") is None:
         raise UnsupportedModel(f"{src} is not a mixture-of-experts Llama GGUF (run tandem moefy first).")
-    d = int(_field(reader, "llama.embedding_length"))
-    w = int(_field(reader, "llama.feed_forward_length"))
-    n_src = int(_field(reader, "llama.block_count"))
-    heads = int(_field(reader, "llama.attention.head_count"))
-    kv_heads = int(_field(reader, "llama.attention.head_count_kv") or heads)
-    head_dim = d // heads
-    ratio = heads // kv_heads
-    if hidden < d or expert_width < w or layers < n_src or hidden % (head_dim * ratio):
-        raise UnsupportedModel(f"cannot widen {d}x{w}x{n_src} to {hidden}x{expert_width}x{layers} "
-                               f"(hidden must be a multiple of {head_dim * ratio}).")
-    new_heads = hidden // head_dim
-    scale = math.sqrt(d / hidden)
+    names = {t.name for t in reader.tensors}
+    n_vocab = next(int(t.shape[1]) for t in reader.tensors if t.name == "token_embd.weight")
+    old = dims_from_gguf(lambda key, default: _field(reader, f"llama.{key}") or default, n_vocab,
+                         tied="output.weight" not in names)
+    ratio = old.n_head // old.n_head_kv
+    if n_embd < old.n_embd or n_ff_exp < old.n_ff or n_layer < old.n_layer or n_embd % (old.head_dim * ratio):
+        raise UnsupportedModel(f"cannot widen {old.n_embd}x{old.n_ff}x{old.n_layer} to {n_embd}x{n_ff_exp}x{n_layer} "
+                               f"(--hidden must be a multiple of {old.head_dim * ratio}).")
+    new_heads = n_embd // old.head_dim
+    new = replace(old, n_embd=n_embd, n_ff=n_ff_exp, n_layer=n_layer, n_head=new_heads, n_head_kv=new_heads // ratio)
+    n_src, d = old.n_layer, old.n_embd
+    scale = math.sqrt(d / n_embd)
     by_name = {t.name: t for t in reader.tensors}
     eps = float(_field(reader, "llama.attention.layer_norm_rms_epsilon") or 1e-5)
 
     def planned(name: str, source: str, zero: bool = False) -> PlannedTensor:
         kind = name.split(".")[-2]
         t = by_name[source]
-        shape = _shape(kind, tuple(int(x) for x in reversed(t.shape.tolist())), hidden, expert_width,
-                       new_heads, new_heads // ratio, head_dim)
+        shape = _shape(kind, tuple(int(x) for x in reversed(t.shape.tolist())), new)
 
         def make() -> np.ndarray:
             if zero:
@@ -92,7 +92,7 @@ def widen_moe(src: str | os.PathLike[str], out: str | os.PathLike[str], hidden: 
         return PlannedTensor(name, shape, np.float32, make)
 
     plan = [planned(n, n) for n in ("token_embd.weight", "output_norm.weight", "output.weight") if n in by_name]
-    for i in range(layers):
+    for i in range(n_layer):
         j = i % n_src
         for t in reader.tensors:
             if t.name.startswith(f"blk.{j}."):
@@ -102,14 +102,14 @@ def widen_moe(src: str | os.PathLike[str], out: str | os.PathLike[str], hidden: 
     out.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(out, "llama")
     _copy_metadata(reader, writer)
-    writer.add_name(f"{src.stem} widened {hidden}x{expert_width}x{layers}")
+    writer.add_name(f"{src.stem} widened {n_embd}x{n_ff_exp}x{n_layer}")
     writer.add_file_type(0)
-    writer.add_embedding_length(hidden)
-    writer.add_feed_forward_length(expert_width)
-    writer.add_block_count(layers)
-    writer.add_head_count(new_heads)
-    writer.add_head_count_kv(new_heads // ratio)
-    writer.add_layer_norm_rms_eps(eps * d / hidden)
+    writer.add_embedding_length(n_embd)
+    writer.add_feed_forward_length(n_ff_exp)
+    writer.add_block_count(n_layer)
+    writer.add_head_count(new.n_head)
+    writer.add_head_count_kv(new.n_head_kv)
+    writer.add_layer_norm_rms_eps(eps * d / n_embd)
     writer.add_string("tandem.widened.source", src.name)
     write_streaming(writer, plan)
     return out
@@ -123,7 +123,7 @@ def main() -> None:
     ap.add_argument("--expert-width", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=16)
     args = ap.parse_args()
-    path = widen_moe(args.src, args.out, args.hidden, args.expert_width, args.layers)
+    path = widen_moe(args.src, args.out, n_embd=args.hidden, n_ff_exp=args.expert_width, n_layer=args.layers)
     print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB)")
 
 
