@@ -13,7 +13,6 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -27,16 +26,9 @@ from tandem.kernels.superpose import (
 )
 from tandem.models.errors import UnsupportedModel
 from tandem.models.ngram import NgramModel
-from tandem.runtime.backends.protocol import Backend, prefill
+from tandem.runtime.backends.protocol import Backend, EmbeddingInput, RowSource, prefill
 from tandem.runtime.generate import check_prompt
 from tandem.runtime.text import Detokenizer
-
-
-@runtime_checkable
-class RowSource(Protocol):
-    """A backend that gives single rows of its input-embedding matrix."""
-
-    def token_embedding_rows(self, ids: Sequence[int]) -> np.ndarray: ...
 
 
 @dataclass
@@ -68,11 +60,11 @@ class SuperposedDecoder:
 
     def __init__(self, target: Backend, ngram: NgramModel | None = None,
                  config: SuperposeConfig | None = None) -> None:
-        if not callable(getattr(target, "evaluate_embeddings", None)) or not callable(
-            getattr(target, "token_embeddings", None)
-        ):
+        if not isinstance(target, EmbeddingInput):
             raise UnsupportedModel(f"{target.name}: this backend cannot take embedding input, so it cannot superpose drafts.")
         self.target = target
+        self._embedder: EmbeddingInput = target
+        """The target again, as the embedding-input capability checked above."""
         self.ngram = ngram
         self.config = config or SuperposeConfig()
         self._matrix: np.ndarray | None = None
@@ -85,12 +77,12 @@ class SuperposedDecoder:
         if isinstance(self.target, RowSource):
             return self.target.token_embedding_rows(tokens)
         if self._matrix is None:
-            self._matrix = self.target.token_embeddings()  # type: ignore[attr-defined]
+            self._matrix = self._embedder.token_embeddings()
         return self._matrix[np.asarray(tokens, dtype=np.int64)]
 
     def _forward(self, embedding: np.ndarray) -> np.ndarray:
         self.forward_passes += 1
-        return self.target.evaluate_embeddings(embedding[None, :])[-1]  # type: ignore[attr-defined]
+        return self._embedder.evaluate_embeddings(embedding[None, :])[-1]
 
     def _step_scores(self, histories: Sequence[Sequence[int]], cand: np.ndarray, lm_logp: np.ndarray) -> np.ndarray:
         cfg = self.config

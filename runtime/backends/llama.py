@@ -19,9 +19,11 @@ from llama_cpp import _internals
 
 from tandem.models.errors import ModelFormatError, TandemError, UnsupportedModel
 from tandem.models.gguf_file import GGUFInfo, check_runnable, inspect_gguf
+from tandem.runtime.backends.embedding_rows import EmbeddingRows
 from tandem.runtime.backends.llama_vocab import LlamaVocab, TokenizerDelegate, load_model
 from tandem.runtime.backends.protocol import MemoryReport, check_room, chunked_logits
 from tandem.runtime.backends.rpc import direct, open_link
+from tandem.runtime.backends.token_cache import TokenCache, new_tokens
 
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 """KV cache element types by name (ggml type ids), as llama.cpp's ``-ctk``/``-ctv``."""
@@ -136,7 +138,7 @@ def check_kv_types(info: GGUFInfo, type_k: str, type_v: str) -> None:
             )
 
 
-class LlamaCppBackend(TokenizerDelegate):
+class LlamaCppBackend(TokenizerDelegate, TokenCache):
     """A GGUF model and its KV cache (see :class:`tandem.runtime.backends.protocol.Backend`)."""
 
     def __init__(self, path: str | os.PathLike[str], config: LlamaConfig | None = None) -> None:
@@ -178,24 +180,18 @@ class LlamaCppBackend(TokenizerDelegate):
         self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
         self._tokens: list[int] = []
         self.kv_bytes_per_token = kv_bytes_per_token(self.info, cfg.type_k, cfg.type_v)
+        # embedding input (superposed decoding) is set up on first use: most runs never take it
+        self._token_embd: np.ndarray | None = None
+        self._embd_rows: EmbeddingRows | None = None
+        self._embd_batch: llama_cpp.llama_batch | None = None
 
     # -- protocol -------------------------------------------------------------------
     @property
     def n_vocab(self) -> int:
         return self._n_vocab
 
-    @property
-    def n_ctx(self) -> int:
-        return self._n_ctx
-
-    @property
-    def tokens(self) -> list[int]:
-        return list(self._tokens)
-
     def evaluate(self, tokens: Sequence[int], logits_for: Sequence[int] | None = None) -> np.ndarray:
-        tokens = list(tokens)
-        if not tokens:
-            raise ValueError("evaluate needs at least one token")
+        tokens = new_tokens(tokens)
 
         def fill(batch, start: int, count: int) -> None:
             for i in range(count):
@@ -242,9 +238,8 @@ class LlamaCppBackend(TokenizerDelegate):
         (and dequantized for quantized types) from the file once and cached: superposed
         decoding feeds ``m @ E`` instead of a token id.
         """
-        cached = getattr(self, "_token_embd", None)
-        if cached is not None:
-            return cached
+        if self._token_embd is not None:
+            return self._token_embd
         import gguf
 
         reader = gguf.GGUFReader(str(self.path))
@@ -265,12 +260,9 @@ class LlamaCppBackend(TokenizerDelegate):
     def token_embedding_rows(self, ids: Sequence[int]) -> np.ndarray:
         """Rows ``E[ids]`` only, read from the file on first use (superposition mixes at
         most k rows a step: no need to hold the whole table, see :mod:`.embedding_rows`)."""
-        rows = getattr(self, "_embd_rows", None)
-        if rows is None:
-            from tandem.runtime.backends.embedding_rows import EmbeddingRows
-
-            rows = self._embd_rows = EmbeddingRows(self.info, self.n_embd, self._n_vocab)
-        return rows.rows(ids)
+        if self._embd_rows is None:
+            self._embd_rows = EmbeddingRows(self.info, self.n_embd, self._n_vocab)
+        return self._embd_rows.rows(ids)
 
     def evaluate_embeddings(self, embeds: np.ndarray, logits_for: Sequence[int] | None = None) -> np.ndarray:
         """Like :meth:`evaluate`, but each position's input is an embedding row, not a token.
@@ -282,7 +274,7 @@ class LlamaCppBackend(TokenizerDelegate):
         n, width = embeds.shape
         if n == 0 or width != self.n_embd:
             raise ValueError(f"evaluate_embeddings needs rows of width {self.n_embd}, got shape {embeds.shape}")
-        if getattr(self, "_embd_batch", None) is None:
+        if self._embd_batch is None:
             self._embd_batch = llama_cpp.llama_batch_init(self._n_batch, width, 1)
 
         def fill(batch, start: int, count: int) -> None:
@@ -339,7 +331,7 @@ class LlamaCppBackend(TokenizerDelegate):
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
-        if getattr(self, "_embd_batch", None) is not None:
+        if self._embd_batch is not None:
             llama_cpp.llama_batch_free(self._embd_batch)
             self._embd_batch = None
         if self._rpc is not None:

@@ -25,6 +25,7 @@ from tandem.models.hf_tokenizer import read_json_optional
 from tandem.runtime.backends.llama_vocab import LlamaVocab, TokenizerDelegate
 from tandem.runtime.backends.onnx_export import FP32_FILE, INT8_FILE, META_FILE
 from tandem.runtime.backends.protocol import MemoryReport, check_room, chunked_logits
+from tandem.runtime.backends.token_cache import FixedTokenCache, new_tokens
 from tandem.runtime.backends.torch_engine.tokenizer import HFTokenizer
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ def make_session(graph: Path, device: str | None, n_threads: int | None):
     return session, note
 
 
-class OnnxBackend(TokenizerDelegate):
+class OnnxBackend(TokenizerDelegate, FixedTokenCache):
     """An ONNX decoder-with-past graph and its KV cache (see :class:`tandem.runtime.backends.protocol.Backend`)."""
 
     def __init__(self, path: str | os.PathLike[str], config: OnnxConfig | None = None) -> None:
@@ -140,18 +141,8 @@ class OnnxBackend(TokenizerDelegate):
     def n_vocab(self) -> int:
         return self._n_vocab
 
-    @property
-    def n_ctx(self) -> int:
-        return self._n_ctx
-
-    @property
-    def tokens(self) -> list[int]:
-        return list(self._tokens)
-
     def evaluate(self, tokens: Sequence[int], logits_for: Sequence[int] | None = None) -> np.ndarray:
-        tokens = list(tokens)
-        if not tokens:
-            raise ValueError("evaluate needs at least one token")
+        tokens = new_tokens(tokens)
         check_room(len(self._tokens), len(tokens), self._n_ctx)
         return chunked_logits(len(tokens), self.config.n_batch, self._n_vocab, logits_for,
                               lambda start, stop, rows: self._run(tokens[start:stop], rows))
@@ -161,16 +152,6 @@ class OnnxBackend(TokenizerDelegate):
         if n < len(self._tokens):
             self._past = [p[:, :, :n] for p in self._past]
             del self._tokens[n:]
-
-
-    def keep_spans(self, spans: Sequence[tuple[int, int]]) -> bool:
-        """Cached entries are not moved here (positions are baked into the keys)."""
-        return False
-
-    @property
-    def exact_batch(self) -> int | None:
-        """Its batched and one-token calls agree to float rounding only (no bit-exact bound)."""
-        return None
 
     def memory(self) -> MemoryReport:
         weights = self.path.stat().st_size

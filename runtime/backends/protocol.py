@@ -121,6 +121,32 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class EmbeddingInput(Protocol):
+    """A backend that also takes input embeddings instead of token ids (llama.cpp, torch):
+    what superposed decoding needs, which feeds a mix of token embeddings per step."""
+
+    @property
+    def n_embd(self) -> int: ...
+
+    def token_embeddings(self) -> np.ndarray:
+        """The input token-embedding matrix (n_vocab, n_embd) as float32."""
+        ...
+
+    def evaluate_embeddings(self, embeds: np.ndarray, logits_for: Sequence[int] | None = None) -> np.ndarray:
+        """Like :meth:`Backend.evaluate`, one embedding row (n, n_embd) per position; the
+        positions are recorded in ``tokens`` as ``-1`` (no id describes a mixed input)."""
+        ...
+
+
+@runtime_checkable
+class RowSource(Protocol):
+    """A backend that reads single rows of its input-embedding matrix on demand (GGUF
+    through llama.cpp), so superposed decoding need not load the whole table."""
+
+    def token_embedding_rows(self, ids: Sequence[int]) -> np.ndarray: ...
+
+
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0

@@ -39,6 +39,8 @@ evicts inside a pass; it only acts on passes longer than the observation window
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from tandem.kernels.hadamard import pow2_block, rotation_matrix
@@ -53,6 +55,9 @@ from tandem.runtime.backends.torch_engine.cache import KVCache
 from tandem.runtime.backends.torch_engine.config import ModelConfig
 from tandem.runtime.kv.config import KVCompressConfig
 from tandem.runtime.kv.store import CodecMixin, RopeTable, Seg, cat_opt, cat_q
+
+if TYPE_CHECKING:
+    from tandem.runtime.backends.torch_engine.backend import TorchBackend
 
 HOLD_DTYPES = {None: None, "float16": torch.float16, "float32": torch.float32}
 
@@ -297,7 +302,7 @@ class CompressedKVCache(CodecMixin, KVCache):
         self._len = self._pass_start = start + len(indices)
 
 
-def use_compressed_cache(backend, cfg: KVCompressConfig) -> CompressedKVCache:
+def use_compressed_cache(backend: TorchBackend, cfg: KVCompressConfig) -> CompressedKVCache:
     """Swap a :class:`TorchBackend`'s cache for a compressed one (clears the sequence).
 
     Unlike the factory this passes the model's ``rope_freqs`` (Llama 3.1 scaling), which
@@ -306,7 +311,7 @@ def use_compressed_cache(backend, cfg: KVCompressConfig) -> CompressedKVCache:
     backend.truncate(0)
     cache = CompressedKVCache(
         backend.model_config, cfg, dtype=backend.dtype, device=backend.device,
-        rope_freqs=getattr(backend.model, "rope_freqs", None),
+        rope_freqs=backend.model.rope_freqs,
     )
     backend.cache = cache
     return cache

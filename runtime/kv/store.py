@@ -13,7 +13,7 @@ newest tokens, not yet forming a full group.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,6 +27,9 @@ from tandem.kernels.kv_quant import (
     quantize_channels,
 )
 from tandem.runtime.backends.torch_engine.llama import apply_rope, rope_tables
+
+if TYPE_CHECKING:
+    from tandem.runtime.backends.torch_engine.backend import TorchBackend
 
 
 def cat_q(a: QuantizedRows | None, b: QuantizedRows) -> QuantizedRows:
@@ -223,7 +226,7 @@ class RopeTable:
         return apply_rope(x, cos[:, None, :], (-sin if inverse else sin)[:, None, :])
 
 
-def calibrate_key_scales(backend, tokens: list[int]) -> list[torch.Tensor]:
+def calibrate_key_scales(backend: TorchBackend, tokens: list[int]) -> list[torch.Tensor]:
     """Per layer, the largest |pre-RoPE key| of each channel (width H*D) over ``tokens``.
 
     Runs the backend's *full* cache over calibration text (use text other than what is
@@ -234,7 +237,7 @@ def calibrate_key_scales(backend, tokens: list[int]) -> list[torch.Tensor]:
     backend.evaluate(tokens)
     cache, cfg = backend.cache, backend.model_config
     n = len(tokens)
-    table = RopeTable(cfg.rotary_dim, cfg.rope_theta, getattr(backend.model, "rope_freqs", None), torch.float64)
+    table = RopeTable(cfg.rotary_dim, cfg.rope_theta, backend.model.rope_freqs, torch.float64)
     scales = []
     for layer in range(cfg.n_layer):
         k = cache._k[layer][:, :n].transpose(0, 1).double()  # (n, H, D), post-RoPE

@@ -30,14 +30,24 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from tandem.models.errors import UnsupportedModel
 from tandem.runtime.moe.config import OffloadConfig
-from tandem.runtime.moe.expert_store import ExpertSource, ExpertWeights, LowBitExperts
-from tandem.runtime.moe.layer import expert_batches, linear, mix
+from tandem.runtime.moe.expert_store import (
+    ExpertSource,
+    ExpertWeights,
+    GGUFExpertSource,
+    LowBitExperts,
+    RamExpertSource,
+)
+from tandem.runtime.moe.layer import MoEFeedForward, expert_batches, linear, mix
+
+if TYPE_CHECKING:
+    from tandem.runtime.backends.torch_engine.backend import TorchBackend
 
 Key = tuple[int, int, bool]
 """(layer, expert, low_precision)."""
@@ -327,25 +337,21 @@ class OffloadedExperts(nn.Module):
                 m.cache.pinned.clear()
 
 
-def moe_layers(backend) -> list:
+def moe_layers(backend: TorchBackend) -> list[MoEFeedForward]:
     """The engine's ``MoEFeedForward`` modules of a loaded :class:`TorchBackend`, in layer order."""
-    from tandem.runtime.moe.layer import MoEFeedForward
-
-    ffns = [getattr(b, "ffn", None) for b in backend.model.blocks]
+    ffns = [b.ffn for b in backend.model.blocks]
     if not ffns or not all(isinstance(f, MoEFeedForward) for f in ffns):
         raise UnsupportedModel(f"{backend.name} is not a mixture-of-experts model: nothing to offload.")
     return ffns
 
 
-def ram_source(backend) -> ExpertSource:
+def ram_source(backend: TorchBackend) -> ExpertSource:
     """The loaded model's experts copied to host RAM (pinned when CUDA is present)."""
-    from tandem.runtime.moe.expert_store import RamExpertSource
-
     return RamExpertSource([(f.store.gate, f.store.up, f.store.down) for f in moe_layers(backend)])
 
 
 def enable_offload(
-    backend, cfg: OffloadConfig, source: str | ExpertSource = "gguf", low: LowBitExperts | None = None
+    backend: TorchBackend, cfg: OffloadConfig, source: str | ExpertSource = "gguf", low: LowBitExperts | None = None
 ) -> OffloadManager:
     """Move a loaded MoE model's experts out of device memory behind a budgeted cache.
 
@@ -353,8 +359,6 @@ def enable_offload(
     copies are dropped); ``"ram"`` keeps them in host RAM (pinned when CUDA is present);
     an :class:`ExpertSource` object is used as is (benchmarks share one across settings).
     """
-    from tandem.runtime.moe.expert_store import GGUFExpertSource
-
     ffns = moe_layers(backend)
     if source == "gguf":
         src: ExpertSource = GGUFExpertSource(backend.path)

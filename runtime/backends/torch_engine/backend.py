@@ -21,6 +21,7 @@ import torch
 from tandem.models.errors import ModelNotFound, PromptError, TandemError
 from tandem.runtime.backends.llama_vocab import TokenizerDelegate
 from tandem.runtime.backends.protocol import MemoryReport, check_room, chunked_logits
+from tandem.runtime.backends.token_cache import FixedTokenCache, new_tokens
 from tandem.runtime.backends.torch_engine.cache import KVCache
 from tandem.runtime.backends.torch_engine.config import ModelConfig
 from tandem.runtime.backends.torch_engine.llama import LlamaModel
@@ -116,7 +117,7 @@ def tree_depths(parents: Sequence[int]) -> list[int]:
     return depth
 
 
-class TorchBackend(TokenizerDelegate):
+class TorchBackend(TokenizerDelegate, FixedTokenCache):
     """A Llama-family model on torch and its KV cache (see :class:`tandem.runtime.backends.protocol.Backend`)."""
 
     def __init__(self, path: str | os.PathLike[str], config: TorchConfig | None = None) -> None:
@@ -150,21 +151,11 @@ class TorchBackend(TokenizerDelegate):
         return self.model_config.n_vocab
 
     @property
-    def n_ctx(self) -> int:
-        return self._n_ctx
-
-    @property
     def n_embd(self) -> int:
         return self.model_config.n_embd
 
-    @property
-    def tokens(self) -> list[int]:
-        return list(self._tokens)
-
     def evaluate(self, tokens: Sequence[int], logits_for: Sequence[int] | None = None) -> np.ndarray:
-        tokens = list(tokens)
-        if not tokens:
-            raise ValueError("evaluate needs at least one token")
+        tokens = new_tokens(tokens)
         bad = [t for t in tokens if not 0 <= t < self.n_vocab]
         if bad:
             raise PromptError(f"Token id {bad[0]} is outside the vocabulary of {self.n_vocab}.")
@@ -233,16 +224,6 @@ class TorchBackend(TokenizerDelegate):
         if n < len(self._tokens):
             self.cache.trim(n)
             del self._tokens[n:]
-
-
-    def keep_spans(self, spans: Sequence[tuple[int, int]]) -> bool:
-        """Cached entries are not moved here (positions are baked into the keys)."""
-        return False
-
-    @property
-    def exact_batch(self) -> int | None:
-        """Its batched and one-token calls agree to float rounding only (no bit-exact bound)."""
-        return None
 
     def memory(self) -> MemoryReport:
         return MemoryReport(
