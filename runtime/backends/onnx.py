@@ -23,7 +23,8 @@ import numpy as np
 from tandem.models.errors import ModelFormatError, ModelNotFound, TandemError
 from tandem.models.hf_tokenizer import read_json_optional
 from tandem.runtime.backends.llama_vocab import LlamaVocab, TokenizerDelegate
-from tandem.runtime.backends.onnx_export import FP32_FILE, INT8_FILE, META_FILE
+from tandem.runtime.backends.onnx_export import FP32_FILE, INT8_FILE
+from tandem.runtime.backends.onnx_meta import read_onnx_meta
 from tandem.runtime.backends.protocol import MemoryReport, check_room, chunked_logits
 from tandem.runtime.backends.token_cache import FixedTokenCache, new_tokens
 from tandem.runtime.backends.torch_engine.tokenizer import HFTokenizer
@@ -108,7 +109,7 @@ class OnnxBackend(TokenizerDelegate, FixedTokenCache):
         if self.note:
             log.warning(self.note)
         self.device = "cuda" if CUDA_EP in self.session.get_providers() else "cpu"
-        meta = read_json_optional(folder / META_FILE)
+        meta = read_onnx_meta(folder)
         hf_config = read_json_optional(folder / "config.json")
         self.tokenizer = LlamaVocab.open(folder / "vocab.gguf") if (folder / "vocab.gguf").exists() else HFTokenizer(folder)
         self._inputs = {i.name: i for i in self.session.get_inputs()}
@@ -122,13 +123,14 @@ class OnnxBackend(TokenizerDelegate, FixedTokenCache):
             raise ModelFormatError(f"{graph} has no output {missing[0]} for its past input.")
         first = self._inputs[self._past_names[0]]
         self._kv_dtype = _NP_TYPES.get(first.type, np.float32)
-        n_kv = first.shape[1] if isinstance(first.shape[1], int) else meta.get("n_kv_heads") or hf_config.get("num_key_value_heads")
-        head_dim = first.shape[3] if isinstance(first.shape[3], int) else meta.get("head_dim")
+        n_kv = first.shape[1] if isinstance(first.shape[1], int) else (
+            meta.n_head_kv if meta else hf_config.get("num_key_value_heads"))
+        head_dim = first.shape[3] if isinstance(first.shape[3], int) else (meta.head_dim if meta else None)
         if not n_kv or not head_dim:
             raise ModelFormatError(f"{graph}: cannot tell the KV head count and head size from the graph or its config.")
         self._kv_shape = (1, int(n_kv), 0, int(head_dim))
-        self._n_vocab = int(meta.get("vocab_size") or hf_config.get("vocab_size") or self.tokenizer.n_vocab)
-        trained = int(meta.get("context_length") or hf_config.get("max_position_embeddings") or 2048)
+        self._n_vocab = int((meta.n_vocab if meta else 0) or hf_config.get("vocab_size") or self.tokenizer.n_vocab)
+        trained = int((meta.n_ctx_train if meta else 0) or hf_config.get("max_position_embeddings") or 2048)
         self._n_ctx = cfg.n_ctx or min(trained, 4096)
         self._past = self._empty_past()
         self._tokens: list[int] = []

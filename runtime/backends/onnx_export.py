@@ -5,8 +5,8 @@ backend runs both our exports and Optimum's:
 
 * inputs  ``input_ids`` (1, T) int64, ``logits_index`` (R,) int64 — the positions whose
   logits are wanted (only those rows go through the output head) — and
-  ``past_key_values.{i}.key`` / ``.value`` (1, n_kv_heads, P, head_dim);
-* outputs ``logits`` (1, R, vocab) and ``present.{i}.key`` / ``.value`` (1, n_kv_heads,
+  ``past_key_values.{i}.key`` / ``.value`` (1, n_head_kv, P, head_dim);
+* outputs ``logits`` (1, R, vocab) and ``present.{i}.key`` / ``.value`` (1, n_head_kv,
   P + T, head_dim).
 
 Positions are ``P .. P+T-1``; RoPE cos/sin come from a table precomputed (in float64,
@@ -21,42 +21,25 @@ dependency (the dynamo exporter needs onnxscript) and traces this model exactly.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import warnings
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from tandem.models.errors import UnsupportedModel
+from tandem.runtime.backends.onnx_meta import OnnxMeta
 from tandem.runtime.backends.torch_engine.cache import PastCache
 from tandem.runtime.backends.torch_engine.config import ModelConfig
 from tandem.runtime.backends.torch_engine.llama import LlamaModel, rope_tables
 from tandem.runtime.backends.torch_engine.loader import load_weights
 
-META_FILE = "tandem-onnx.json"
 FP32_FILE = "model.onnx"
 INT8_FILE = "model.int8.onnx"
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json", "special_tokens_map.json")
-
-
-@dataclass(frozen=True)
-class OnnxMeta:
-    """What the ONNX backend needs to know that the graph does not say by itself."""
-
-    n_layers: int
-    n_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    context_length: int
-    tokenizer: str
-    """``vocab.gguf`` or ``hf`` (tokenizer.json in the folder)."""
-    source: str
-    format: str = "tandem-decoder-with-past/1"
 
 
 class DecoderWithPast(nn.Module):
@@ -199,6 +182,6 @@ def export_onnx(
     else:
         write_vocab_gguf(src, out / "vocab.gguf")
         tokenizer = "vocab.gguf"
-    meta = OnnxMeta(cfg.n_layer, cfg.n_head_kv, cfg.head_dim, cfg.n_vocab, n_ctx, tokenizer, str(src))
-    (out / META_FILE).write_text(json.dumps(asdict(meta), indent=2) + "\n", encoding="utf-8")
+    OnnxMeta(n_layer=cfg.n_layer, n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim, n_vocab=cfg.n_vocab,
+             n_ctx_train=n_ctx, tokenizer=tokenizer, source=str(src)).write(out)
     return written

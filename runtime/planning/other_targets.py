@@ -12,11 +12,11 @@ change for such a target.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tandem.models.errors import BudgetError, TandemError
+from tandem.runtime.backends.onnx_meta import META_FILE, read_onnx_meta
 from tandem.runtime.planning.devices import SAFETY
 from tandem.runtime.planning.hardware import format_size, resolve_machine
 from tandem.runtime.planning.memory_model import Setup, estimate
@@ -59,12 +59,11 @@ def onnx_shape(path: str | Path) -> ModelShape:
     folder = _folder(Path(path))
     if (folder / "config.json").exists():
         return shape_from_hf(folder)
-    try:
-        meta = json.loads((folder / "tandem-onnx.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise TandemError(f"Cannot tell the shape of the ONNX export {folder}: {exc}") from None
-    source = Path(meta.get("source", ""))
-    if source.is_file():
+    meta = read_onnx_meta(folder)
+    if meta is None:
+        raise TandemError(f"Cannot tell the shape of the ONNX export {folder}: no readable {META_FILE}.")
+    source = Path(meta.source)
+    if meta.source and source.is_file():
         shape = shape_from_gguf(source)
         if shape.n_params and shape.weights_bytes < 4 * shape.n_params:
             scale = 4 * shape.n_params / shape.weights_bytes
@@ -74,10 +73,10 @@ def onnx_shape(path: str | Path) -> ModelShape:
         return shape
     weights = sum(f.stat().st_size for f in folder.iterdir() if f.is_file() and not f.name.endswith(".int8.onnx")
                   and f.suffix not in (".json", ".gguf"))
-    hkv, hd, layers = int(meta["n_kv_heads"]), int(meta["head_dim"]), int(meta["n_layers"])
+    hkv, hd, layers = meta.n_head_kv, meta.head_dim, meta.n_layer
     return ModelShape(name=folder.name, n_layer=layers, n_embd=hkv * hd, n_head=hkv, n_head_kv=hkv,
-                      head_dim=hd, head_dim_v=hd, n_ff=0, n_vocab=int(meta["vocab_size"]),
-                      n_ctx_train=int(meta["context_length"]), layer_bytes=(weights // max(layers, 1),) * layers,
+                      head_dim=hd, head_dim_v=hd, n_ff=0, n_vocab=meta.n_vocab,
+                      n_ctx_train=meta.n_ctx_train, layer_bytes=(weights // max(layers, 1),) * layers,
                       input_bytes=0, output_bytes=0)
 
 

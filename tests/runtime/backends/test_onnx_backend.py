@@ -9,6 +9,7 @@ agreement with fp32 is reported, and only loosely bounded.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from tandem.models.errors import ModelNotFound
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 from tandem.runtime.backends.onnx import OnnxBackend, OnnxConfig
 from tandem.runtime.backends.onnx_export import export_onnx
+from tandem.runtime.backends.onnx_meta import read_onnx_meta
 from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
 from tandem.runtime.generate import DoneEvent, generate
 
@@ -158,7 +160,14 @@ def test_export_cli(stories260k: Path, tmp_path: Path, capsys: pytest.CaptureFix
     report = json.loads(capsys.readouterr().out)
     assert report["files"] == [str(out / "model.onnx")]
     meta = json.loads((out / "tandem-onnx.json").read_text())
-    assert meta["n_layers"] == 5 and meta["vocab_size"] == 512
+    assert meta["n_layer"] == 5 and meta["n_vocab"] == 512 and meta["format"] == "tandem-decoder-with-past/2"
+    # an export of format 1 (the torch engine's old key names) still reads the same
+    old = {"n_layers": 5, "n_kv_heads": meta["n_head_kv"], "head_dim": meta["head_dim"], "vocab_size": 512,
+           "context_length": meta["n_ctx_train"], "tokenizer": meta["tokenizer"], "source": meta["source"],
+           "format": "tandem-decoder-with-past/1"}
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "tandem-onnx.json").write_text(json.dumps(old))
+    assert replace(read_onnx_meta(tmp_path / "old"), format=meta["format"]) == read_onnx_meta(out)
     assert main(["export-onnx", str(tmp_path / "missing.gguf"), "-o", str(out)]) == ModelNotFound.exit_code
     assert "No model" in capsys.readouterr().err
     with pytest.raises(ModelNotFound):
