@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.models.chat_template import Message, prompt_ids, render_chat
@@ -19,7 +19,11 @@ from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.generate import Event, Strategy, autoregressive, generate
 
 
+@runtime_checkable
 class Closable(Protocol):
+    """What holds resources to free: an engine's owner, a speculative strategy (its
+    drafters); plain decoding is a bare function and holds none."""
+
     def close(self) -> None: ...
 
 
@@ -84,29 +88,18 @@ class ChatEngine:
         stop: Sequence[str] = (),
         cancel: threading.Event | None = None,
         logprobs: int | None = None,
+        reply_prefix: str = "",
     ) -> Iterator[Event]:
-        """Stream the assistant's reply to ``messages`` (the last one is the user's)."""
+        """Stream the assistant's reply to ``messages`` (the last one is the user's).
+
+        ``reply_prefix`` is the start of that reply, already shown (one cut off earlier):
+        the model writes on from its end, and the events carry only the new text."""
         with self.lock:
             ids, stops = self.fit(messages, max_tokens)
-            yield from self._generate(ids, params, max_tokens, [*stops, *stop], cancel, logprobs)
-
-    def complete(
-        self,
-        prompt: Sequence[int],
-        params: SamplingParams,
-        max_tokens: int = 512,
-        stop: Sequence[str] = (),
-        cancel: threading.Event | None = None,
-        logprobs: int | None = None,
-    ) -> Iterator[Event]:
-        """Stream a plain continuation of ``prompt`` ids (no chat template)."""
-        with self.lock:
-            yield from self._generate(list(prompt), params, max_tokens, list(stop), cancel, logprobs)
-
-    def _generate(self, ids: list[int], params: SamplingParams, max_tokens: int, stop: list[str],
-                  cancel: threading.Event | None, logprobs: int | None = None) -> Iterator[Event]:
-        yield from generate(self.target, ids, Sampler(params), strategy=self.strategy,
-                            max_tokens=max_tokens, stop=stop, cancel=cancel, logprobs=logprobs)
+            if reply_prefix:
+                ids += self.target.tokenize(reply_prefix, add_bos=False)
+            yield from generate(self.target, ids, Sampler(params), strategy=self.strategy, max_tokens=max_tokens,
+                                stop=[*stops, *stop], cancel=cancel, logprobs=logprobs)
 
     def stats_memory(self) -> dict[str, int]:
         """Bytes in use: target weights, drafter weights, KV caches (both models)."""
@@ -124,9 +117,8 @@ class ChatEngine:
             if self.owner is not None:
                 self.owner.close()
                 return
-            close = getattr(self.strategy, "close", None)
-            if callable(close):
-                close()
+            if isinstance(self.strategy, Closable):
+                self.strategy.close()
             for backend in (self.drafter, self.target):
                 if backend is not None:
                     backend.close()

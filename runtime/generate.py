@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
@@ -120,6 +120,15 @@ def check_prompt(target: Backend, prompt: Sequence[int]) -> None:
         )
 
 
+def run_strategy(strategy: Strategy, target: Backend, prompt: list[int], sampler: Sampler, stats: DecodeStats,
+                 max_tokens: int) -> Generator[Commit, None, None]:
+    """The strategy's commits as a generator (nothing runs when no token is wanted), so
+    :func:`generate` can always close it: closing ends a strategy that is itself a
+    generator at once (its cleanup runs now, not at garbage collection)."""
+    if max_tokens:
+        yield from strategy(target, prompt, sampler, stats)
+
+
 def generate(
     target: Backend,
     prompt: Sequence[int],
@@ -153,7 +162,7 @@ def generate(
     start = time.perf_counter()
     first_at: float | None = None
     eog_decided = False  # an end-of-generation token is not output, but a target call decided it
-    commits = strategy(target, prompt, sampler, stats) if max_tokens else iter(())
+    commits = run_strategy(strategy, target, prompt, sampler, stats, max_tokens)
     try:
         for commit in commits:
             tokens = commit.tokens[: max_tokens - len(out_tokens)]
@@ -179,8 +188,7 @@ def generate(
                 finish = "cancelled"
                 break
     finally:
-        if hasattr(commits, "close"):
-            commits.close()
+        commits.close()
         # Leave the cache holding prompt + output, nothing a strategy evaluated beyond.
         target.truncate(common_prefix_len(target.tokens, prompt + out_tokens))
     if finish != "stop":

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,7 +139,7 @@ def infill_job(slot: ModelSlot, ids: list[int], req: InfillRequest, client: str 
     """The infill, reusing the cached prefix only when ``client`` left it (:mod:`.cache_owner`),
     and with ``cache_reuse`` > 0 also the cached runs that moved (``--cache-reuse``)."""
 
-    def run(cancel: threading.Event) -> Iterator[InfillChunk | InfillDone]:
+    def run(cancel: threading.Event) -> Generator[InfillChunk | InfillDone, None, None]:
         with slot.engine.lock:
             reuse = req.cache_prompt and cache_owner.reusable(slot, client)
             strategy = slot.engine.strategy

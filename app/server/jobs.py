@@ -10,7 +10,7 @@ that left it there.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, replace
 
 from tandem.app.server import cache_owner
@@ -43,7 +43,7 @@ class PromptCache:
 
 def chat_job(slot: ModelSlot, messages: list[dict[str, str]], req: GenRequest, client: str = "",
              cache: PromptCache | None = None):
-    def run(cancel: threading.Event) -> Iterator[Event]:
+    def run(cancel: threading.Event) -> Generator[Event, None, None]:
         with slot.engine.lock:
             ids, stops = slot.engine.fit(messages, req.max_tokens)
             yield from _generate(slot, ids, req, [*stops, *req.stop], cancel, client, cache)
@@ -53,7 +53,7 @@ def chat_job(slot: ModelSlot, messages: list[dict[str, str]], req: GenRequest, c
 
 def completion_job(slot: ModelSlot, ids: list[int], req: GenRequest, client: str = "",
                    cache: PromptCache | None = None):
-    def run(cancel: threading.Event) -> Iterator[Event]:
+    def run(cancel: threading.Event) -> Generator[Event, None, None]:
         with slot.engine.lock:
             yield from _generate(slot, ids, req, list(req.stop), cancel, client, cache)
 
@@ -86,7 +86,7 @@ def drafts_job(slot: ModelSlot, req: GenRequest, *, ids: list[int] | None = None
     the request's settings, the i-th seeded with ``seed + i`` when a seed is given, so
     temperature and seed mean what they mean for n = 1."""
 
-    def run(cancel: threading.Event) -> Iterator[Drafts]:
+    def run(cancel: threading.Event) -> Generator[Drafts, None, None]:
         with slot.engine.lock:
             stops = list(req.stop)
             prompt = ids

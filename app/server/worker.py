@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-JobFn = Callable[[threading.Event], Iterator[Any]]
+JobFn = Callable[[threading.Event], Generator[Any, None, None]]
+"""A job: a generator function, so the worker can close it when it stops early."""
 
 
 class _End:
@@ -113,7 +114,7 @@ class ModelWorker:
                 self.stats.failed += 1
                 job.emit(exc)
             finally:
-                if items is not None and hasattr(items, "close"):
+                if items is not None:
                     items.close()  # run the generation's cleanup (KV rollback) now, not at GC
                 self.busy = False
                 self._current = None

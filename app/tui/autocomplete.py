@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -29,6 +29,10 @@ from tandem.runtime.autocomplete.drafts import (
     SuggestResult,
     load_ngram_for,
 )
+from tandem.runtime.chat import ChatEngine
+
+if TYPE_CHECKING:
+    from tandem.app.tui.chat_screen import ChatScreen
 
 WAIT_NOTICE_S = 1.0
 """A request running longer than this shows a waiting line with the time so far."""
@@ -51,11 +55,11 @@ def shown_drafts(texts: Iterable[str]) -> list[str]:
     return out
 
 
-def make_autocompleter(engine: Any, k: int = 3, budget_ms: float = 400.0) -> Autocompleter:
+def make_autocompleter(engine: ChatEngine, k: int = 3, budget_ms: float = 400.0) -> Autocompleter:
     """An autocompleter sharing the chat engine's model and lock (one KV cache, one user)."""
     target = engine.target
     cfg = AutocompleteConfig(k=k, budget_ms=budget_ms, single_line=True)
-    return Autocompleter(target, load_ngram_for(target), cfg, lock=getattr(engine, "lock", None))
+    return Autocompleter(target, load_ngram_for(target), cfg, lock=engine.lock)
 
 
 class AutocompleteScreen(Screen[str]):
@@ -76,7 +80,7 @@ class AutocompleteScreen(Screen[str]):
     AutocompleteScreen #ac-status { height: 1; padding: 0 1; color: $text-muted; }
     """
 
-    def __init__(self, autocompleter: Autocompleter | None = None, engine: Any = None, text: str = "",
+    def __init__(self, autocompleter: Autocompleter | None = None, engine: ChatEngine | None = None, text: str = "",
                  *, k: int = 3, budget_ms: float = 400.0, debounce_s: float = DEBOUNCE_S) -> None:
         super().__init__()
         self.autocompleter = autocompleter
@@ -209,9 +213,9 @@ class AutocompleteScreen(Screen[str]):
         self.dismiss(self.editor.text)
 
 
-def open_autocomplete(screen: Any) -> None:
+def open_autocomplete(screen: ChatScreen) -> None:
     """Entry point for the chat screen's binding: edit the chat input with autocomplete."""
-    engine = getattr(screen, "engine", None)
+    engine = screen.engine
     if engine is None:
         screen.notify("The model is still loading; try again in a moment.", severity="warning")
         return

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from tandem.app.history.store import COMPLETE, INTERRUPTED, ChatRecord, History, MessageRecord
 from tandem.kernels.sampling import SamplingParams
 from tandem.models.errors import TandemError
-from tandem.runtime.generate import DoneEvent, Event, TokenEvent
+from tandem.runtime.chat import ChatEngine
+from tandem.runtime.generate import DoneEvent, TokenEvent
 
 DEFAULT_MAX_TOKENS = 512
 
@@ -155,7 +156,7 @@ ProgressCallback = Callable[[TokenEvent, int, LiveStats], None]
 
 
 def run_reply(
-    engine: Any,
+    engine: ChatEngine,
     history: History,
     chat: ChatRecord,
     *,
@@ -177,18 +178,19 @@ def run_reply(
     """
     settings = ChatSettings.from_dict(chat.params)
     stored = history.messages(chat.id)
+    if resume is not None:  # the conversation before it, then the reply so far
+        stored = [m for m in stored if m.id < resume.id]
+    events = engine.stream(conversation(chat, stored), settings.params, settings.max_tokens, stop=settings.stop,
+                           cancel=cancel, reply_prefix=resume.content if resume is not None else "")
     if resume is None:
-        events = engine.stream(conversation(chat, stored), settings.params, settings.max_tokens,
-                               stop=settings.stop, cancel=cancel)
         reply = history.start_reply(chat.id)
     else:
-        events = continuation(engine, chat, stored, resume, settings, cancel)
         reply = resume
         history.finish_reply(reply.id, INTERRUPTED, reply.stats)  # interrupted until it ends again
     if on_start is not None:
         on_start(reply)
     live = LiveStats()
-    token_bytes = getattr(getattr(engine, "target", None), "token_bytes", None)
+    token_bytes = engine.target.token_bytes
     status, stats = INTERRUPTED, None
     try:
         for event in events:
@@ -218,17 +220,6 @@ def run_reply(
         if not (stats.get("error")):
             history.finish_reply(reply.id, status, stats)
     return history.get_message(reply.id)
-
-
-def continuation(engine: Any, chat: ChatRecord, stored: Sequence[MessageRecord], partial: MessageRecord,
-                 settings: ChatSettings, cancel: threading.Event | None) -> Iterator[Event]:
-    """Continue ``partial``: the prompt is the conversation before it, ready for the
-    assistant's turn, followed by the reply so far, so the model writes on from there."""
-    before = [m for m in stored if m.id < partial.id]
-    ids, stops = engine.fit(conversation(chat, before), settings.max_tokens)
-    ids = ids + engine.target.tokenize(partial.content, add_bos=False)
-    yield from engine.complete(ids, settings.params, settings.max_tokens, stop=[*stops, *settings.stop],
-                               cancel=cancel)
 
 
 def continued_stats(before: dict[str, Any] | None, after: dict[str, Any], offset: int) -> dict[str, Any]:

@@ -40,11 +40,13 @@ class ThinkingEngine:
 
     FRAGMENTS = ["<th", "ink>\nFirst I ", "add the numbers.", "\n</thi", "nk>\n\nIt is **4**."]
 
-    def __init__(self) -> None:
+    def __init__(self, target) -> None:
+        self.target = target
+        """The app's real model (its token bytes colour drafted text; nothing is drafted here)."""
         self.sent = 0
         self.allowed = 0
 
-    def stream(self, messages, params, max_tokens, stop=(), cancel=None):
+    def stream(self, messages, params, max_tokens, stop=(), cancel=None, reply_prefix=""):
         for i, text in enumerate(self.FRAGMENTS):
             while self.allowed <= i:
                 time.sleep(0.01)
@@ -61,7 +63,7 @@ async def test_a_streaming_think_block_stays_collapsed_above_the_answer(stories2
     app = make_app(stories260k, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         screen = await ready(app, pilot)
-        fake = ThinkingEngine()
+        fake = ThinkingEngine(screen.engine.target)
         screen.engine = fake
         screen.input.load_text("What is 2+2?")
         await pilot.press("enter")
