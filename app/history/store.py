@@ -170,15 +170,6 @@ class History:
             db.execute("INSERT INTO messages_fts(rowid, content) SELECT id, content FROM messages WHERE status = ?",
                        (INTERRUPTED,))
 
-    @property
-    def schema_version(self) -> int:
-        with self._lock:
-            return int(self._db.execute("PRAGMA user_version").fetchone()[0])
-
-    def integrity_ok(self) -> bool:
-        with self._lock:
-            return self._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-
     def close(self) -> None:
         with self._lock:
             self._db.close()

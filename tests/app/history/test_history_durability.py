@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sqlite_file import integrity_ok
 
 from tandem.app.history.store import COMPLETE, INTERRUPTED, History
 
@@ -92,7 +93,7 @@ def test_kill_9_mid_stream_keeps_the_partial_reply(stories260k: Path, tmp_path: 
     assert child.returncode in (-signal.SIGKILL, 0), child.stderr.read().decode()[-2000:]
 
     with History(db) as history:
-        assert history.integrity_ok()
+        assert integrity_ok(db)
         (chat,) = history.list_chats()
         assert chat.title == "durable"
         user, reply = history.messages(chat.id)

@@ -6,6 +6,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from sqlite_file import integrity_ok, pragma
 
 from tandem.app.history.schema import MIGRATIONS
 from tandem.app.history.search import HIT_END, HIT_START, fts_query
@@ -72,7 +73,7 @@ def test_index_follows_edits_and_deletes(tmp_path: Path) -> None:
         assert [x.message_id for x in h.search("second")] == [m.id]
         h.delete_chat(chat.id)  # cascades to the messages, and the triggers to the index
         assert h.search("second") == []
-        assert h.integrity_ok()
+        assert integrity_ok(h.path)
 
 
 def test_a_version_1_file_is_migrated_and_its_messages_indexed(tmp_path: Path) -> None:
@@ -84,7 +85,7 @@ def test_a_version_1_file_is_migrated_and_its_messages_indexed(tmp_path: Path) -
     db.execute("INSERT INTO messages (chat_id, role, content, created_at) VALUES (1, 'user', 'ancient words', 0)")
     db.close()
     with History(path) as h:
-        assert h.schema_version == len(MIGRATIONS) >= 2
+        assert pragma(path, "user_version") == len(MIGRATIONS) >= 2
         assert [x.chat_title for x in h.search("ancient")] == ["Old"]
         assert h.get_chat(1).engine is None
 
@@ -113,4 +114,4 @@ def test_a_reply_cut_by_esc_or_a_crash_is_searchable(tmp_path: Path) -> None:
         h.finish_reply(crashed.id, COMPLETE, None)
         edit_outside(path, crashed.id, "edited afterwards")  # an edit of a finished message
         assert h.search("died") == [] and [x.message_id for x in h.search("edited")] == [crashed.id]
-        assert h.integrity_ok()
+        assert integrity_ok(h.path)
