@@ -117,6 +117,9 @@ class History:
             self._db = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=10.0
             )
+        except sqlite3.DatabaseError as exc:
+            raise self._open_error(exc) from None
+        try:
             self._db.row_factory = sqlite3.Row
             # structure only: rows that break a CHECK (an unknown role) are still readable
             damage = [r[0] for r in self._db.execute("PRAGMA quick_check").fetchall()
@@ -130,11 +133,14 @@ class History:
             self._migrate()
             self._reindex_unfinished()
         except sqlite3.DatabaseError as exc:
-            if hasattr(self, "_db"):  # connect itself may have failed
-                self._db.close()
-            if "malformed" in str(exc):  # a file that is no database at all is left alone
-                raise HistoryDamaged(f"The chat history at {self.path} is damaged ({exc}).") from None
-            raise TandemError(f"The chat history at {self.path} cannot be opened: {exc}.") from None
+            self._db.close()
+            raise self._open_error(exc) from None
+
+    def _open_error(self, exc: sqlite3.DatabaseError) -> TandemError:
+        """What to tell the user when the file cannot be opened (it is left alone)."""
+        if "malformed" in str(exc):  # a file that is no database at all
+            return HistoryDamaged(f"The chat history at {self.path} is damaged ({exc}).")
+        return TandemError(f"The chat history at {self.path} cannot be opened: {exc}.")
 
     # -- plumbing -----------------------------------------------------------------
     @contextmanager

@@ -240,9 +240,7 @@ class TorchBackend(TokenizerDelegate, FixedTokenCache):
     def close(self) -> None:
         self.cache.reset()
         self._tokens = []
-        close = getattr(self.tokenizer, "close", None)
-        if close is not None:
-            close()
+        self.tokenizer.close()
 
     def __enter__(self) -> TorchBackend:
         return self
