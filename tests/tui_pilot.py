@@ -22,7 +22,9 @@ PREFIX = "Once upon a time"
 
 
 class SlowEngine:
-    """Wraps a real ChatEngine, sleeping after each token so a test can act mid-reply."""
+    """Wraps a real ChatEngine, sleeping after each token so a test can act mid-reply
+    (per token, not per event: a speculative round commits many tokens in one event,
+    and the adaptive policy, starting from costs learnt by earlier runs, drafts more)."""
 
     def __init__(self, engine, delay: float = 0.01) -> None:
         self.engine, self.delay = engine, delay
@@ -33,7 +35,7 @@ class SlowEngine:
     def stream(self, *args, **kwargs) -> Iterator:
         for event in self.engine.stream(*args, **kwargs):
             if isinstance(event, TokenEvent):
-                time.sleep(self.delay)
+                time.sleep(self.delay * max(1, len(event.tokens)))
             yield event
 
 
