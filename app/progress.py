@@ -16,17 +16,19 @@ from types import TracebackType
 from typing import TextIO
 
 
-def bar(done: int, total: int, width: int = 24) -> str:
-    """``[#########---------------]  37% 9/24``."""
+def bar(done: int, total: int, width: int = 24, *, counts: bool = True) -> str:
+    """``[#########---------------]  37% 9/24`` (without ``9/24`` when ``counts`` is off)."""
     denom = max(total, 1)
     filled = min(width, done * width // denom)
-    return f"[{'#' * filled}{'-' * (width - filled)}] {done * 100 // denom:3d}% {done}/{total}"
+    tail = f" {done}/{total}" if counts else ""
+    return f"[{'#' * filled}{'-' * (width - filled)}] {done * 100 // denom:3d}%{tail}"
 
 
 class Progress:
     """``with Progress("loading model"): ...`` — see the module docstring.
 
-    ``stage(text)`` names the current step; ``advance(done, total)`` shows a bar.
+    ``stage(text)`` names the current step; ``advance(done, total)`` shows a bar, and
+    ``fraction(f)`` one for work measured in fractions (llama.cpp's model loading).
     """
 
     def __init__(self, label: str, stream: TextIO | None = None, *, delay: float = 1.0,
@@ -37,6 +39,7 @@ class Progress:
         self.delay, self.interval = delay, interval
         self._stage = ""
         self._done: tuple[int, int] | None = None
+        self._counts = True
         self._started = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -47,12 +50,15 @@ class Progress:
         self._stage = text
 
     def advance(self, done: int, total: int) -> None:
-        self._done = (done, total)
+        self._done, self._counts = (done, total), True
+
+    def fraction(self, f: float) -> None:
+        self._done, self._counts = (round(min(max(f, 0.0), 1.0) * 100), 100), False
 
     def line(self, now: float | None = None) -> str:
         elapsed = (time.monotonic() if now is None else now) - self._started
         what = f"{self.label} ({self._stage})" if self._stage else self.label
-        tail = f" {bar(*self._done)}" if self._done else ""
+        tail = f" {bar(*self._done, counts=self._counts)}" if self._done else ""
         return f"tandem: {what}…{tail} {elapsed:.0f} s"
 
     def _draw(self, text: str) -> None:

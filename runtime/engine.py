@@ -201,10 +201,13 @@ def check_spec(spec: EngineSpec, kind: str) -> None:
         raise TandemError("--device chooses the torch engine's device: add --engine torch.")
 
 
-def open_engine(spec: EngineSpec, notify: Notify | None = None) -> Engine:
+def open_engine(spec: EngineSpec, notify: Notify | None = None,
+                on_load: Callable[[float], None] | None = None) -> Engine:
     """Plan, open, place and build the strategy for ``spec`` (module docstring).
 
-    ``notify`` receives progress stages ("planning memory", "loading the model", ...);
+    ``notify`` receives progress stages ("planning memory", "loading the model", ...),
+    ``on_load`` the fraction of the target's weights loaded (a progress bar's, where the
+    runtime reports it: llama.cpp);
     what the builder chose or changed (a drafter the planner dropped, a KV type it chose
     for the budget, a quality cost) is in ``Engine.notes``. Raises ``BudgetError``
     when nothing fits, ``TandemError`` for settings that cannot apply; on any failure
@@ -214,8 +217,8 @@ def open_engine(spec: EngineSpec, notify: Notify | None = None) -> Engine:
     kind = target_engine(spec)
     check_spec(spec, kind)
     if kind == "llama.cpp":
-        return on_passing_thread(lambda: _open_llama(spec, say))
-    return on_passing_thread(lambda: _open_other(spec, kind, say))
+        return on_passing_thread(lambda: _open_llama(spec, say, on_load))
+    return on_passing_thread(lambda: _open_other(spec, kind, say, on_load))
 
 
 def on_passing_thread(fn: Callable[[], T]) -> T:
@@ -264,12 +267,12 @@ def _wants_model(spec: EngineSpec) -> bool:
     return spec.drafter is not None and spec.draft_mode in ("auto", "model", "xvocab")
 
 
-def _open_llama(spec: EngineSpec, say: Notify) -> Engine:
+def _open_llama(spec: EngineSpec, say: Notify, on_load: Callable[[float], None] | None) -> Engine:
     from tandem.runtime.planning.calibration import place
     from tandem.runtime.planning.planner import plan_for_run
 
     if spec.rpc:
-        return _open_rpc(spec, say)
+        return _open_rpc(spec, say, on_load)
     draft_path = spec.drafter if _wants_model(spec) else None
     planned_draft = draft_path if draft_path is not None and backend_kind(draft_path) == "gguf" else None
     say("planning memory")
@@ -283,7 +286,8 @@ def _open_llama(spec: EngineSpec, say: Notify) -> Engine:
         if mode in ("model", "xvocab"):
             mode = "off"
     say("loading the model")
-    target = open_backend(spec.target, llama_config=replace(plan.target.llama_config(), exact=not spec.fast_verify))
+    target = open_backend(spec.target, llama_config=replace(plan.target.llama_config(), exact=not spec.fast_verify),
+                          on_load=on_load)
     engine = Engine(spec, target, SpeculativeStrategy(None, None), "llama.cpp", plan=plan, notes=notes)
     try:
         options = spec_options(spec, mode, plan.draft_max)
@@ -309,7 +313,7 @@ def _open_llama(spec: EngineSpec, say: Notify) -> Engine:
         raise
 
 
-def _open_rpc(spec: EngineSpec, say: Notify) -> Engine:
+def _open_rpc(spec: EngineSpec, say: Notify, on_load: Callable[[float], None] | None) -> Engine:
     """A target split over llama.cpp RPC servers (:mod:`tandem.runtime.backends.rpc`):
     each server's share priced against the memory it reports, this machine's against the
     budget less the drafter's (:mod:`tandem.runtime.planning.rpc_devices`). The drafter
@@ -326,7 +330,7 @@ def _open_rpc(spec: EngineSpec, say: Notify) -> Engine:
     say("loading the model")
     config = LlamaConfig(n_ctx=n_ctx, n_threads=spec.threads, type_k=kv, type_v=kv, exact=not spec.fast_verify,
                          rpc=spec.rpc, rpc_layers=split.layers)
-    target = open_backend(spec.target, llama_config=config)
+    target = open_backend(spec.target, llama_config=config, on_load=on_load)
     engine = Engine(spec, target, SpeculativeStrategy(None, None), "llama.cpp", notes=[split.summary()])
     try:
         return _finish(engine, draft_path, spec_options(spec), LlamaConfig(n_ctx=n_ctx, n_threads=spec.threads),
@@ -336,7 +340,7 @@ def _open_rpc(spec: EngineSpec, say: Notify) -> Engine:
         raise
 
 
-def _open_other(spec: EngineSpec, kind: str, say: Notify) -> Engine:
+def _open_other(spec: EngineSpec, kind: str, say: Notify, on_load: Callable[[float], None] | None) -> Engine:
     """A target in the torch engine (priced with its KV compression and expert offload) or
     onnxruntime (budget-checked): no ladder to walk, no placement to measure."""
     say("planning memory")
@@ -353,7 +357,7 @@ def _open_other(spec: EngineSpec, kind: str, say: Notify) -> Engine:
 
         plan_unplanned(spec.target, "onnx", spec.budget, spec.n_ctx)
         say("loading the model")
-        target = open_backend(spec.target, n_ctx=spec.n_ctx, n_threads=spec.threads)
+        target = open_backend(spec.target, n_ctx=spec.n_ctx, n_threads=spec.threads, on_load=on_load)
     engine = Engine(spec, target, SpeculativeStrategy(None, None), kind, torch_plan=torch_plan,
                     notes=torch_plan.notes() if torch_plan else [])
     try:

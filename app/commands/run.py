@@ -88,7 +88,7 @@ def run_prompt(target: Backend, prompt: str, *, raw: bool) -> tuple[list[int], l
 def run(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     with Progress(f"loading {args.model}") as progress:
-        engine = open_engine(spec_from_args(args), notify=progress.stage)
+        engine = open_engine(spec_from_args(args), notify=progress.stage, on_load=progress.fraction)
     with engine:
         for note in engine.notes:
             print(f"tandem: {note}", file=sys.stderr)

@@ -74,7 +74,8 @@ def open_server(args: argparse.Namespace):
     if args.no_spec:
         spec = replace(spec, draft_mode="off")
     with Progress(f"loading {args.model}") as progress:
-        slot = load_model(spec, ngram_name=args.ngram, max_queue=args.max_queue, notify=progress.stage)
+        slot = load_model(spec, ngram_name=args.ngram, max_queue=args.max_queue, notify=progress.stage,
+                          on_load=progress.fraction)
     for note in slot.notes:
         print(f"tandem: {note}", file=sys.stderr)
     try:

@@ -81,10 +81,11 @@ def make_slot(target: Backend, *, name: str | None = None, speculative: bool = T
 
 
 def load_model(spec: EngineSpec, *, ngram_name: str | None = None, max_queue: int = 64,
-               notify: Callable[[str], None] | None = None) -> ModelSlot:
+               notify: Callable[[str], None] | None = None,
+               on_load: Callable[[float], None] | None = None) -> ModelSlot:
     """Open ``spec``'s model (and drafter) with :func:`open_engine`, isolated per client,
     ready to serve."""
-    engine = open_engine(isolated(spec), notify=notify)
+    engine = open_engine(isolated(spec), notify=notify, on_load=on_load)
     try:
         ngram = load_ngram_for(engine.target, ngram_name)
         if ngram_name and ngram is None:

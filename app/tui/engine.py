@@ -97,13 +97,18 @@ class LoadProgress:
     name: str
     stage: str = "starting"
     started: float = field(default_factory=time.monotonic)
+    loaded: float | None = None
+    """Fraction of the weights llama.cpp has loaded (set from the loading thread; the
+    once-a-second tick shows it)."""
 
     def line(self, now: float | None = None) -> str:
         elapsed = (time.monotonic() if now is None else now) - self.started
-        return f"Loading {self.name}: {self.stage}… {elapsed:.0f} s"
+        share = f" {self.loaded:.0%}" if self.loaded is not None and self.stage == "loading the model" else ""
+        return f"Loading {self.name}: {self.stage}{share}… {elapsed:.0f} s"
 
 
-def load_engine(choice: ModelChoice, progress: Callable[[str], None] | None = None) -> ChatEngine:
+def load_engine(choice: ModelChoice, progress: Callable[[str], None] | None = None,
+                on_load: Callable[[float], None] | None = None) -> ChatEngine:
     """Open the target (and the drafter) as a ChatEngine (:func:`open_engine`).
 
     One speculative strategy is built per engine and reused for every reply, so the
@@ -111,7 +116,7 @@ def load_engine(choice: ModelChoice, progress: Callable[[str], None] | None = No
     changed or chose (a drafter the planner dropped, a KV type, a placement) goes to
     ``choice.notes`` for the UI to show.
     """
-    engine = open_engine(choice.spec(), notify=progress)
+    engine = open_engine(choice.spec(), notify=progress, on_load=on_load)
     choice.notes.extend(engine.notes)
     return ChatEngine(engine.target, engine.strategy, drafter=engine.drafter_backend, owner=engine)
 

@@ -59,7 +59,14 @@ class ModelLoading:
     def _load(self: ChatScreen, choice: ModelChoice, old: Any) -> None:
         close_engine(old)
         try:
-            engine = load_engine(choice, progress=lambda stage: self.app.call_from_thread(self._loading_stage, stage))
+            shown = self.load_progress
+
+            def loaded(fraction: float) -> None:  # from llama.cpp, on this thread: the tick draws it
+                if shown is not None:
+                    shown.loaded = fraction
+
+            engine = load_engine(choice, progress=lambda stage: self.app.call_from_thread(self._loading_stage, stage),
+                                 on_load=loaded)
             error = None
         except TandemError as exc:
             engine, error = None, str(exc)

@@ -7,9 +7,10 @@ for, so plain decoding copies one row of logits and verification copies k+1.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +65,19 @@ def model_params(cfg: LlamaConfig) -> llama_cpp.llama_model_params:
     params.n_gpu_layers = cfg.n_gpu_layers
     params.use_extra_bufts = not cfg.exact
     return params
+
+
+def load_progress(report: Callable[[float], None]) -> llama_cpp.llama_progress_callback:
+    """llama.cpp's load-progress callback (a fraction, 0 to 1, as tensors load) around
+    ``report``. It runs inside llama.cpp, so it never raises: a failing ``report`` is
+    ignored and loading goes on (returning false would abort the load)."""
+
+    def callback(progress: float, _user_data: ctypes.c_void_p) -> bool:
+        with contextlib.suppress(Exception):
+            report(float(progress))
+        return True
+
+    return llama_cpp.llama_progress_callback(callback)
 
 
 def context_params(cfg: LlamaConfig, n_ctx: int, threads: int) -> llama_cpp.llama_context_params:
@@ -141,7 +155,9 @@ def check_kv_types(info: GGUFInfo, type_k: str, type_v: str) -> None:
 class LlamaCppBackend(TokenizerDelegate, TokenCache):
     """A GGUF model and its KV cache (see :class:`tandem.runtime.backends.protocol.Backend`)."""
 
-    def __init__(self, path: str | os.PathLike[str], config: LlamaConfig | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], config: LlamaConfig | None = None, *,
+                 on_load: Callable[[float], None] | None = None) -> None:
+        """``on_load`` hears the fraction of the weights loaded (a progress bar's)."""
         self.config = config or LlamaConfig()
         self.path = Path(path)
         self.info = inspect_gguf(self.path)
@@ -153,6 +169,9 @@ class LlamaCppBackend(TokenizerDelegate, TokenCache):
         n_ctx = cfg.n_ctx or min(trained, 4096)
         threads = cfg.n_threads or default_threads()
         params, self._rpc = model_params(cfg), None
+        progress = load_progress(on_load) if on_load is not None else None
+        if progress is not None:
+            params.progress_callback = progress  # referenced by ``progress`` until __init__ ends
         if cfg.rpc:
             self._rpc, split = open_link(cfg.rpc, self.info, n_ctx=n_ctx, n_batch=min(cfg.n_batch, n_ctx),
                                          type_k=cfg.type_k, type_v=cfg.type_v, layers=cfg.rpc_layers)

@@ -4,6 +4,7 @@ Hugging Face folder (the torch engine), behind the one Backend protocol, so `run
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from tandem.runtime.backends.protocol import Backend
@@ -20,8 +21,9 @@ def backend_kind(path: str | Path) -> str:
 
 
 def open_backend(path: str | Path, *, n_ctx: int | None = None, n_threads: int | None = None,
-                 llama_config=None) -> Backend:
-    """The backend for ``path``; ``llama_config`` (a planned ``LlamaConfig``) wins for GGUF."""
+                 llama_config=None, on_load: Callable[[float], None] | None = None) -> Backend:
+    """The backend for ``path``; ``llama_config`` (a planned ``LlamaConfig``) wins for GGUF.
+    ``on_load`` hears the fraction loaded where the runtime reports it (llama.cpp)."""
     kind = backend_kind(path)
     if kind == "onnx":
         from tandem.runtime.backends.onnx import OnnxBackend, OnnxConfig
@@ -33,7 +35,7 @@ def open_backend(path: str | Path, *, n_ctx: int | None = None, n_threads: int |
         return TorchBackend(path, TorchConfig(n_ctx=n_ctx, n_threads=n_threads))
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 
-    backend = LlamaCppBackend(path, llama_config or LlamaConfig(n_ctx=n_ctx, n_threads=n_threads))
+    backend = LlamaCppBackend(path, llama_config or LlamaConfig(n_ctx=n_ctx, n_threads=n_threads), on_load=on_load)
     try:
         check_finite_logits(backend)
     except BaseException:

@@ -56,3 +56,30 @@ def test_convert_reports_each_tensor(tinystories656k_dir, tmp_path) -> None:
     convert_hf(tinystories656k_dir, tmp_path / "m.gguf", "f32", progress=lambda done, total: calls.append((done, total)))
     total = calls[-1][1]
     assert total > 1 and calls == [(i, total) for i in range(1, total + 1)]
+
+
+def test_a_fraction_shows_a_bar_without_counts() -> None:
+    p = Progress("loading qwen", FakeTerminal(), enabled=False)
+    p._started = 100.0
+    p.stage("loading the model")
+    p.fraction(0.375)
+    assert p.line(now=101.0) == "tandem: loading qwen (loading the model)… [#########---------------]  38% 1 s"
+
+
+def test_loading_a_real_model_reports_its_progress_to_the_end(real_models) -> None:
+    """llama.cpp's own load progress reaches the engine's caller (the CLI's bar, the TUI's
+    status): rising fractions that end at 1; a failing listener does not stop the load."""
+    from tandem.runtime.engine import EngineSpec, open_engine
+
+    seen: list[float] = []
+    with open_engine(EngineSpec(real_models.smollm2, draft_mode="off", n_ctx=256, threads=1),
+                     on_load=seen.append) as engine:
+        assert engine.target.tokenize("hi", add_bos=False)
+    assert len(seen) >= 2 and seen == sorted(seen) and seen[-1] == 1.0
+
+    def broken(_: float) -> None:
+        raise RuntimeError("a listener that fails")
+
+    with open_engine(EngineSpec(real_models.smollm2, draft_mode="off", n_ctx=256, threads=1),
+                     on_load=broken) as engine:
+        assert engine.target.n_ctx >= 256

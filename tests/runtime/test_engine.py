@@ -47,9 +47,9 @@ def test_each_model_is_opened_once_and_output_is_plain_greedy(stories_twin: Path
     opened: list[str] = []
     init = LlamaCppBackend.__init__
 
-    def counting(self, path, config=None) -> None:
+    def counting(self, path, config=None, **kwargs) -> None:
         opened.append(Path(path).name)
-        init(self, path, config)
+        init(self, path, config, **kwargs)
 
     monkeypatch.setattr(LlamaCppBackend, "__init__", counting)
     spec = EngineSpec(stories_twin, stories260k, draft_mode="model", threads=2, n_ctx=512)

@@ -305,9 +305,15 @@ def test_loading_reports_its_stages(stories260k: Path) -> None:
     from tandem.app.tui.engine import LoadProgress, ModelChoice, close_engine, load_engine
 
     stages: list[str] = []
+    loaded: list[float] = []
     close_engine(load_engine(ModelChoice(stories260k, draft_mode="ngram", measure_cost=False),
-                             progress=stages.append))
+                             progress=stages.append, on_load=loaded.append))
     assert stages[:2] == ["planning memory", "loading the model"]
     assert any("speculative" in s for s in stages)
+    assert loaded and loaded[-1] == 1.0  # llama.cpp's own load progress reaches the status line
     progress = LoadProgress("qwen", "loading the model", started=100.0)
     assert progress.line(now=103.4) == "Loading qwen: loading the model… 3 s"
+    progress.loaded = 0.42
+    assert progress.line(now=103.4) == "Loading qwen: loading the model 42%… 3 s"
+    progress.stage = "placing the drafter"  # the share is the weights': not shown for later stages
+    assert progress.line(now=104.0) == "Loading qwen: placing the drafter… 4 s"
