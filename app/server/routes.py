@@ -151,7 +151,7 @@ class Routes:
             return await self.drafts(request, slot, req, shaper, jobs.drafts_job(slot, req, ids=ids, client=client))
         cache = jobs.PromptCache()
         return await self.generation(request, slot, req, shaper, jobs.completion_job(slot, ids, req, client, cache),
-                                     cache)
+                                     cache, text_start=len(prompt))
 
     async def infill(self, request: Request):
         """llama-server's /infill (see :mod:`.infill`)."""
@@ -192,7 +192,9 @@ class Routes:
         return JSONResponse(final_body(done))
 
     async def generation(self, request: Request, slot: ModelSlot, req: GenRequest, shaper: Shaper, fn,
-                         cache: jobs.PromptCache):
+                         cache: jobs.PromptCache, text_start: int = 0):
+        """``text_start``: where the reply's text begins for legacy ``text_offset`` (after the
+        prompt, as OpenAI and llama-cpp-python count without ``echo``)."""
         job, items, first, watcher = await self.start(request, slot, fn)
         if req.stream:
             watcher.cancel()
@@ -202,7 +204,7 @@ class Routes:
 
             return generation_stream(first, items, job, shaper=shaper, token_bytes=slot.target.token_bytes,
                                      include_usage=req.include_usage, cache=cache, on_stats=on_stats,
-                                     config=self.stream_config, streams=self.streams)
+                                     config=self.stream_config, streams=self.streams, text_start=text_start)
         lps: list | None = [] if req.logprobs is not None else None
         done = await _final(first, items, watcher, lps)
         st = request.state.stats = done.stats
@@ -210,7 +212,7 @@ class Routes:
                            usage(st.prompt_tokens, st.generated_tokens, cache.cached_tokens),
                            {"tandem": {"stats": st.as_dict()}})
         if lps is not None:
-            body["choices"][0]["logprobs"] = shape(lps, slot.target.token_bytes, chat=shaper.chat)
+            body["choices"][0]["logprobs"] = shape(lps, slot.target.token_bytes, chat=shaper.chat, offset=text_start)
         return JSONResponse(body)
 
     async def drafts(self, request: Request, slot: ModelSlot, req: GenRequest, shaper: Shaper, fn):

@@ -72,7 +72,7 @@ class ReplyStream(EventSourceResponse):
 
 def generation_stream(first: Any, items: AsyncIterator, job: Job, *, shaper: Shaper, token_bytes: Callable,
                       include_usage: bool, cache: PromptCache, on_stats: Callable[[GenerationStats], None],
-                      config: StreamConfig, streams: OpenStreams) -> ReplyStream:
+                      config: StreamConfig, streams: OpenStreams, text_start: int = 0) -> ReplyStream:
     """A chat or text completion's chunks, its finish chunk, the usage chunk (when asked
     for) and ``[DONE]``."""
     shutdown = anyio.Event()
@@ -81,7 +81,7 @@ def generation_stream(first: Any, items: AsyncIterator, job: Job, *, shaper: Sha
         stopper = asyncio.create_task(_cancel_on(shutdown, job))
         try:
             yield {"data": json.dumps(shaper.chunk(0, "" if shaper.chat else None, first=True))}
-            offset = 0
+            offset = text_start
             ended = False
             async for ev in chain(first, items):
                 if isinstance(ev, TokenEvent) and (ev.text or ev.logprobs):

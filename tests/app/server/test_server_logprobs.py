@@ -53,7 +53,12 @@ def test_completion_logprobs_with_the_openai_client(served) -> None:
     lp = r.choices[0].logprobs
     assert "".join(lp.tokens) == r.choices[0].text
     assert len(lp.token_logprobs) == len(lp.tokens) == len(lp.top_logprobs) == 12
-    assert lp.text_offset[0] == 0 and lp.text_offset[1] == len(lp.tokens[0])
+    # offsets into prompt + reply, as OpenAI's legacy API and llama-cpp-python count without echo
+    assert lp.text_offset[0] == len(PROMPT) and lp.text_offset[1] == len(PROMPT) + len(lp.tokens[0])
+    streamed = [o for chunk in client.completions.create(model="stories", prompt=PROMPT, max_tokens=12, temperature=0,
+                                                         logprobs=3, stream=True)
+                if chunk.choices[0].logprobs for o in chunk.choices[0].logprobs.text_offset]
+    assert streamed == lp.text_offset
     ids, ref = _reference(slot, r.choices[0].text, 12)
     for i, value in enumerate(lp.token_logprobs):
         assert value == pytest.approx(ref[i, ids[i]], abs=1e-3)
