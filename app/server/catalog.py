@@ -5,11 +5,16 @@ context length — and a memory estimate read from the GGUF header alone: weight
 an f16 KV cache at a given context. The memory planner's own plan for this machine
 (``tandem plan``: budget, KV type, compute buffers, whether it fits) takes seconds per
 model, too slow for a listing clients fetch at start-up, so :class:`PlanCache` makes it
-in the background, once per file version, and the listing shows it when it is ready.
+in the background, once per file version and machine, and the listing shows it when it
+is ready. Plans are kept on disk (user cache dir), so a restarted server lists them at once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,6 +22,7 @@ from typing import Any
 
 from tandem.models.errors import TandemError
 from tandem.models.gguf_file import GGUFInfo, inspect_gguf
+from tandem.models.paths import cache_dir
 from tandem.models.store import ModelEntry, list_models
 
 PLAN_CTX = 4096
@@ -54,16 +60,28 @@ def plan_summary(path: Path) -> dict[str, Any]:
             "predicted_tokens_per_s": round(plan.tokens_per_s, 1)}
 
 
-class PlanCache:
-    """Planner results per file version ``(path, mtime, size)``, made one at a time on a
-    background thread; :meth:`get` never waits."""
+def machine_and_code() -> str:
+    """What a plan depends on besides the file: this machine (CPU, memory, kernel, Python,
+    packages) and Tandem's own code (the planner's rules)."""
+    from tandem.runtime.planning.baseline import machine_key
 
-    def __init__(self, make: Any = plan_summary) -> None:
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0
+    return f"{machine_key()}|{memory}"
+
+
+class PlanCache:
+    """Planner results per file version ``(path, mtime, size)`` and machine, made one at a
+    time on a background thread and kept in ``folder`` (default: the user cache dir's
+    ``plans``) across restarts; :meth:`get` never waits for a plan."""
+
+    def __init__(self, make: Any = plan_summary, folder: Path | None = None) -> None:
         self._make = make
+        self._folder = folder
         self._done: dict[tuple, dict[str, Any]] = {}
         self._pending: set[tuple] = set()
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-plans")
+        self._machine: str | None = None
 
     def get(self, path: Path) -> dict[str, Any]:
         st = path.stat()
@@ -71,22 +89,52 @@ class PlanCache:
         with self._lock:
             if key in self._done:
                 return self._done[key]
+        kept = self._load(key)  # made before a restart: listed at once
+        with self._lock:
+            if kept is not None:
+                self._done[key] = kept
+                return kept
             if key not in self._pending:
                 self._pending.add(key)
                 self._pool.submit(self._run, key, path)
         return PENDING
+
+    def _load(self, key: tuple) -> dict[str, Any] | None:
+        try:
+            kept = json.loads(self._file(key).read_text())
+        except (OSError, ValueError):  # not planned on this machine yet, or a damaged file
+            return None
+        return kept if isinstance(kept, dict) and kept.get("status") == "ready" else None
+
+    def _file(self, key: tuple) -> Path:
+        if self._machine is None:
+            self._machine = machine_and_code()
+        name = hashlib.sha256(f"{key}|{self._machine}".encode()).hexdigest()[:24]
+        return (self._folder or cache_dir() / "plans") / f"{name}.json"
 
     def _run(self, key: tuple, path: Path) -> None:
         try:
             result = self._make(path)
         except Exception as exc:  # a planner failure is shown, never raised into a request
             result = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+        if result.get("status") == "ready":
+            _save(self._file(key), result)
         with self._lock:
             self._done[key] = result
             self._pending.discard(key)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _save(file: Path, result: dict[str, Any]) -> None:
+    """Atomically (a reader never sees half a file); best effort: a read-only cache dir
+    only means the plan is made again after a restart."""
+    with contextlib.suppress(OSError):
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = file.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(result))
+        tmp.replace(file)
 
 
 def store_model(entry: ModelEntry, plans: PlanCache | None = None) -> dict[str, Any]:

@@ -152,7 +152,7 @@ def test_plan_cache_makes_each_file_version_once(tmp_path: Path) -> None:
     model = tmp_path / "m.gguf"
     model.write_bytes(b"x")
     calls: list[Path] = []
-    cache = PlanCache(make=lambda p: calls.append(p) or {"status": "ready"})
+    cache = PlanCache(make=lambda p: calls.append(p) or {"status": "ready"}, folder=tmp_path / "plans")
     try:
         first = cache.get(model)
         deadline = time.monotonic() + 10
@@ -168,6 +168,24 @@ def test_plan_cache_makes_each_file_version_once(tmp_path: Path) -> None:
         assert len(calls) == 2
     finally:
         cache.close()
+    restarted = PlanCache(make=lambda p: calls.append(p) or {"status": "ready"}, folder=tmp_path / "plans")
+    try:  # a restarted server lists the plan made before, at once, without planning again
+        assert restarted.get(model) == {"status": "ready"} and len(calls) == 2
+        model.write_bytes(b"xyz")
+        while restarted.get(model) == PENDING or len(calls) < 3:  # a new version: planned again
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert len(list((tmp_path / "plans").glob("*.json"))) == 3  # one per file version
+    finally:
+        restarted.close()
+    failing = PlanCache(make=lambda p: {"status": "error", "error": "no"}, folder=tmp_path / "other")
+    try:  # a failed plan is shown but not kept: the next start tries again
+        while failing.get(model) == PENDING:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert failing.get(model)["status"] == "error" and not (tmp_path / "other").exists()
+    finally:
+        failing.close()
 
 
 @pytest.mark.parametrize("flag,expected", [([], "default"), (["--request-log", "off"], None),
