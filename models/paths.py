@@ -37,3 +37,18 @@ def models_dir() -> Path:
 def extra_model_dirs() -> list[Path]:
     raw = os.environ.get("TANDEM_MODEL_PATH", "")
     return [Path(p).expanduser() for p in raw.split(os.pathsep) if p.strip()]
+
+
+def write_cache_file(path: Path, text: str) -> bool:
+    """Write a cache file atomically (a temporary file renamed over it: a reader, or a
+    process killed mid-write, never leaves half a file) and best effort: a read-only or
+    full cache dir only means measuring again next time. Returns whether it was written."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text)
+        tmp.replace(path)
+        return True
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        return False

@@ -29,12 +29,12 @@ from tandem.runtime.backends.llama import (
     LlamaConfig,
     LlamaCppBackend,
     context_params,
-    default_threads,
     model_params,
 )
 from tandem.runtime.backends.llama_vocab import load_model
 from tandem.runtime.chat import chat_prompt
 from tandem.runtime.generate import DoneEvent, generate
+from tandem.runtime.machine import cpu_cores
 
 PROMPTS = [
     "Once upon a time",
@@ -165,7 +165,7 @@ def prompts_for(backend: LlamaCppBackend) -> list[list[int]]:
 def measure_overhead(model: Path, tokens: int = 128, rounds: int = 3, threads: int | None = None,
                      prompts: int | None = None, n_ctx: int = N_CTX) -> OverheadResult:
     """Median decode rates of the three engines over ``rounds`` x the first ``prompts`` prompts."""
-    threads = threads or default_threads()
+    threads = threads or cpu_cores()
     backend = LlamaCppBackend(model, LlamaConfig(n_ctx=n_ctx, n_threads=threads))
     n_vocab = backend.n_vocab
     native = llm = None

@@ -29,6 +29,7 @@ from tandem.models.errors import TandemError
 from tandem.runtime.autocomplete.superposed import SuperposedDecoder
 from tandem.runtime.backends.llama import LlamaCppBackend
 from tandem.runtime.generate import DoneEvent, generate
+from tandem.runtime.machine import cpu_cores
 
 PROMPTS = (
     "Once upon a time, there was a little girl named",
@@ -94,9 +95,7 @@ class MultiSeqDecoder:
 
 
 def _threads() -> int:
-    from tandem.runtime.backends.llama import default_threads
-
-    return default_threads()
+    return cpu_cores()
 
 
 def draft_perplexity(target: LlamaCppBackend, prompt: Sequence[int], draft: Sequence[int]) -> float:

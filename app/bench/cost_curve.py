@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tandem.app.bench.workloads import CHAT
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend, default_threads
+from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 from tandem.runtime.chat import chat_prompt
+from tandem.runtime.machine import cpu_cores
 
 
 @dataclass
@@ -52,7 +53,7 @@ def _call_ms(backend: LlamaCppBackend, base: int, tokens: list[int]) -> float:
 
 def measure_costs(model: Path, *, drafters: list[Path] = (), threads: int | None = None, k_max: int = 8,
                   reps: int = 5, n_ctx: int = 1024) -> CostCurves:
-    threads = threads or default_threads()
+    threads = threads or cpu_cores()
     engines = {name: LlamaCppBackend(model, LlamaConfig(n_ctx=n_ctx, n_threads=threads, exact=exact))
                for name, exact in (("exact", True), ("fast", False))}
     opened = list(engines.values())

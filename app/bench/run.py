@@ -37,10 +37,11 @@ from tandem.app.bench.peers import PEER_NOTE, PEERS, LlamaPeer, RunResult, decod
 from tandem.app.bench.workloads import DEFAULT_WORKLOADS, Workload, workload
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.models.errors import TandemError
-from tandem.runtime.backends.llama import LlamaConfig, default_threads
+from tandem.runtime.backends.llama import LlamaConfig
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.engine import Engine, EngineSpec, open_engine, spec_options
 from tandem.runtime.generate import DoneEvent, generate
+from tandem.runtime.machine import cpu_cores
 from tandem.runtime.speculative.factory import build_strategy, open_draft_backend
 
 
@@ -230,7 +231,7 @@ def warm_up(target: Backend, work: dict[str, Workload], names: list[str], run_on
 def run_bench(cfg: BenchConfig) -> dict:
     from tandem.app.bench.report import summarize
 
-    threads = cfg.threads or default_threads()
+    threads = cfg.threads or cpu_cores()
     spec = EngineSpec(cfg.target, draft_mode="off", draft_max=cfg.draft_max, budget=cfg.budget, threads=threads,
                       n_ctx=cfg.ctx, kv_type=cfg.kv_type, engine="llama.cpp")
     engine = open_engine(spec)

@@ -24,7 +24,8 @@ import platformdirs
 
 from tandem.models.errors import TandemError
 from tandem.runtime.backends.rpc_probe import DEFAULT_PORT, parse_endpoints
-from tandem.runtime.planning.hardware import MiB, cpu_cores, format_size, parse_size
+from tandem.runtime.machine import cpu_cores
+from tandem.runtime.planning.hardware import MiB, format_size, parse_size
 
 BINARY = "tandem-rpc-server"
 

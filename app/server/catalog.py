@@ -11,7 +11,6 @@ is ready. Plans are kept on disk (user cache dir), so a restarted server lists t
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -22,7 +21,7 @@ from typing import Any
 
 from tandem.models.errors import TandemError
 from tandem.models.gguf_file import GGUFInfo, inspect_gguf
-from tandem.models.paths import cache_dir
+from tandem.models.paths import cache_dir, write_cache_file
 from tandem.models.store import ModelEntry, list_models
 
 PLAN_CTX = 4096
@@ -118,23 +117,13 @@ class PlanCache:
         except Exception as exc:  # a planner failure is shown, never raised into a request
             result = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
         if result.get("status") == "ready":
-            _save(self._file(key), result)
+            write_cache_file(self._file(key), json.dumps(result))
         with self._lock:
             self._done[key] = result
             self._pending.discard(key)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _save(file: Path, result: dict[str, Any]) -> None:
-    """Atomically (a reader never sees half a file); best effort: a read-only cache dir
-    only means the plan is made again after a restart."""
-    with contextlib.suppress(OSError):
-        file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = file.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(result))
-        tmp.replace(file)
 
 
 def store_model(entry: ModelEntry, plans: PlanCache | None = None) -> dict[str, Any]:

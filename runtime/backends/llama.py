@@ -25,6 +25,7 @@ from tandem.runtime.backends.llama_vocab import LlamaVocab, TokenizerDelegate, l
 from tandem.runtime.backends.protocol import MemoryReport, check_room, chunked_logits
 from tandem.runtime.backends.rpc import direct, open_link
 from tandem.runtime.backends.token_cache import TokenCache, new_tokens
+from tandem.runtime.machine import cpu_cores
 
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 """KV cache element types by name (ggml type ids), as llama.cpp's ``-ctk``/``-ctv``."""
@@ -110,10 +111,6 @@ def _llama_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
 llama_cpp.llama_log_set(_llama_log, ctypes.c_void_p(0))
 
 
-def default_threads() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-
-
 def kv_bytes_per_token(info: GGUFInfo, type_k: str = "f16", type_v: str = "f16") -> int:
     """Bytes of K and V per token of context, from the GGUF hyperparameters."""
     import gguf
@@ -167,7 +164,7 @@ class LlamaCppBackend(TokenizerDelegate, TokenCache):
         check_kv_types(self.info, cfg.type_k, cfg.type_v)
         trained = int(self.info.arch_value("context_length", 2048) or 2048)
         n_ctx = cfg.n_ctx or min(trained, 4096)
-        threads = cfg.n_threads or default_threads()
+        threads = cfg.n_threads or cpu_cores()
         params, self._rpc = model_params(cfg), None
         progress = load_progress(on_load) if on_load is not None else None
         if progress is not None:

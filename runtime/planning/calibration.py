@@ -13,11 +13,8 @@ It times, on each device and thread count some option needs,
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -30,6 +27,7 @@ import numpy as np
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.models import paths
 from tandem.runtime.backends.protocol import Backend, common_prefix_len, prefill
+from tandem.runtime.machine import machine_id
 from tandem.runtime.planning.placement import (
     CALIBRATION_K,
     CALIBRATION_TOKENS,
@@ -135,7 +133,7 @@ def calibration_key(target_path: str, draft_path: str, opts: Sequence[Option], m
         import torch
 
         gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    raw = "|".join([ident(target_path), ident(draft_path), mode, platform.node(), str(os.cpu_count()), gpu,
+    raw = "|".join([ident(target_path), ident(draft_path), mode, machine_id(), gpu,
                     *(o.name for o in opts)])
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
@@ -213,8 +211,7 @@ def calibrate(target: Backend, plan, opts: Sequence[Option], *, mode: str = "aut
     target.truncate(0)
     set_threads(target, max(cpu.values(), default=plan.target.n_threads or 1))
     data[key] = asdict(costs)
-    with contextlib.suppress(OSError):  # a read-only cache only costs a re-measurement next time
-        cache.write_text(json.dumps(data, indent=1))
+    paths.write_cache_file(cache, json.dumps(data, indent=1))  # atomic; failing costs a re-measurement
     return choose(opts, costs)
 
 

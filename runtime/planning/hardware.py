@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tandem.models.errors import TandemError
+from tandem.runtime.machine import cpu_cores
 
 _UNITS = {
     "": 1, "b": 1,
@@ -179,12 +180,6 @@ def cpu_features() -> frozenset[str]:
     except OSError:
         pass
     return frozenset()
-
-
-def cpu_cores() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
 
 
 def detect_gpus() -> tuple[GPU, ...]:

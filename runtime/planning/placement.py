@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 from tandem.kernels.acceptance import expected_tokens
 from tandem.runtime.backends.protocol import Backend
+from tandem.runtime.machine import cpu_cores
 
 CALIBRATION_K = 4
 """Draft length the options are compared at (the adaptive policy still picks k later)."""
@@ -192,7 +193,6 @@ def plan_options(plan, device: str = "auto") -> list[Option]:
     this machine, restricted by ``device`` (see :data:`DEVICE_CHOICES`); a
     :class:`~tandem.models.errors.TandemError` when the restriction leaves none."""
     from tandem.models.errors import TandemError
-    from tandem.runtime.backends.llama import default_threads
 
     draft = plan.draft
     target_gpu = device in ("auto", "target-gpu") and target_gpu_fits(plan)
@@ -204,5 +204,5 @@ def plan_options(plan, device: str = "auto") -> list[Option]:
     if not devices:
         raise TandemError(f"The drafter cannot run on the {device.upper()} here: the plan allows "
                           f"{', '.join(draft.devices)}.")
-    opts = options(devices, draft.n_threads or default_threads(), target_gpu=target_gpu)
+    opts = options(devices, draft.n_threads or cpu_cores(), target_gpu=target_gpu)
     return [o for o in opts if o.target_device == "cuda"] if device == "target-gpu" else opts

@@ -59,7 +59,7 @@ from tandem.runtime.planning.plan import (
 )
 from tandem.runtime.planning.shapes import ModelShape, shape_from_gguf
 from tandem.runtime.planning.suggest import leanest_kv, suggest
-from tandem.runtime.speculative.policy import CPU_COST_CURVE
+from tandem.runtime.speculative.cost import CPU_COST_CURVE
 
 PROFILE_BASELINE = 80 * 1024**2
 """Python, numpy, llama-cpp-python and the app, resident before any model (measured

@@ -16,21 +16,21 @@ from tandem.kernels.sampling import Sampler
 from tandem.models.errors import TandemError
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.generate import Commit, DecodeStats, autoregressive
+from tandem.runtime.speculative.cost import CPU_COST_CURVE, OnlineCost, quick_cost_curve
+from tandem.runtime.speculative.cost_cache import (
+    cached_cost_curve,
+    cached_draft_cost,
+    remember_cost_curve,
+    remember_draft_cost,
+)
 from tandem.runtime.speculative.drafters.base import Drafter
 from tandem.runtime.speculative.drafters.chain import ChainDrafter
 from tandem.runtime.speculative.loop import RoundHook, speculative
 from tandem.runtime.speculative.policy import (
-    CPU_COST_CURVE,
     AdaptiveConfig,
     AdaptivePolicy,
     FixedLength,
     LengthPolicy,
-    OnlineCost,
-    cached_cost_curve,
-    cached_draft_cost,
-    quick_cost_curve,
-    remember_cost_curve,
-    remember_draft_cost,
 )
 
 MODES = ("auto", "model", "xvocab", "ngram", "off")
@@ -54,7 +54,7 @@ class SpecOptions:
     measure_cost: bool = True
     """Start the adaptive policy from the c(k) measured for this target on this machine:
     cached (``tandem bench --cost-curve`` measures it thoroughly), or else timed once
-    now (:func:`~tandem.runtime.speculative.policy.quick_cost_curve`, ~20 one-token
+    now (:func:`~tandem.runtime.speculative.cost.quick_cost_curve`, ~20 one-token
     times) and cached. ``False``: start from a generic CPU curve. Either way the curve
     is learnt online from the run's own verify calls. What a run learns is not saved:
     wall-clock verify times next to a drafter's spinning threads run high, and a saved

@@ -9,7 +9,7 @@ Invariant between rounds: the target cache holds every committed token but the l
 whose logits the next round's verify call produces anyway. That makes plain decoding
 (k = 0) the same one-token call as :func:`~tandem.runtime.generate.autoregressive`, and
 a round with k drafted tokens one call over k+1 tokens (the c(k) of
-:mod:`tandem.runtime.speculative.policy`).
+:mod:`tandem.runtime.speculative.cost`).
 
 Front ends never call :func:`speculative` directly: the factory
 (:func:`tandem.runtime.speculative.factory.build_strategy`) wires drafters and a length

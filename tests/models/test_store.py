@@ -82,3 +82,21 @@ def test_pull_cli_offline_exits_cleanly(tmp_path: Path) -> None:
     )
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "offline" in r.stderr.lower()
+
+
+def test_cache_files_are_replaced_whole_or_not_at_all(tmp_path, monkeypatch) -> None:
+    """A measurement cache is written to a temporary file and renamed over the old one: a
+    failure before the rename (a full disk, a kill) leaves the old content and no litter."""
+    from pathlib import Path
+
+    from tandem.models.paths import write_cache_file
+
+    target = tmp_path / "sub" / "costs.json"
+    assert write_cache_file(target, '{"a": 1}') and target.read_text() == '{"a": 1}'
+
+    def refuse(self, other):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "replace", refuse)
+    assert write_cache_file(target, '{"a": 2}') is False
+    assert target.read_text() == '{"a": 1}' and sorted(p.name for p in target.parent.iterdir()) == ["costs.json"]

@@ -11,16 +11,14 @@ import pytest
 from toy_models import ToyBackend, random_table
 
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
-from tandem.runtime.speculative.policy import (
-    AdaptiveConfig,
-    AdaptivePolicy,
+from tandem.runtime.speculative.cost import (
     CostCurve,
-    FixedLength,
     OnlineCost,
-    load_cost_curve,
     measure_cost_curve,
     quick_cost_curve,
 )
+from tandem.runtime.speculative.cost_cache import load_cost_curve
+from tandem.runtime.speculative.policy import AdaptiveConfig, AdaptivePolicy, FixedLength
 
 CPU = CostCurve((1.0, 1.7, 1.9, 2.1, 2.4, 2.55, 2.7, 2.85, 3.0), 0.1)
 
@@ -95,7 +93,7 @@ def test_cost_curve_measured_once_and_cached(stories260k: Path, monkeypatch) -> 
         assert curve.c[0] == 1.0 and len(curve.c) == 5
         assert all(b >= a for a, b in zip(curve.c, curve.c[1:], strict=False))
 
-        import tandem.runtime.speculative.policy as adaptive
+        import tandem.runtime.speculative.cost_cache as adaptive
 
         def fail(*a, **k):
             raise AssertionError("measured again")
@@ -280,8 +278,8 @@ def test_plain_rounds_measure_t1_before_and_between_speculation() -> None:
 def test_first_strategy_times_the_target_once_and_caches_it(stories260k: Path) -> None:
     """No cached c(k): the first strategy with drafting times the target (saying so), the
     next one starts from the cached curve without timing anything."""
+    from tandem.runtime.speculative.cost_cache import cached_cost_curve
     from tandem.runtime.speculative.factory import SpecOptions, build_strategy
-    from tandem.runtime.speculative.policy import cached_cost_curve
 
     said: list[str] = []
     with LlamaCppBackend(stories260k, LlamaConfig(n_ctx=256, n_threads=1)) as target:
@@ -299,8 +297,8 @@ def test_a_drafter_cost_learnt_in_one_strategy_seeds_the_next(stories260k: Path)
     they learnt (and the verify curve learnt while decoding) is cached at close, so the next
     strategy for this target, drafter and machine starts from it: a drafter that cannot pay
     here is then not probed again by every new conversation."""
+    from tandem.runtime.speculative.cost_cache import cached_draft_cost
     from tandem.runtime.speculative.factory import SpecOptions, build_strategy
-    from tandem.runtime.speculative.policy import cached_draft_cost
 
     with LlamaCppBackend(stories260k, LlamaConfig(n_ctx=256, n_threads=1)) as target:
         first = build_strategy(target, stories260k, SpecOptions(mode="model"))

@@ -11,6 +11,7 @@ from tandem.models.errors import TandemError
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
+from tandem.runtime.speculative.cost import CostCurve
 from tandem.runtime.speculative.drafters.base import Drafter
 from tandem.runtime.speculative.drafters.chain import ChainDrafter
 from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter
@@ -18,7 +19,7 @@ from tandem.runtime.speculative.drafters.model import ModelDrafter
 from tandem.runtime.speculative.drafters.suffix import GlobalSuffixCache, SuffixDrafter
 from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 from tandem.runtime.speculative.loop import speculative
-from tandem.runtime.speculative.policy import AdaptiveConfig, AdaptivePolicy, CostCurve, FixedLength
+from tandem.runtime.speculative.policy import AdaptiveConfig, AdaptivePolicy, FixedLength
 
 STORY_PROMPTS = [
     "Once upon a time", "Lily went to the park", "The little dog", "Tom had a big red ball",

@@ -1,0 +1,270 @@
+"""What verifying costs: c(k), one call over k+1 tokens in units of a one-token call.
+
+On a CPU, verifying k drafted tokens is not free (≈1.6x a step for k = 1 and ≈3.5x for
+k = 8 for the Qwen 1.5B on 2 cores; ≈k+1 on one compute-bound core). The adaptive policy
+(:mod:`.policy`) prices every draft length with it, so it is measured quickly once per
+model and machine (:func:`quick_cost_curve`, cached by :mod:`.cost_cache`) and then
+learnt online from the run's own verify calls (:class:`OnlineCost`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tandem.runtime.backends.protocol import Backend
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """``c[k]`` = time(evaluate k+1 tokens) / time(evaluate 1 token); ``c[0] == 1``."""
+
+    c: tuple[float, ...]
+    t1_s: float
+    """Seconds of a one-token call when measured."""
+
+    def __call__(self, k: int) -> float:
+        if k < len(self.c):
+            return self.c[k]
+        slope = (self.c[-1] - self.c[-2]) if len(self.c) > 1 else 1.0
+        return self.c[-1] + slope * (k - len(self.c) + 1)
+
+    @classmethod
+    def linear(cls, per_token: float, k_max: int = 8, t1_s: float = 1.0) -> CostCurve:
+        """A synthetic curve c(k) = 1 + per_token * k (tests, and GPU-like targets)."""
+        return cls(tuple(1.0 + per_token * k for k in range(k_max + 1)), t1_s)
+
+
+CPU_COST_CURVE = CostCurve((1.0, 1.7, 1.9, 2.1, 2.4, 2.55, 2.7, 2.85, 3.0), 0.0)
+"""c(k) assumed where nothing was measured (a 2-core CPU on a toy model, issue 3): the
+planner's prediction before any model is open, and the adaptive policy's prior when
+measuring is switched off (``SpecOptions.measure_cost=False``)."""
+
+
+@dataclass
+class OnlineCost:
+    """c(k) learnt from the run's own verify calls, starting from a prior curve.
+
+    Each verify call's seconds are kept per call size (an exponential moving average);
+    the one-token time t1 comes from plain rounds when there are any, else from the
+    observed sizes scaled by the prior. A size seen at least twice uses its own ratio,
+    others the prior's scaled as far off as the seen ones were, and no call is priced
+    above k + 1 steps. So the first token never waits for a measurement and a stale
+    prior corrects itself within a few rounds.
+
+    ``chunk``: the target's :attr:`~tandem.runtime.backends.protocol.Backend.exact_batch`. Calls
+    longer than that are split (see ``speculative.verify_logits``), so a long draft
+    costs the sum of its chunks — and, greedy, only the chunks reached before the first
+    rejection (:meth:`expected_verify`).
+    """
+
+    prior: CostCurve
+    chunk: int | None = None
+    window: int = 16
+    """Each size's time is the median of its last ``window`` calls: robust to the spikes
+    of a shared machine, and — unlike a minimum — not biased by how often a size is
+    seen (plain one-token calls are far more frequent than any one draft length, and a
+    minimum over more samples is lower, which would make every draft look dear)."""
+
+    sizes: int = 33
+    """Call sizes learnt (tokens), enough for the longest model-free draft plus one."""
+    t1_refresh: int = 64
+    """Speculative calls after which a plain one-token call is wanted again: t1 must be
+    measured, not inferred from the prior (inferred, every learnt c(k) would just
+    reproduce the prior's ratio)."""
+    measure_t1: bool = True
+    """Ask for those plain rounds (off for a curve given as trusted, e.g. in tests)."""
+
+    def __post_init__(self) -> None:
+        n = max(len(self.prior.c), self.chunk or 0, self.sizes)
+        self._recent = [deque(maxlen=self.window) for _ in range(n)]
+        self._v = np.zeros(n)
+        self._w = np.zeros(n)
+        self._since_t1 = 0
+        self._scale: float | None = None
+
+    def observe(self, k: int, seconds: float) -> None:
+        """One verify call over ``k + 1`` tokens took ``seconds``."""
+        if k >= len(self._v) or seconds <= 0:
+            return
+        self._scale = None
+        self._recent[k].append(seconds)
+        self._w[k] += 1
+        self._v[k] = float(np.median(self._recent[k]))
+        self._since_t1 = 0 if k == 0 else self._since_t1 + 1
+
+    def wants_t1(self) -> bool:
+        """Whether the next round should be a plain one-token call, to measure t1."""
+        return self.measure_t1 and (self._w[0] < 2 or self._since_t1 >= self.t1_refresh)
+
+    @property
+    def learnt(self) -> bool:
+        """Whether any call was observed (worth saving)."""
+        return bool(self._w.sum() >= 2)
+
+    @property
+    def t1_s(self) -> float:
+        if self._w[0] >= 2:
+            return float(self._v[0])
+        seen = [self._v[k] / self.prior(k) for k in range(len(self._v)) if self._w[k] >= 2]
+        return float(np.median(seen)) if seen else self.prior.t1_s
+
+    def _learnt(self, k: int) -> float | None:
+        t1 = self.t1_s
+        if 0 < k < len(self._w) and self._w[k] >= 2 and t1 > 0:
+            return max(1.0, float(self._v[k] / t1))
+        return None
+
+    def call(self, k: int) -> float:
+        """Cost of one call over ``k + 1`` tokens, in one-token calls: learnt where this
+        size was seen, else the prior scaled by how far off it was on the sizes seen."""
+        if k == 0:
+            return 1.0
+        learnt = self._learnt(k)
+        if learnt is not None:
+            return min(learnt, k + 1.0)  # a batch is never dearer than its tokens one by one
+        return min(1.0 + (self.prior(k) - 1.0) * self._prior_scale(), k + 1.0)
+
+    def _prior_scale(self) -> float:
+        """How far off the prior was on the sizes seen (median ratio of their excess
+        over one step), recomputed only after a new observation: the policy prices every
+        length each round, and this scan over all sizes was a millisecond a round."""
+        if self._scale is None:
+            scales = [(x - 1.0) / (self.prior(j) - 1.0) for j in range(1, len(self._w))
+                      if (x := self._learnt(j)) is not None and self.prior(j) > 1.0]
+            self._scale = float(np.median(scales)) if scales else 1.0
+        return self._scale
+
+    def __call__(self, k: int) -> float:
+        """Cost of verifying ``k`` drafts (``k + 1`` tokens), chunked as verification is."""
+        step = self.chunk or k + 1
+        full, rest = divmod(k + 1, step)
+        return full * self.call(step - 1) + (self.call(rest - 1) if rest else 0.0)
+
+    def expected_verify(self, k: int, a: np.ndarray) -> float:
+        """Expected cost of verifying ``k`` drafts with acceptance ``a``, when greedy
+        verification stops after the chunk holding the first rejection: chunk ``j`` is
+        evaluated only if every draft before it was accepted."""
+        step = self.chunk or k + 1
+        total, reach, start = 0.0, 1.0, 0
+        while start < k + 1:
+            size = min(step, k + 1 - start)
+            total += reach * self.call(size - 1)
+            end = start + size  # drafts 0..end-1 must be accepted to go on
+            reach *= float(np.prod(a[start:min(end, k)])) if end <= k else 1.0
+            start = end
+        return total
+
+    @property
+    def c(self) -> tuple[float, ...]:
+        return tuple(self(k) for k in range(len(self.prior.c)))
+
+    def curve(self) -> CostCurve:
+        """What was learnt, as a plain curve (to cache for the next run)."""
+        return CostCurve(tuple(np.maximum.accumulate([self.call(k) for k in range(len(self.prior.c))])), self.t1_s)
+
+
+def _verify_clock(backend: Backend):
+    """With one compute thread, CPU time is the steadiest measure on a busy machine (it
+    excludes time other processes take); with several, idle-spinning threads would
+    inflate it, so wall time it is. A target split over RPC servers computes mostly
+    elsewhere and waits on the network: only wall time sees that."""
+    config = getattr(backend, "config", None)
+    remote = bool(getattr(config, "rpc", ()))
+    return time.process_time if getattr(config, "n_threads", None) == 1 and not remote else time.perf_counter
+
+
+def measure_cost_curve(backend: Backend, k_max: int = 8, reps: int | None = None, context: int = 64) -> CostCurve:
+    """Time one call over k+1 tokens (all rows' logits, as verification asks) against one
+    token, interleaving k within each repetition. Leaves the cache as it was.
+
+    Each c(k) is a ratio of *minimum* times over the repetitions: on a shared machine
+    noise only ever adds time, and sub-millisecond calls are otherwise dominated by it.
+    ``reps=None`` spends about two seconds (3 to 20 repetitions of 3-call blocks).
+    """
+    saved = backend.tokens
+    rng = np.random.default_rng(0)
+    n_ctx = min(context, max(1, backend.n_ctx - k_max - 2))
+    prefix = [int(t) for t in rng.integers(3, backend.n_vocab, n_ctx)]
+    backend.truncate(0)
+    backend.evaluate(prefix)
+
+    clock = _verify_clock(backend)
+
+    step = backend.exact_batch or k_max + 1  # verification's own chunking (see verify_logits)
+
+    def timed(k: int) -> float:
+        feed = [int(t) for t in rng.integers(3, backend.n_vocab, k + 1)]
+        start = clock()
+        for i in range(0, k + 1, step):
+            backend.evaluate(feed[i:i + step], logits_for=range(len(feed[i:i + step])))
+        elapsed = clock() - start
+        backend.truncate(n_ctx)
+        return elapsed
+
+    warm = [timed(k) for k in range(k_max + 1)]  # warm-up pass, also sizes the budget
+    if reps is None:
+        reps = int(np.clip(2.0 / max(sum(warm), 1e-6), 3, 20))
+    # Each k gets a short block of consecutive calls (min taken): decoding repeats one
+    # batch shape round after round, and llama.cpp reuses the compute graph for a
+    # repeated shape, which a strictly interleaved order would never let it do.
+    times = np.array([[min(timed(k) for _ in range(3)) for k in range(k_max + 1)] for _ in range(reps)])
+    backend.truncate(0)
+    if saved:
+        backend.evaluate(saved)
+    best = times.min(axis=0)
+    # A longer verify cannot be cheaper than a shorter one: enforce monotonicity.
+    c = np.maximum.accumulate(best / best[0])
+    return CostCurve(tuple(float(x) for x in c), float(best[0]))
+
+
+QUICK_SIZES = (0, 1, 3, 6)
+"""Call sizes (k drafts, k + 1 tokens) :func:`quick_cost_curve` times; the rest of c(k)
+is interpolated. 6 is the longest exact llama.cpp call (see ``Backend.exact_batch``)."""
+
+
+def quick_cost_curve(backend: Backend, k_max: int = 8, sizes: Sequence[int] = QUICK_SIZES,
+                     context: int = 32) -> CostCurve:
+    """A first c(k) for this model and machine, in about 20 one-token times (0.9 s for a
+    1.5B on one core): one warm-up call, then one call of each of ``sizes`` after a short
+    random context, c(k) interpolated between them and extended with the last slope.
+    Taken once, when the first strategy with drafting is built and no curve is cached,
+    so the adaptive policy never starts from a guess: on a compute-bound CPU a flat
+    guess made it draft for dozens of rounds that could not pay (0.71x plain on the 1.5B
+    with the 0.5B drafter); the run's own verify calls refine it (:class:`OnlineCost`).
+    Leaves the cache as it was."""
+    saved = backend.tokens
+    rng = np.random.default_rng(0)
+    n_ctx = min(context, max(1, backend.n_ctx - max(sizes) - 2))
+    backend.truncate(0)
+    backend.evaluate([int(t) for t in rng.integers(3, backend.n_vocab, n_ctx)])
+    step = backend.exact_batch or max(sizes) + 1
+    clock = _verify_clock(backend)
+
+    def timed(k: int) -> float:
+        feed = [int(t) for t in rng.integers(3, backend.n_vocab, k + 1)]
+        start = clock()
+        for i in range(0, k + 1, step):
+            backend.evaluate(feed[i:i + step], logits_for=range(len(feed[i:i + step])))
+        elapsed = clock() - start
+        backend.truncate(n_ctx)
+        return elapsed
+
+    timed(max(sizes))  # warm-up: first calls of a shape build its graph
+    seconds = {k: timed(k) for k in sorted(set(sizes))}
+    backend.truncate(0)
+    if saved:
+        backend.evaluate(saved)
+    t1 = max(seconds[0], 1e-9)
+    ks = sorted(seconds)
+    c = np.interp(np.arange(k_max + 1), ks, [seconds[k] / t1 for k in ks])
+    if k_max > ks[-1] and len(ks) > 1:  # beyond the longest timed size: its last slope
+        slope = (seconds[ks[-1]] - seconds[ks[-2]]) / t1 / (ks[-1] - ks[-2])
+        c[ks[-1] + 1:] = c[ks[-1]] + slope * (np.arange(ks[-1] + 1, k_max + 1) - ks[-1])
+    c = np.maximum.accumulate(np.maximum(c, 1.0))
+    c[0] = 1.0
+    return CostCurve(tuple(float(x) for x in c), t1)

@@ -1,0 +1,117 @@
+"""Measured costs kept per model, settings and machine (the user cache dir's
+``verify_cost.json``): the c(k) a run measured or learnt, and a model drafter's cost per
+drafted token once rounds timed it. A fresh strategy starts from them instead of a prior,
+so nothing is measured twice and a drafter that cannot pay here is not probed again.
+Writes are atomic and best effort: a read-only cache dir only means starting from the
+prior again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+from tandem.models.paths import cache_dir, write_cache_file
+from tandem.runtime.backends.protocol import Backend
+from tandem.runtime.machine import machine_id
+from tandem.runtime.speculative.cost import CostCurve, measure_cost_curve
+
+
+def cost_curve_key(backend: Backend) -> str | None:
+    """Cache key: the model file (path, size, mtime) + backend settings + machine."""
+    path = getattr(backend, "path", None)
+    if path is None or not Path(path).exists():
+        return None
+    st = Path(path).stat()
+    config = getattr(backend, "config", None)
+    if config is not None and hasattr(config, "n_ctx"):  # context size does not change c(k) much
+        from dataclasses import replace
+
+        config = replace(config, n_ctx=None)
+    raw = f"{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}|{config!r}|{machine_id()}|v3"
+    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+
+def _cost_table(file: Path) -> dict:
+    try:
+        return json.loads(file.read_text()) if file.exists() else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _cost_file(cache_file: Path | None) -> Path:
+    return cache_file or cache_dir() / "verify_cost.json"
+
+
+def cached_cost_curve(backend: Backend, k_max: int = 8, *, cache_file: Path | None = None) -> CostCurve | None:
+    """The c(k) cached for this model, settings and machine (measured or learnt), if any
+    (none when the cache folder cannot be made: decoding then starts from the prior)."""
+    key = cost_curve_key(backend)
+    try:
+        entry = _cost_table(_cost_file(cache_file)).get(key) if key is not None else None
+    except OSError:
+        return None
+    if entry and len(entry.get("c", ())) > k_max:
+        return CostCurve(tuple(entry["c"]), float(entry["t1_s"]))
+    return None
+
+
+def remember_cost_curve(backend: Backend, curve: CostCurve, *, cache_file: Path | None = None) -> None:
+    """Cache ``curve`` for this model, settings and machine (atomic write; best effort:
+    a read-only cache dir only means the next run starts from the prior again)."""
+    key = cost_curve_key(backend)
+    if key is not None:
+        _store(key, {"c": list(curve.c), "t1_s": curve.t1_s, "model": str(getattr(backend, "path", ""))},
+               cache_file)
+
+
+def _store(key: str, entry: dict, cache_file: Path | None) -> None:
+    """Write one entry of the cost cache (:func:`~tandem.models.paths.write_cache_file`)."""
+    file = _cost_file(cache_file)
+    table = _cost_table(file)
+    table[key] = entry | {"machine": machine_id(), "measured_at": time.time()}
+    write_cache_file(file, json.dumps(table, indent=1))
+
+
+def _draft_cost_key(target: Backend, drafter_name: str, drafter_bytes: int) -> str | None:
+    key = cost_curve_key(target)
+    if key is None:
+        return None
+    return "draft:" + hashlib.sha256(f"{key}|{drafter_name}|{drafter_bytes}".encode()).hexdigest()[:24]
+
+
+def cached_draft_cost(target: Backend, drafter_name: str, drafter_bytes: int, *,
+                      cache_file: Path | None = None) -> float | None:
+    """A model drafter's cost per drafted token (in one-token target calls) as an earlier
+    run with this target, drafter and machine learnt it, if any. A fresh strategy starts
+    from it instead of the drafter's weight share: a drafter that cannot pay here (a
+    cross-vocabulary one whose text translation costs more than its weights suggest) is
+    then never probed, where each new conversation used to pay a probe and its catch-up
+    to learn that again."""
+    key = _draft_cost_key(target, drafter_name, drafter_bytes)
+    try:
+        entry = _cost_table(_cost_file(cache_file)).get(key) if key is not None else None
+    except OSError:
+        return None
+    return float(entry["draft_cost"]) if entry and entry.get("draft_cost", 0) > 0 else None
+
+
+def remember_draft_cost(target: Backend, drafter_name: str, drafter_bytes: int, draft_cost: float, *,
+                        cache_file: Path | None = None) -> None:
+    """Cache what a run learnt of a model drafter's cost (best effort, atomic)."""
+    key = _draft_cost_key(target, drafter_name, drafter_bytes)
+    if key is not None and draft_cost > 0:
+        _store(key, {"draft_cost": draft_cost, "drafter": drafter_name}, cache_file)
+
+
+def load_cost_curve(backend: Backend, k_max: int = 8, *, cache_file: Path | None = None) -> CostCurve:
+    """The cached c(k) for this model and machine, measuring it (about two seconds) on
+    first use. Benchmarks use it; decoding starts from :func:`cached_cost_curve` or a
+    prior and learns online instead (:class:`OnlineCost`)."""
+    curve = cached_cost_curve(backend, k_max, cache_file=cache_file)
+    if curve is None:
+        curve = measure_cost_curve(backend, k_max)
+        remember_cost_curve(backend, curve, cache_file=cache_file)
+    return curve
