@@ -104,10 +104,9 @@ class SpeculativeStrategy:
             return {"drafter": None, "policy": "off"}
         policy = self.policy
         info: dict = {"drafter": self.drafter.name, "policy": type(policy).__name__, "predraft": self.predraft}
-        backends = [getattr(getattr(d, "inner", d), "backend", None) for d in getattr(self.drafter, "drafters", [self.drafter])]
-        devices = [b.memory().device for b in backends if b is not None]
-        if devices:
-            info["drafter_device"] = devices[0]
+        backend = self.drafter.model_backend()
+        if backend is not None:
+            info["drafter_device"] = backend.memory().device
         if isinstance(policy, FixedLength):
             info["draft_length"] = policy.k
         elif isinstance(policy, AdaptivePolicy):

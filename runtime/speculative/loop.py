@@ -163,9 +163,8 @@ def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | Non
         context = list(prompt)
         sources = draft_sources(drafter)
         _prefill_all_but_last(target, context)
-        if hasattr(drafter, "stop_threshold"):
-            drafter.stop_threshold = policy.stop_threshold
-        calls0 = int(getattr(drafter, "calls", 0))
+        drafter.stop_threshold = policy.stop_threshold
+        calls0 = drafter.calls
         extra = stats.extra
         for key in ("draft_s", "verify_s", "round_s", "rounds_speculative", "predraft_hits", "predraft_misses"):
             extra.setdefault(key, 0.0)
@@ -218,7 +217,7 @@ def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | Non
                 stats.rounds += 1
                 stats.drafted_tokens += n
                 stats.accepted_tokens += verdict.accepted
-                stats.draft_calls = int(getattr(drafter, "calls", 0)) - calls0
+                stats.draft_calls = drafter.calls - calls0
                 extra["draft_s"] += drafted_at - start
                 extra["verify_s"] += verified_at - drafted_at
                 extra["round_s"] += end - start

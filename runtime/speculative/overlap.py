@@ -66,13 +66,20 @@ class WindowedDrafter:
     def close(self) -> None:
         self.inner.close()
 
-    # Knobs and counters the speculative loop and the adaptive policy read or set on
-    # model drafters pass through to the wrapped one.
-    budget = property(lambda self: getattr(self.inner, "budget", None),
-                      lambda self, v: setattr(self.inner, "budget", v))
-    stop_threshold = property(lambda self: getattr(self.inner, "stop_threshold", None),
-                              lambda self, v: setattr(self.inner, "stop_threshold", v))
-    calls = property(lambda self: getattr(self.inner, "calls", 0))
+    def model_backend(self) -> Backend | None:
+        return self.inner.model_backend()
+
+    @property
+    def calls(self) -> int:
+        return self.inner.calls
+
+    @property
+    def stop_threshold(self) -> float | None:
+        return self.inner.stop_threshold
+
+    @stop_threshold.setter
+    def stop_threshold(self, value: float | None) -> None:
+        self.inner.stop_threshold = value
 
 
 def set_threads(backend: Backend, n: int) -> None:

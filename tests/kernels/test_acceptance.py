@@ -153,6 +153,8 @@ class FixedProposer:
     """Deterministic drafter: always proposes the same tokens (q one-hot)."""
 
     name = "fixed"
+    calls = 0
+    stop_threshold = None
 
     def __init__(self, tokens: list[int]) -> None:
         self.tokens = tokens

@@ -16,6 +16,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from tandem.kernels.sampling import Sampler
+from tandem.runtime.backends.protocol import Backend
 
 
 @dataclass
@@ -43,6 +44,11 @@ class Draft:
 @runtime_checkable
 class Drafter(Protocol):
     name: str
+    calls: int
+    """Forward calls of the drafter's model so far (always 0 for a model-free drafter)."""
+    stop_threshold: float | None
+    """SpecDec++: stop drafting once the estimated chance of a rejection exceeds it
+    (``None``: never). Model-free drafters have no estimate and ignore it."""
 
     def propose(self, context: Sequence[int], max_tokens: int, sampler: Sampler) -> Draft:
         """Propose up to ``max_tokens`` tokens continuing ``context`` (target-vocab ids).
@@ -66,6 +72,11 @@ class Drafter(Protocol):
         """Text the next request is likely to repeat (an editor's previous suggestion,
         asked for again with the part the user accepted appended): model-free drafters
         draft from it as from the request's own context; model drafters ignore it."""
+        ...
+
+    def model_backend(self) -> Backend | None:
+        """The drafter model's backend (where it runs, what it holds); ``None`` when it
+        drafts without a model."""
         ...
 
     def close(self) -> None: ...

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tandem.kernels.sampling import Sampler
+from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.speculative.drafters.base import Draft, Drafter
 
 
@@ -23,17 +24,19 @@ class ChainDrafter:
 
     @property
     def calls(self) -> int:
-        return sum(int(getattr(d, "calls", 0)) for d in self.drafters)
+        return sum(d.calls for d in self.drafters)
 
     @property
     def stop_threshold(self) -> float | None:
-        return next((d.stop_threshold for d in self.drafters if hasattr(d, "stop_threshold")), None)
+        return next((d.stop_threshold for d in self.drafters if d.stop_threshold is not None), None)
 
     @stop_threshold.setter
     def stop_threshold(self, value: float | None) -> None:
         for d in self.drafters:
-            if hasattr(d, "stop_threshold"):
-                d.stop_threshold = value
+            d.stop_threshold = value
+
+    def model_backend(self) -> Backend | None:
+        return next((b for d in self.drafters if (b := d.model_backend()) is not None), None)
 
     def propose(self, context: Sequence[int], max_tokens: int, sampler: Sampler) -> Draft:
         draft = Draft([], None, self.name)

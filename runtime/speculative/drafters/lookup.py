@@ -22,6 +22,8 @@ class PromptLookupDrafter:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError("need 1 <= min_ngram <= max_ngram")
         self.name = "lookup"
+        self.calls = 0
+        self.stop_threshold: float | None = None
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self._seq: list[int] = []
@@ -58,6 +60,9 @@ class PromptLookupDrafter:
 
     def weight_bytes(self) -> int:
         return 0
+
+    def model_backend(self) -> None:
+        return None
 
     def prime(self, tokens: Sequence[int]) -> None:
         """Not used: see :meth:`~tandem.runtime.speculative.drafters.base.Drafter.prime`."""

@@ -129,6 +129,9 @@ class ModelDrafter:
     def weight_bytes(self) -> int:
         return self.backend.memory().weights
 
+    def model_backend(self) -> Backend:
+        return self.backend
+
     def prime(self, tokens: Sequence[int]) -> None:
         """Not used: see :meth:`~tandem.runtime.speculative.drafters.base.Drafter.prime`."""
 

@@ -182,6 +182,8 @@ class SuffixDrafter:
         self.params = params or (global_cache.params if global_cache else SuffixParams())
         self.global_cache = global_cache
         self.name = "suffix"
+        self.calls = 0
+        self.stop_threshold: float | None = None
         self._primer: list[int] = []
         self._reset()
 
@@ -244,6 +246,9 @@ class SuffixDrafter:
 
     def weight_bytes(self) -> int:
         return 0
+
+    def model_backend(self) -> None:
+        return None
 
     def close(self) -> None:
         self.end_request()

@@ -393,6 +393,9 @@ class CrossVocabDrafter:
     def weight_bytes(self) -> int:
         return self.drafter.memory().weights
 
+    def model_backend(self) -> Backend:
+        return self.drafter
+
     def prime(self, tokens: Sequence[int]) -> None:
         """Not used: see :meth:`~tandem.runtime.speculative.drafters.base.Drafter.prime`."""
 
