@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "when it has one)")
     p.add_argument("--json", action="store_true", help="print one JSON object with text, ids and stats")
     p.add_argument("-q", "--quiet", action="store_true",
-                   help="no summary (tokens, speed, acceptance) on standard error at the end")
+                   help="nothing on standard error but errors: no loading progress, no summary at the end")
     add_engine_flags(p)
     add_sampling_args(p)
     p.set_defaults(func=run)
@@ -87,7 +87,7 @@ def run_prompt(target: Backend, prompt: str, *, raw: bool) -> tuple[list[int], l
 
 def run(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
-    with Progress(f"loading {args.model}") as progress:
+    with Progress(f"loading {args.model}", enabled=False if args.quiet else None) as progress:
         engine = open_engine(spec_from_args(args), notify=progress.stage, on_load=progress.fraction)
     with engine:
         for note in engine.notes:
