@@ -211,3 +211,15 @@ def test_opening_an_engine_leaves_no_openmp_team_behind(real_models) -> None:
     assert out.returncode == 0, out.stderr
     before, after = map(int, out.stdout.split())
     assert after == before, f"{after - before} thread(s) left running after open_engine"
+
+
+@pytest.mark.parametrize("mode,priced", [("ngram", True), ("auto", True), ("off", False)])
+def test_model_free_drafting_is_priced_whenever_the_mode_uses_it(stories_twin: Path, mode: str,
+                                                                 priced: bool) -> None:
+    """``--draft-mode ngram`` (or ``auto``) without a drafter model still runs the suffix
+    tree and prompt lookup over the whole context: the plan the engine opened with prices
+    their index; plain decoding has none."""
+    with open_engine(EngineSpec(stories_twin, draft_mode=mode, n_ctx=512, threads=1, measure_cost=False)) as engine:
+        assert engine.plan is not None
+        rows = [i for i in engine.plan.memory.items if i.label.startswith("model-free drafting index")]
+    assert bool(rows) is priced and all(r.bytes > 0 for r in rows)
