@@ -8,6 +8,7 @@ waits for the worker to store the partial reply before the app exits.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
 import time
@@ -98,7 +99,9 @@ class ChatScreen(ChatActions, ReplyActions, ModelLoading, Screen):
         self.editing: int | None = None
         self.show_drafted = False
         self.buffer = ReplyBuffer()
-        self._draining = False
+        self._drawing = asyncio.Lock()
+        """Held while streamed text is drawn into the reply's view: the reply's end waits
+        for a draw in progress, so the stored record it shows is the last word."""
         self._next_drain = 0.0
         self.load_progress: LoadProgress | None = None
         """Set while a model loads: what it is doing and since when (the status line)."""
@@ -263,7 +266,7 @@ class ChatScreen(ChatActions, ReplyActions, ModelLoading, Screen):
         self.reply_view = view  # only now: the drain timer may draw into it
         self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
 
-    async def _drain(self, force: bool = False) -> None:
+    async def _drain(self) -> None:
         """Draw what the worker has streamed since the last draw (runs on a timer).
 
         Drawing holds the GIL the worker needs between llama.cpp calls, so after a draw
@@ -271,25 +274,28 @@ class ChatScreen(ChatActions, ReplyActions, ModelLoading, Screen):
         never takes more than about a fifth of the time from generation.
         """
         now = time.perf_counter()
-        if self.reply_view is None or self._draining or (now < self._next_drain and not force):
+        if self.reply_view is None or self._drawing.locked() or now < self._next_drain:
             return
+        async with self._drawing:
+            await self._draw(now)
+
+    async def _draw(self, started: float) -> None:
+        """One draw of what was streamed (the caller holds :attr:`_drawing`)."""
         update = self.buffer.drain()
-        if update is None:
+        if update is None or self.reply_view is None:
             return
-        self._draining = True
         try:
             await self.reply_view.append(*update)
         finally:
-            self._draining = False
-            spent = time.perf_counter() - now
-            self._next_drain = time.perf_counter() + DRAW_DUTY * spent
+            self._next_drain = time.perf_counter() + DRAW_DUTY * (time.perf_counter() - started)
         box = self.query_one("#messages", VerticalScroll)
         if box.max_scroll_y - box.scroll_y < 4:
             box.scroll_end(animate=False)
 
     async def on_reply_done(self, message: ReplyDone) -> None:
-        await self._drain(force=True)
-        view, self.reply_view = self.reply_view, None
+        async with self._drawing:  # after a draw in progress, never before it
+            await self._draw(time.perf_counter())
+            view, self.reply_view = self.reply_view, None
         self.worker, self.cancel = None, None
         if message.error:
             self.notify(message.error, severity="error", timeout=12)
