@@ -189,8 +189,10 @@ def error_to_nearest_run(predicted: int, runs: list[int]) -> tuple[float, int]:
 
     Identical runs of the small engines differ by up to ~13 % (which heap blocks glibc or
     the arena keep), more than the tolerance itself: a prediction is as good as the
-    nearest peak a real run reached, not as good as one draw of the noise."""
-    nearest = min(runs, key=lambda run: abs(predicted - run))
+    nearest peak a real run reached, not as good as one draw of the noise. Nearest in the
+    unit the bound is stated in (relative to the run): 50.6 and 61.7 MB around a 55.9 MB
+    prediction are +10.4 % and -9.4 %, so the second is the nearer one."""
+    nearest = min(runs, key=lambda run: abs(predicted / run - 1))
     return predicted / nearest - 1, nearest
 
 
