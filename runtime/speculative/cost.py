@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -178,6 +178,19 @@ def _verify_clock(backend: Backend):
     return time.process_time if getattr(config, "n_threads", None) == 1 and not remote else time.perf_counter
 
 
+def _time_verify(backend: Backend, rng: np.random.Generator, k: int, step: int, clock: Callable[[], float],
+                 n_ctx: int) -> float:
+    """Seconds of one verify call over ``k + 1`` random tokens after ``n_ctx`` cached ones,
+    chunked at ``step`` as verification chunks it; the cache is rolled back to ``n_ctx``."""
+    feed = [int(t) for t in rng.integers(3, backend.n_vocab, k + 1)]
+    start = clock()
+    for i in range(0, k + 1, step):
+        backend.evaluate(feed[i:i + step], logits_for=range(len(feed[i:i + step])))
+    elapsed = clock() - start
+    backend.truncate(n_ctx)
+    return elapsed
+
+
 def measure_cost_curve(backend: Backend, k_max: int = 8, reps: int | None = None, context: int = 64) -> CostCurve:
     """Time one call over k+1 tokens (all rows' logits, as verification asks) against one
     token, interleaving k within each repetition. Leaves the cache as it was.
@@ -198,13 +211,7 @@ def measure_cost_curve(backend: Backend, k_max: int = 8, reps: int | None = None
     step = backend.exact_batch or k_max + 1  # verification's own chunking (see verify_logits)
 
     def timed(k: int) -> float:
-        feed = [int(t) for t in rng.integers(3, backend.n_vocab, k + 1)]
-        start = clock()
-        for i in range(0, k + 1, step):
-            backend.evaluate(feed[i:i + step], logits_for=range(len(feed[i:i + step])))
-        elapsed = clock() - start
-        backend.truncate(n_ctx)
-        return elapsed
+        return _time_verify(backend, rng, k, step, clock, n_ctx)
 
     warm = [timed(k) for k in range(k_max + 1)]  # warm-up pass, also sizes the budget
     if reps is None:
@@ -246,13 +253,7 @@ def quick_cost_curve(backend: Backend, k_max: int = 8, sizes: Sequence[int] = QU
     clock = _verify_clock(backend)
 
     def timed(k: int) -> float:
-        feed = [int(t) for t in rng.integers(3, backend.n_vocab, k + 1)]
-        start = clock()
-        for i in range(0, k + 1, step):
-            backend.evaluate(feed[i:i + step], logits_for=range(len(feed[i:i + step])))
-        elapsed = clock() - start
-        backend.truncate(n_ctx)
-        return elapsed
+        return _time_verify(backend, rng, k, step, clock, n_ctx)
 
     timed(max(sizes))  # warm-up: first calls of a shape build its graph
     seconds = {k: timed(k) for k in sorted(set(sizes))}
