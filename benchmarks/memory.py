@@ -26,7 +26,7 @@ from tandem.runtime.planning.placement import Option
 from tandem.runtime.planning.plan import PlanRequest
 from tandem.runtime.planning.planner import make_plan
 from tandem.runtime.speculative.drafters.model import ModelDrafter
-from tandem.runtime.speculative.overlap import WindowedDrafter, set_threads, split_speculative
+from tandem.runtime.speculative.overlap import WindowedDrafter, split_speculative
 
 STORIES = Path(__file__).resolve().parents[2] / "shared/fixtures/models/stories260K/stories260K.gguf"
 PROMPT = "Once upon a time, there was a little girl named Lily. She loved to play outside"
@@ -145,9 +145,9 @@ def split(args: argparse.Namespace) -> dict:
     outputs = {}
     for _ in range(args.reps):
         for p in placements:
-            set_threads(target, p.target_threads)
+            target.set_threads(p.target_threads)
             if p.draft_threads:
-                set_threads(draft, p.draft_threads)
+                draft.set_threads(p.draft_threads)
                 strategy = split_speculative(ModelDrafter(draft, owns_backend=False), 4, predraft=p.predraft)
             else:
                 strategy = autoregressive

@@ -28,7 +28,6 @@ from tandem.runtime.planning.calibration import calibrate
 from tandem.runtime.planning.placement import CALIBRATION_K, Option, plan_options
 from tandem.runtime.planning.planner import plan_for_run
 from tandem.runtime.speculative.factory import SpecOptions, build_strategy
-from tandem.runtime.speculative.overlap import set_threads
 
 PROMPTS = ["Once upon a time", "The little dog ran to the park and", "Lily and Tom wanted to build a big castle"]
 
@@ -67,7 +66,7 @@ def bench(target_path: Path, draft_path: Path, *, threads: int, ctx: int, tokens
         for r in range(rounds):
             for text in PROMPTS:
                 prompt = target.tokenize(text, add_bos=True)
-                set_threads(target, threads)
+                target.set_threads(threads)
                 plain = {}
                 for device, t in targets.items():  # each backend's own greedy output is the reference
                     plain[device] = _run(t, prompt, autoregressive, tokens)
@@ -76,7 +75,7 @@ def bench(target_path: Path, draft_path: Path, *, threads: int, ctx: int, tokens
                 names = names[r % len(names):] + names[: r % len(names)]
                 for name in names:
                     o, s = strategies[name]
-                    set_threads(target, o.target_threads)
+                    target.set_threads(o.target_threads)
                     done = _run(targets[o.target_device], prompt, s, tokens)
                     speeds[name].append(done.stats.tokens_per_s)
                     identical[name] &= done.tokens == plain[o.target_device].tokens

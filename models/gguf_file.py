@@ -19,6 +19,7 @@ from typing import Any
 import gguf
 
 from tandem.models.errors import ModelFormatError, ModelNotFound, UnsupportedModel
+from tandem.models.shape import DecoderShape, dims_from_gguf
 
 MAGIC = b"GGUF"
 SMALL_ARRAY = 64
@@ -73,6 +74,13 @@ class GGUFInfo:
     @property
     def weights_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
+
+    def shape(self) -> DecoderShape:
+        """The model's dimensions from its metadata; the vocabulary is the tokenizer's
+        size and the head is tied when there is no ``output.weight``."""
+        tokens = self.metadata.get("tokenizer.ggml.tokens")
+        n_vocab = tokens.length if isinstance(tokens, ArrayInfo) else len(tokens) if isinstance(tokens, list) else 0
+        return dims_from_gguf(self.arch_value, n_vocab, tied=all(t.name != "output.weight" for t in self.tensors))
 
 
 class _Cursor:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tandem.kernels.sampling import SamplingParams, softmax
-from tandem.runtime.backends.protocol import MemoryReport, SpecialTokens
+from tandem.runtime.backends.protocol import ComputeSettings, MemoryReport, SpecialTokens
 
 PURE = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
 """Sampling settings under which the sampler's distribution is the model's softmax."""
@@ -91,6 +91,13 @@ class ToyBackend:
 
     def memory(self) -> MemoryReport:
         return MemoryReport(weights=self.table.nbytes, kv_cache=0)
+
+    def compute_settings(self) -> ComputeSettings:
+        """An in-memory model: no file to keep its timings under."""
+        return ComputeSettings(None, f"toy {self.name}")
+
+    def set_threads(self, n: int) -> bool:
+        return False
 
     def close(self) -> None:
         self._tokens = []

@@ -11,9 +11,7 @@ is ready. Plans are kept on disk (user cache dir), so a restarted server lists t
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,6 +21,14 @@ from tandem.models.errors import TandemError
 from tandem.models.gguf_file import GGUFInfo, inspect_gguf
 from tandem.models.paths import cache_dir, write_cache_file
 from tandem.models.store import ModelEntry, list_models
+from tandem.runtime.machine import (
+    cache_key,
+    code_stamp,
+    file_version,
+    machine_id,
+    memory_bytes,
+    software_id,
+)
 
 PLAN_CTX = 4096
 """Context the estimate is priced at (``tandem run``'s default cap), or the trained one if smaller."""
@@ -30,14 +36,10 @@ PLAN_CTX = 4096
 
 def kv_bytes(info: GGUFInfo, n_ctx: int) -> int | None:
     """f16 K and V for every layer at ``n_ctx`` cells (``None`` if the header lacks a size)."""
-    n_layer = info.arch_value("block_count")
-    n_embd = info.arch_value("embedding_length")
-    n_head = info.arch_value("attention.head_count")
-    n_head_kv = info.arch_value("attention.head_count_kv", n_head)
-    if not all(isinstance(v, int) and v > 0 for v in (n_layer, n_embd, n_head, n_head_kv)):
+    shape = info.shape()
+    if min(shape.n_layer, shape.n_embd, shape.n_head_kv, shape.head_dim) <= 0:
         return None
-    head_dim = info.arch_value("attention.key_length", n_embd // n_head)
-    return 2 * 2 * n_layer * n_ctx * n_head_kv * head_dim
+    return shape.kv_bytes_per_token() * n_ctx
 
 
 PENDING = {"status": "pending"}
@@ -62,10 +64,7 @@ def plan_summary(path: Path) -> dict[str, Any]:
 def machine_and_code() -> str:
     """What a plan depends on besides the file: this machine (CPU, memory, kernel, Python,
     packages) and Tandem's own code (the planner's rules)."""
-    from tandem.runtime.planning.baseline import machine_key
-
-    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0
-    return f"{machine_key()}|{memory}"
+    return cache_key(machine_id(), memory_bytes(), software_id(), code_stamp())
 
 
 class PlanCache:
@@ -76,15 +75,14 @@ class PlanCache:
     def __init__(self, make: Any = plan_summary, folder: Path | None = None) -> None:
         self._make = make
         self._folder = folder
-        self._done: dict[tuple, dict[str, Any]] = {}
-        self._pending: set[tuple] = set()
+        self._done: dict[str, dict[str, Any]] = {}
+        self._pending: set[str] = set()
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-plans")
         self._machine: str | None = None
 
     def get(self, path: Path) -> dict[str, Any]:
-        st = path.stat()
-        key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+        key = file_version(path)
         with self._lock:
             if key in self._done:
                 return self._done[key]
@@ -98,20 +96,20 @@ class PlanCache:
                 self._pool.submit(self._run, key, path)
         return PENDING
 
-    def _load(self, key: tuple) -> dict[str, Any] | None:
+    def _load(self, key: str) -> dict[str, Any] | None:
         try:
             kept = json.loads(self._file(key).read_text())
         except (OSError, ValueError):  # not planned on this machine yet, or a damaged file
             return None
         return kept if isinstance(kept, dict) and kept.get("status") == "ready" else None
 
-    def _file(self, key: tuple) -> Path:
+    def _file(self, key: str) -> Path:
         if self._machine is None:
             self._machine = machine_and_code()
-        name = hashlib.sha256(f"{key}|{self._machine}".encode()).hexdigest()[:24]
+        name = cache_key(key, self._machine)
         return (self._folder or cache_dir() / "plans") / f"{name}.json"
 
-    def _run(self, key: tuple, path: Path) -> None:
+    def _run(self, key: str, path: Path) -> None:
         try:
             result = self._make(path)
         except Exception as exc:  # a planner failure is shown, never raised into a request

@@ -19,10 +19,17 @@ import numpy as np
 from llama_cpp import _internals
 
 from tandem.models.errors import ModelFormatError, TandemError, UnsupportedModel
-from tandem.models.gguf_file import GGUFInfo, check_runnable, inspect_gguf
+from tandem.models.gguf_file import check_runnable, inspect_gguf
+from tandem.models.shape import KV_TYPE_SIZES, DecoderShape
 from tandem.runtime.backends.embedding_rows import EmbeddingRows
 from tandem.runtime.backends.llama_vocab import LlamaVocab, TokenizerDelegate, load_model
-from tandem.runtime.backends.protocol import MemoryReport, check_room, chunked_logits
+from tandem.runtime.backends.protocol import (
+    ComputeSettings,
+    MemoryReport,
+    check_room,
+    chunked_logits,
+    speed_settings,
+)
 from tandem.runtime.backends.rpc import direct, open_link
 from tandem.runtime.backends.token_cache import TokenCache, new_tokens
 from tandem.runtime.machine import cpu_cores
@@ -111,41 +118,15 @@ def _llama_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
 llama_cpp.llama_log_set(_llama_log, ctypes.c_void_p(0))
 
 
-def kv_bytes_per_token(info: GGUFInfo, type_k: str = "f16", type_v: str = "f16") -> int:
-    """Bytes of K and V per token of context, from the GGUF hyperparameters."""
-    import gguf
-
-    n_layer = int(info.arch_value("block_count", 0))
-    n_head = int(info.arch_value("attention.head_count", 1))
-    n_head_kv = int(info.arch_value("attention.head_count_kv", n_head))
-    n_embd = int(info.arch_value("embedding_length", 0))
-    k_dim = int(info.arch_value("attention.key_length", n_embd // max(n_head, 1)))
-    v_dim = int(info.arch_value("attention.value_length", k_dim))
-
-    def row_bytes(type_name: str, width: int) -> int:
-        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(KV_TYPES[type_name])]
-        return width // block * size
-
-    return n_layer * (row_bytes(type_k, k_dim * n_head_kv) + row_bytes(type_v, v_dim * n_head_kv))
-
-
-def head_dim(info: GGUFInfo) -> int:
-    n_head = int(info.arch_value("attention.head_count", 1))
-    return int(info.arch_value("attention.key_length", int(info.arch_value("embedding_length", 0)) // max(n_head, 1)))
-
-
-def check_kv_types(info: GGUFInfo, type_k: str, type_v: str) -> None:
-    """Quantized KV rows are split per head, so the head size must hold whole blocks."""
-    import gguf
-
+def check_kv_types(shape: DecoderShape, type_k: str, type_v: str) -> None:
+    """A KV type llama.cpp has, whose blocks the model's heads hold whole."""
     for name in (type_k, type_v):
         if name not in KV_TYPES:
             raise TandemError(f"Unknown KV cache type {name!r}; choose one of {', '.join(KV_TYPES)}.")
-        block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(KV_TYPES[name])][0]
-        if head_dim(info) % block:
+        if not shape.kv_type_ok(name):
             raise UnsupportedModel(
-                f"KV cache type {name} stores blocks of {block} values but this model's attention "
-                f"heads have {head_dim(info)}; use f16 (or bf16) for this model."
+                f"KV cache type {name} stores blocks of {KV_TYPE_SIZES[name][0]} values but this model's "
+                f"attention heads have {shape.head_dim}; use f16 (or bf16) for this model."
             )
 
 
@@ -161,7 +142,8 @@ class LlamaCppBackend(TokenizerDelegate, TokenCache):
         check_runnable(self.info)
         self.name = self.path.stem
         cfg = self.config
-        check_kv_types(self.info, cfg.type_k, cfg.type_v)
+        self.shape = self.info.shape()
+        check_kv_types(self.shape, cfg.type_k, cfg.type_v)
         trained = int(self.info.arch_value("context_length", 2048) or 2048)
         n_ctx = cfg.n_ctx or min(trained, 4096)
         threads = cfg.n_threads or cpu_cores()
@@ -195,7 +177,8 @@ class LlamaCppBackend(TokenizerDelegate, TokenCache):
         self._n_batch = int(llama_cpp.llama_n_batch(self._ctx))
         self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
         self._tokens: list[int] = []
-        self.kv_bytes_per_token = kv_bytes_per_token(self.info, cfg.type_k, cfg.type_v)
+        self._threads = threads
+        self.kv_bytes_per_token = self.shape.kv_bytes_per_token(cfg.type_k, cfg.type_v)
         # embedding input (superposed decoding) is set up on first use: most runs never take it
         self._token_embd: np.ndarray | None = None
         self._embd_rows: EmbeddingRows | None = None
@@ -342,6 +325,17 @@ class LlamaCppBackend(TokenizerDelegate, TokenCache):
         scratch = self._n_vocab * 4 * self._n_batch  # logits buffer for a full batch
         device = "cuda" if self.config.n_gpu_layers else "cpu"
         return MemoryReport(weights=weights, kv_cache=kv, scratch=scratch, device=device)
+
+    def compute_settings(self) -> ComputeSettings:
+        return ComputeSettings(self.path, speed_settings(self.config, self._threads), self._threads,
+                               remote=bool(self.config.rpc))
+
+    def set_threads(self, n: int) -> bool:
+        if n < 1:
+            return False
+        llama_cpp.llama_set_n_threads(self._ctx, n, n)
+        self._threads = n
+        return True
 
     def close(self) -> None:
         if self._batch is not None:

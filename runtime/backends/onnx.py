@@ -25,7 +25,13 @@ from tandem.models.hf_tokenizer import read_json_optional
 from tandem.runtime.backends.llama_vocab import LlamaVocab, TokenizerDelegate
 from tandem.runtime.backends.onnx_export import FP32_FILE, INT8_FILE
 from tandem.runtime.backends.onnx_meta import read_onnx_meta
-from tandem.runtime.backends.protocol import MemoryReport, check_room, chunked_logits
+from tandem.runtime.backends.protocol import (
+    ComputeSettings,
+    MemoryReport,
+    check_room,
+    chunked_logits,
+    speed_settings,
+)
 from tandem.runtime.backends.token_cache import FixedTokenCache, new_tokens
 from tandem.runtime.backends.torch_engine.tokenizer import HFTokenizer
 
@@ -163,6 +169,13 @@ class OnnxBackend(TokenizerDelegate, FixedTokenCache):
         per_token = sum(self._kv_shape[1] * self._kv_shape[3] * np.dtype(self._kv_dtype).itemsize for _ in self._past_names)
         return MemoryReport(weights=weights, kv_cache=per_token * self._n_ctx,
                             scratch=self._n_vocab * 4 * self.config.n_batch, device=self.device)
+
+    def compute_settings(self) -> ComputeSettings:
+        return ComputeSettings(self.path, speed_settings(self.config, self.config.n_threads), self.config.n_threads)
+
+    def set_threads(self, n: int) -> bool:
+        """The thread count is fixed when the model is opened."""
+        return False
 
     def close(self) -> None:
         self._past = self._empty_past()

@@ -12,7 +12,8 @@ rolls back. Strategies never assume anything else about the cache.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -44,6 +45,22 @@ class SpecialTokens:
     bos_text: str = ""
     """Literal text of the BOS token (``<s>``), which chat templates write into prompts."""
     eos_text: str = ""
+
+
+@dataclass(frozen=True)
+class ComputeSettings:
+    """What decides how fast a backend computes, so that timings taken on it can be kept
+    for the next run with the same model (the cost cache) and timed with the right clock."""
+
+    model_file: Path | None
+    """The model's file; ``None`` for a model that lives only in memory (nothing to key
+    a cache on)."""
+    settings: str
+    """The settings that change its speed, as text (context size left out: it hardly does)."""
+    threads: int | None = None
+    """Compute threads on this machine; ``None`` where a library picks them or a GPU computes."""
+    remote: bool = False
+    """Part of the model computes on other machines (llama.cpp RPC)."""
 
 
 @runtime_checkable
@@ -118,6 +135,16 @@ class Backend(Protocol):
 
     def memory(self) -> MemoryReport: ...
 
+    def compute_settings(self) -> ComputeSettings:
+        """The file and settings its timings depend on (see :class:`ComputeSettings`)."""
+        ...
+
+    def set_threads(self, n: int) -> bool:
+        """Use ``n`` compute threads from the next call on, without reloading; ``False``
+        (nothing changed) where the backend cannot (the placement calibration then keeps
+        the count it was opened with)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -145,6 +172,12 @@ class RowSource(Protocol):
     through llama.cpp), so superposed decoding need not load the whole table."""
 
     def token_embedding_rows(self, ids: Sequence[int]) -> np.ndarray: ...
+
+
+def speed_settings(config: object, threads: int | None) -> str:
+    """A backend's frozen config dataclass as the text :class:`ComputeSettings` keeps: its
+    context size left out, the threads it computes with now put in."""
+    return f"{replace(config, n_ctx=None)!r}|threads={threads}"  # type: ignore[type-var]
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:

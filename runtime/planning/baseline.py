@@ -17,17 +17,15 @@ cached with it, so identical `tandem plan` calls print identical speeds.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
-import os
-import platform
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tandem.models.errors import TandemError
+from tandem.models.paths import cache_dir, write_cache_file
+from tandem.runtime.machine import cache_key, code_stamp, machine_id, software_id
 
 BASELINE_VERSION = 4
 CLI_MODULE = "tandem.app.cli"
@@ -73,48 +71,13 @@ class MachineBaseline:
         return self.rss + self.code
 
 
-def _package_versions() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = []
-    for name in ("llama_cpp_python", "numpy", "tandem", "torch", "textual"):
-        try:
-            out.append(f"{name}={version(name)}")
-        except PackageNotFoundError:
-            out.append(f"{name}=-")
-    return ",".join(out)
-
-
-def _code_stamp() -> str:
-    """Names, sizes and mtimes of Tandem's own modules: an edit that adds an import
-    changes the baseline, so it is measured again."""
-    root = Path(__file__).resolve().parents[2]
-    h = hashlib.sha256()
-    for sub in ("app", "runtime", "models", "kernels"):
-        for f in sorted((root / sub).rglob("*.py")):
-            st = f.stat()
-            h.update(f"{f.relative_to(root)}|{st.st_size}|{st.st_mtime_ns}".encode())
-    return h.hexdigest()[:16]
-
-
 def machine_key() -> str:
-    """This machine and software: CPU model and flags, kernel, Python, package versions,
-    Tandem's code."""
-    cpu = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags", "Features")):
-                cpu += line
-                if line.startswith(("flags", "Features")):
-                    break
-    parts = [cpu, platform.machine(), platform.release(), sys.version, sys.executable, _package_versions(),
-             _code_stamp(), str(BASELINE_VERSION), str(os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0)]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+    """This machine and software (:mod:`tandem.runtime.machine`): hardware, kernel,
+    Python, package versions and Tandem's code."""
+    return cache_key(machine_id(), software_id(), code_stamp(), BASELINE_VERSION)
 
 
 def cache_file() -> Path:
-    from tandem.models.paths import cache_dir
-
     return cache_dir() / "machine-baseline" / f"{machine_key()}.json"
 
 
@@ -141,11 +104,7 @@ def machine_baseline() -> MachineBaseline:
     except (OSError, ValueError, TypeError):
         pass
     _CACHED = _measure()
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(_CACHED)))
-        os.replace(tmp, path)
+    write_cache_file(path, json.dumps(asdict(_CACHED)))
     return _CACHED
 
 

@@ -41,7 +41,6 @@ from tandem.runtime.planning.placement import (
     target_key,
 )
 from tandem.runtime.speculative.drafters.base import Drafter
-from tandem.runtime.speculative.overlap import set_threads
 
 
 def _median_time(fn: Callable[[], object], reps: int) -> float:
@@ -77,7 +76,7 @@ def measure_target(target: Backend, context: Sequence[int], threads: dict[str, i
     decode, verify = {}, {}
     for key, t in threads.items():
         if t is not None:
-            set_threads(target, t)
+            target.set_threads(t)
 
         def step(tokens=block[:1]) -> None:
             target.evaluate(tokens)
@@ -114,7 +113,7 @@ def measure_drafter(drafter: Drafter, backend: Backend | None, prompt: Sequence[
     drafter.propose(context[:s], k, sampler)
     for t in threads:
         if backend is not None:
-            set_threads(backend, t)
+            backend.set_threads(t)
         per_token[t] = _median_time(lambda: drafter.propose(context[:s], k, sampler), 5) / k
     return per_token, accepted / max(drafted, 1)
 
@@ -207,7 +206,7 @@ def calibrate(target: Backend, plan, opts: Sequence[Option], *, mode: str = "aut
             costs.draft_s[draft_key(device, t)] = per_token.get(t, next(iter(per_token.values())))
         costs.acceptance[device] = alpha
     target.truncate(0)
-    set_threads(target, max(cpu.values(), default=plan.target.n_threads or 1))
+    target.set_threads(max(cpu.values(), default=plan.target.n_threads or 1))
     data[key] = asdict(costs)
     paths.write_cache_file(cache, json.dumps(data, indent=1))  # atomic; failing costs a re-measurement
     return choose(opts, costs)
@@ -238,7 +237,7 @@ def place(target: Backend, plan, *, mode: str = "auto", device: str = "auto", us
         if len(opts) > 1:
             choice = calibrate(target, plan, opts, mode=mode, use_cache=use_cache, notify=notify, keep=opened)
         best = choice.option if choice is not None else opts[0]
-        set_threads(target, best.target_threads)
+        target.set_threads(best.target_threads)
         if best.target_device == "cuda":
             from tandem.runtime.backends.torch_engine.backend import TorchBackend
 
@@ -246,7 +245,7 @@ def place(target: Backend, plan, *, mode: str = "auto", device: str = "auto", us
             target = opened.pop("target:cuda", None) or TorchBackend(plan.target.path, plan.target.torch_config("cuda"))
         draft_backend = opened.pop(f"draft:{best.draft_device}", None) if keep_drafter else None
         if draft_backend is not None:
-            set_threads(draft_backend, best.draft_threads)
+            draft_backend.set_threads(best.draft_threads)
     finally:
         for backend in opened.values():
             backend.close()

@@ -19,7 +19,7 @@ llama.cpp, in a child process, without loading any weights:
 Each answer takes a few milliseconds once the child has read the model's metadata
 (~0.7 s for a 151k vocabulary), so the child stays up while a plan is made
 (:func:`sizes_for`; :func:`close_all` ends it) and the answers are cached on disk per
-model file and llama.cpp version (:func:`cache_path`). Run as
+model file, machine and software (:func:`cache_path`). Run as
 ``python -m tandem.runtime.planning.llama_sizes MODEL.gguf``: reads one JSON setup per line,
 writes one JSON answer per line.
 """
@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tandem.models.errors import TandemError
+from tandem.models.paths import cache_dir, write_cache_file
+from tandem.runtime.machine import cache_key, file_version, machine_id, software_id
 
 SIZES_VERSION = 1
 """Bumped when what is measured changes, so older cache files are measured again."""
@@ -65,32 +67,11 @@ class ContextSizes:
     """Anonymous resident bytes the context's own structures took in the child."""
 
 
-def _llama_cpp_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("llama_cpp_python")
-    except Exception:  # noqa: BLE001 - any metadata failure: key on nothing rather than fail
-        return "unknown"
-
-
 def cache_path(model: Path) -> Path:
-    """The cache file of one model file (keyed by its path, size and mtime, and the
-    llama.cpp version, so a changed file or an upgraded llama.cpp is measured again)."""
-    import hashlib
-
-    from tandem.models.paths import cache_dir
-
-    st = model.stat()
-    key = f"{model.resolve()}|{st.st_size}|{st.st_mtime_ns}|{_llama_cpp_version()}|{SIZES_VERSION}"
-    return cache_dir() / "llama-sizes" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
-
-
-def _write_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+    """The cache file of one model file: keyed by the file's version, the machine and
+    its software (llama.cpp's version among them), so a changed file or an upgraded
+    llama.cpp is measured again."""
+    return cache_dir() / "llama-sizes" / f"{cache_key(file_version(model), machine_id(), software_id(), SIZES_VERSION)}.json"
 
 
 _MEMO: dict[str, dict] = {}
@@ -173,8 +154,7 @@ class LlamaSizes:
                 self._proc.wait()
             self._proc = None
         if self._dirty and self._persist:
-            with contextlib.suppress(OSError):
-                _write_atomic(self._cache_file, self._cache)
+            write_cache_file(self._cache_file, json.dumps(self._cache))
             self._dirty = False
 
 

@@ -11,11 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.models.errors import TandemError
-from tandem.models.shape import DecoderShape, dims_from_gguf, dims_from_hf
+from tandem.models.shape import KV_TYPE_SIZES, DecoderShape, dims_from_hf
 
-KV_TYPE_SIZES = {"f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q8_0": (32, 34), "q5_1": (32, 24),
-                 "q5_0": (32, 22), "q4_1": (32, 20), "q4_0": (32, 18)}
-"""(block, bytes per block) of each KV cache type, as ggml stores them."""
 KV_PAD = 256
 """llama.cpp rounds the KV cache's cell count up to this many (padding for kernels)."""
 
@@ -31,8 +28,6 @@ class ModelShape(DecoderShape):
     (:class:`DecoderShape`) and the bytes of its weights."""
 
     name: str
-    head_dim_v: int
-    """Value width of one head (GGUF ``attention.value_length``; ``head_dim`` is the key's)."""
     layer_bytes: tuple[int, ...]
     """Weight bytes of each block, in order."""
     input_bytes: int
@@ -52,19 +47,6 @@ class ModelShape(DecoderShape):
     @property
     def weights_bytes(self) -> int:
         return sum(self.layer_bytes) + self.input_bytes + self.output_bytes
-
-    def kv_bytes_per_token(self, type_k: str = "f16", type_v: str = "f16") -> int:
-        """Bytes of K and V per token over all layers (same rule as llama.cpp)."""
-        def row(type_name: str, width: int) -> int:
-            block, size = KV_TYPE_SIZES[type_name]
-            return width // block * size
-
-        width_k, width_v = self.head_dim * self.n_head_kv, self.head_dim_v * self.n_head_kv
-        return self.n_layer * (row(type_k, width_k) + row(type_v, width_v))
-
-    def kv_type_ok(self, type_name: str) -> bool:
-        block = KV_TYPE_SIZES[type_name][0]
-        return self.head_dim % block == 0 and self.head_dim_v % block == 0
 
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
@@ -96,9 +78,7 @@ def shape_from_gguf(path_or_info, as_type: str | None = None) -> ModelShape:
     check_runnable(info)  # an unknown architecture or metadata that would make llama.cpp's size probe abort
     if as_type is not None and as_type not in QUANT_COPY_TYPES:
         raise TandemError(f"Cannot price a {as_type} copy; choose one of {', '.join(QUANT_COPY_TYPES)}.")
-    tokens = info.metadata.get("tokenizer.ggml.tokens")
-    n_vocab = getattr(tokens, "length", None) or (len(tokens) if isinstance(tokens, list) else 0)
-    dims = dims_from_gguf(info.arch_value, n_vocab, tied=all(t.name != "output.weight" for t in info.tensors))
+    dims = info.shape()
     n_layer = dims.n_layer
     layers = [0] * n_layer
     inp = out = 0
@@ -118,7 +98,6 @@ def shape_from_gguf(path_or_info, as_type: str | None = None) -> ModelShape:
     wtype = gguf.GGMLQuantizationType(max(types, key=types.get)).name.lower() if types else "f32"
     return ModelShape(
         **dims.dims(), name=info.path.stem if as_type is None else f"{info.path.stem} ({as_type.upper()} copy)",
-        head_dim_v=int(info.arch_value("attention.value_length", dims.head_dim)),
         layer_bytes=tuple(layers), input_bytes=inp, output_bytes=out, weight_type=as_type or wtype,
         n_params=info.n_params, path=str(info.path),
         file_bytes=info.file_size - info.weights_bytes + inp + out + sum(layers),
@@ -140,7 +119,7 @@ def shape_from_hf(folder: str | Path, dtype_bytes: int = 4) -> ModelShape:
     e, v, tied = dims.n_embd, dims.n_vocab, dims.tied
     per_layer = dims.layer_params
     return ModelShape(
-        **dims.dims(), name=Path(folder).name, head_dim_v=dims.head_dim,
+        **dims.dims(), name=Path(folder).name,
         layer_bytes=(per_layer * dtype_bytes,) * dims.n_layer, input_bytes=v * e * dtype_bytes,
         output_bytes=(e + (0 if tied else v * e)) * dtype_bytes, weight_type=f"{8 * dtype_bytes}-bit float",
         n_params=dims.count_params(),

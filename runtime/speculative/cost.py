@@ -173,9 +173,8 @@ def _verify_clock(backend: Backend):
     excludes time other processes take); with several, idle-spinning threads would
     inflate it, so wall time it is. A target split over RPC servers computes mostly
     elsewhere and waits on the network: only wall time sees that."""
-    config = getattr(backend, "config", None)
-    remote = bool(getattr(config, "rpc", ()))
-    return time.process_time if getattr(config, "n_threads", None) == 1 and not remote else time.perf_counter
+    compute = backend.compute_settings()
+    return time.process_time if compute.threads == 1 and not compute.remote else time.perf_counter
 
 
 def _time_verify(backend: Backend, rng: np.random.Generator, k: int, step: int, clock: Callable[[], float],

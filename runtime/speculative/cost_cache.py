@@ -8,30 +8,23 @@ prior again.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from pathlib import Path
 
 from tandem.models.paths import cache_dir, write_cache_file
 from tandem.runtime.backends.protocol import Backend
-from tandem.runtime.machine import machine_id
+from tandem.runtime.machine import cache_key, file_version, machine_id
 from tandem.runtime.speculative.cost import CostCurve, measure_cost_curve
 
 
 def cost_curve_key(backend: Backend) -> str | None:
-    """Cache key: the model file (path, size, mtime) + backend settings + machine."""
-    path = getattr(backend, "path", None)
-    if path is None or not Path(path).exists():
+    """Cache key: the model file (path, size, mtime), the settings that change its speed
+    (:meth:`~tandem.runtime.backends.protocol.Backend.compute_settings`) and the machine."""
+    compute = backend.compute_settings()
+    if compute.model_file is None or not compute.model_file.exists():
         return None
-    st = Path(path).stat()
-    config = getattr(backend, "config", None)
-    if config is not None and hasattr(config, "n_ctx"):  # context size does not change c(k) much
-        from dataclasses import replace
-
-        config = replace(config, n_ctx=None)
-    raw = f"{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}|{config!r}|{machine_id()}|v3"
-    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+    return cache_key(file_version(compute.model_file), compute.settings, machine_id(), "v4")
 
 
 def _cost_table(file: Path) -> dict:
@@ -63,7 +56,7 @@ def remember_cost_curve(backend: Backend, curve: CostCurve, *, cache_file: Path 
     a read-only cache dir only means the next run starts from the prior again)."""
     key = cost_curve_key(backend)
     if key is not None:
-        _store(key, {"c": list(curve.c), "t1_s": curve.t1_s, "model": str(getattr(backend, "path", ""))},
+        _store(key, {"c": list(curve.c), "t1_s": curve.t1_s, "model": str(backend.compute_settings().model_file)},
                cache_file)
 
 
@@ -79,7 +72,7 @@ def _draft_cost_key(target: Backend, drafter_name: str, drafter_bytes: int) -> s
     key = cost_curve_key(target)
     if key is None:
         return None
-    return "draft:" + hashlib.sha256(f"{key}|{drafter_name}|{drafter_bytes}".encode()).hexdigest()[:24]
+    return "draft:" + cache_key(key, drafter_name, drafter_bytes)
 
 
 def cached_draft_cost(target: Backend, drafter_name: str, drafter_bytes: int, *,

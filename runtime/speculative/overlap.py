@@ -82,15 +82,6 @@ class WindowedDrafter:
         self.inner.stop_threshold = value
 
 
-def set_threads(backend: Backend, n: int) -> None:
-    """Change a llama.cpp backend's thread count in place (no reload)."""
-    ctx = getattr(backend, "_ctx", None)
-    if ctx is not None and n > 0:
-        import llama_cpp
-
-        llama_cpp.llama_set_n_threads(ctx, n, n)
-
-
 def split_speculative(drafter: Drafter, k: int, *, predraft: bool = True):
     """The speculative strategy with fixed draft length ``k`` and, when ``predraft``, the
     next round drafted in a background thread during verification (the device split).

@@ -20,7 +20,13 @@ import torch
 
 from tandem.models.errors import ModelNotFound, PromptError, TandemError
 from tandem.runtime.backends.llama_vocab import TokenizerDelegate
-from tandem.runtime.backends.protocol import MemoryReport, check_room, chunked_logits
+from tandem.runtime.backends.protocol import (
+    ComputeSettings,
+    MemoryReport,
+    check_room,
+    chunked_logits,
+    speed_settings,
+)
 from tandem.runtime.backends.token_cache import FixedTokenCache, new_tokens
 from tandem.runtime.backends.torch_engine.cache import KVCache
 from tandem.runtime.backends.torch_engine.config import ModelConfig
@@ -236,6 +242,13 @@ class TorchBackend(TokenizerDelegate, FixedTokenCache):
     def token_embeddings(self) -> np.ndarray:
         """The input embedding matrix (n_vocab, n_embd) as float32 numpy."""
         return self.model.tok_embd.detach().float().cpu().numpy()
+
+    def compute_settings(self) -> ComputeSettings:
+        return ComputeSettings(self.path, speed_settings(self.config, self.config.n_threads), self.config.n_threads)
+
+    def set_threads(self, n: int) -> bool:
+        """The thread count is fixed when the model is opened."""
+        return False
 
     def close(self) -> None:
         self.cache.reset()

@@ -103,3 +103,29 @@ def test_characters_outside_a_byteless_vocabulary_become_unknown(tinystories656k
         assert "hello" in text and "world" in text and "done" in text
         assert b.tokenize("Once upon a time") == b.tokenize("Once upon a time"), "covered text is untouched"
         assert unk not in b.tokenize("Once upon a time")
+
+
+CELL_METADATA = 12
+"""Bytes llama.cpp's sequence state adds per cached token beside K and V: its position,
+its count of sequence ids and the one id."""
+
+
+@pytest.mark.parametrize("kv", ["f16", "q8_0", "f32"])
+def test_kv_bytes_per_token_is_what_llama_cpp_stores(real_models, kv: str) -> None:
+    """The one KV-bytes rule (``DecoderShape.kv_bytes_per_token``, which the backend's
+    memory report, the planner and ``/v1/models`` use) against llama.cpp's own state:
+    each further cached token grows the saved sequence by K, V and its cell metadata."""
+    import llama_cpp
+
+    backend = LlamaCppBackend(real_models.qwen_05b, LlamaConfig(n_ctx=256, type_k=kv, type_v=kv,
+                                                                flash_attn=kv == "q8_0", exact=kv != "q8_0"))
+    try:
+        sizes = []
+        for n in (10, 50):
+            backend.truncate(0)
+            backend.evaluate(list(range(100, 100 + n)))
+            sizes.append(llama_cpp.llama_state_seq_get_size(backend._ctx, 0))
+        assert (sizes[1] - sizes[0]) / 40 == backend.shape.kv_bytes_per_token(kv, kv) + CELL_METADATA
+        assert backend.memory().kv_cache == backend.shape.kv_bytes_per_token(kv, kv) * backend.n_ctx
+    finally:
+        backend.close()

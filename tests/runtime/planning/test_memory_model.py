@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from tandem.models.gguf_file import inspect_gguf
+from tandem.models.shape import KV_TYPE_SIZES
 from tandem.runtime.planning.memory_model import Setup, estimate, model_items
 from tandem.runtime.planning.memprobe import ProbeModel, ProbeSpec, measure
-from tandem.runtime.planning.shapes import KV_TYPE_SIZES, shape_from_gguf, shape_from_hf
+from tandem.runtime.planning.shapes import shape_from_gguf, shape_from_hf
 
 TOLERANCE = 0.10
 LLAMA_UNDER = 0.03
@@ -34,17 +35,6 @@ def _check_llama(predicted: int, measured: int, what: str) -> None:
     print(f"{what}: predicted {predicted} vs measured {measured} ({error:+.1%})")
     assert predicted >= measured * (1 - LLAMA_UNDER) - LLAMA_SLACK, f"under: {predicted} vs {measured} ({error:+.1%})"
     assert predicted <= measured * (1 + LLAMA_OVER), f"over: {predicted} vs {measured} ({error:+.1%})"
-
-
-@pytest.mark.parametrize("kv", ["f16", "q8_0", "f32"])
-def test_kv_bytes_match_llama_backend(stories260k: Path, stories_twin: Path, kv: str) -> None:
-    from tandem.runtime.backends.llama import kv_bytes_per_token
-
-    for path in (stories260k, stories_twin):
-        info = inspect_gguf(path)
-        shape = shape_from_gguf(info)
-        if shape.kv_type_ok(kv):
-            assert shape.kv_bytes_per_token(kv, kv) == kv_bytes_per_token(info, kv, kv)
 
 
 def test_shape_accounts_for_every_tensor(stories_twin: Path) -> None:

@@ -16,7 +16,6 @@ from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter
 from tandem.runtime.speculative.drafters.model import ModelDrafter
 from tandem.runtime.speculative.overlap import (
     WindowedDrafter,
-    set_threads,
     split_speculative,
 )
 
@@ -56,18 +55,18 @@ runs ~30x slower, so the tests use one thread per model (the benchmark covers mo
 def test_greedy_identity_in_every_placement(pair, placement: Option, drafter_kind: str) -> None:
     target, draft = pair
     prompt = target.tokenize("Once upon a time, there was a little dog", add_bos=True)
-    set_threads(target, 1)
+    target.set_threads(1)
     baseline, _ = _run(target, prompt, autoregressive)
-    set_threads(target, placement.target_threads)
-    set_threads(draft, placement.draft_threads)
+    target.set_threads(placement.target_threads)
+    draft.set_threads(placement.draft_threads)
     drafter = {"model": lambda: ModelDrafter(draft, owns_backend=False),
                "window": lambda: WindowedDrafter(ModelDrafter(draft, owns_backend=False), 24),
                "lookup": PromptLookupDrafter}[drafter_kind]()
     try:
         out, stats = _run(target, prompt, split_speculative(drafter, 4, predraft=placement.predraft))
     finally:
-        set_threads(target, 1)
-        set_threads(draft, 1)
+        target.set_threads(1)
+        draft.set_threads(1)
     assert out == baseline
     assert stats.drafted_tokens > 0
     if placement.predraft and drafter_kind == "model":
