@@ -190,10 +190,10 @@ def _strategy(name: str, target, draft: Path, threads: int):
     if name == "plain":
         return build_strategy(target, None, SpecOptions(mode="off"))
     if name == "ngram":
-        return build_strategy(target, None, SpecOptions(mode="ngram", shared_suffix_cache=False))
+        return build_strategy(target, None, SpecOptions(mode="ngram", suffix_memory="request"))
     k = int(name.split("@")[1]) if "@" in name else None
     return build_strategy(target, draft, SpecOptions(mode="auto" if k is None else "model", draft_length=k,
-                                                     shared_suffix_cache=False),
+                                                     suffix_memory="request"),
                           llama_config=LlamaConfig(n_ctx=target.n_ctx, n_threads=threads))
 
 

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tandem.models.errors import TandemError
 from tandem.runtime.backends.opener import backend_kind, open_backend
 from tandem.runtime.backends.protocol import Backend
+from tandem.runtime.speculative.drafters.suffix import SuffixMemory
 from tandem.runtime.speculative.factory import (
     MODES,
     SpecOptions,
@@ -98,8 +99,10 @@ class EngineSpec:
     then differ from plain decoding at near-ties)."""
     measure_cost: bool = True
     """Start the adaptive policy from a cached verify-cost curve for this model and machine."""
-    shared_suffix_cache: bool = True
-    """Let model-free drafting learn across requests; the server turns it off (isolation)."""
+    suffix_memory: SuffixMemory = "saved"
+    """What model-free drafting learns from besides the request (see
+    :data:`~tandem.runtime.speculative.drafters.suffix.SuffixMemory`): the user's own
+    earlier chats, kept across sessions; the server keeps to ``request`` (isolation)."""
     rpc: tuple[str, ...] = ()
     """llama.cpp RPC servers (``HOST:PORT``) holding a share of a GGUF target's layers
     (:func:`_open_rpc`; README, "Several machines"); the drafter stays on this machine."""
@@ -396,7 +399,7 @@ def spec_options(spec: EngineSpec, mode: str | None = None, draft_max: int | Non
     what the other front ends run."""
     return SpecOptions(mode=mode or spec.draft_mode, draft_max=draft_max or spec.draft_max,
                        draft_length=spec.draft_len, measure_cost=spec.measure_cost,
-                       shared_suffix_cache=spec.shared_suffix_cache)
+                       suffix_memory=spec.suffix_memory)
 
 
 def _finish(engine: Engine, draft_path: Path | None, options: SpecOptions, llama_config, torch_config,

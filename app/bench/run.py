@@ -151,7 +151,7 @@ def run_tandem(target: Backend, prompt: list[int], config: TandemConfig, draft: 
     options, with this configuration's mode and draft length)."""
     started = time.perf_counter()
     run_spec = replace(spec, draft_mode=config.mode, draft_len=config.draft_length,
-                       shared_suffix_cache=shared_suffix_cache)
+                       suffix_memory="process" if shared_suffix_cache else "request")
     strategy = build_strategy(target, draft if config.drafter else None, spec_options(run_spec))
     setup_s = time.perf_counter() - started
     try:

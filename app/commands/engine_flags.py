@@ -18,6 +18,7 @@ from tandem.runtime.engine import ENGINES, LLAMA_KV_TYPES, EngineSpec
 from tandem.runtime.kv.config import PRESETS
 from tandem.runtime.moe.config import EVICTIONS, MoeOffloadSpec
 from tandem.runtime.planning.placement import DEVICE_CHOICES
+from tandem.runtime.speculative.drafters.suffix import SUFFIX_MEMORIES
 from tandem.runtime.speculative.factory import MODES
 
 KV_COMPRESS_CHOICES = ("none", *PRESETS)
@@ -25,7 +26,7 @@ KV_COMPRESS_CHOICES = ("none", *PRESETS)
 
 def add_engine_flags(p: argparse.ArgumentParser, *, ctx_default: int | None = None) -> None:
     """``--ctx --threads --budget --vram``, the speculative-decoding group (``--draft
-    --draft-mode --draft-max --draft-len --fast-verify --placement``) and the engine and
+    --draft-mode --draft-max --draft-len --fast-verify --suffix-memory --placement``) and the engine and
     memory techniques (``--engine --device --kv-type --kv-compress --moe-offload ...``)."""
     g = p.add_argument_group("model and memory")
     g.add_argument("--ctx", type=int, default=ctx_default,
@@ -57,6 +58,10 @@ def add_draft_flags(p: argparse.ArgumentParser) -> None:
                    help="verify long drafts in one call with llama.cpp's fastest CPU kernels: faster on "
                         "long model-free drafts, but greedy output may differ from plain decoding at near-ties "
                         "(default: exact, token-identical; see README)")
+    g.add_argument("--suffix-memory", choices=SUFFIX_MEMORIES, default="saved",
+                   help="what model-free drafting learns from: this request only, this process's earlier "
+                        "requests, or those and earlier sessions' (saved: kept in the data dir's suffix-tree "
+                        "folder; the default). `serve` always keeps to the request (no client sees another's)")
     g.add_argument("--placement", choices=DEVICE_CHOICES, default="auto",
                    help="where drafter and target run: auto (default) measures the options once (cached) and "
                         "picks the fastest: drafter on the GPU or on CPU threads (in turn or split, pre-drafting), "
@@ -99,10 +104,9 @@ def moe_spec(args: argparse.Namespace) -> MoeOffloadSpec | None:
         raise TandemError(str(exc)) from None
 
 
-def spec_from_args(args: argparse.Namespace, *, model: str | Path | None = None,
-                   shared_suffix_cache: bool = True) -> EngineSpec:
+def spec_from_args(args: argparse.Namespace, *, model: str | Path | None = None) -> EngineSpec:
     """The :class:`EngineSpec` the flags of :func:`add_engine_flags` describe (``model``
-    overrides ``-m``; the server turns ``shared_suffix_cache`` off)."""
+    overrides ``-m``)."""
     for name in ("ctx", "threads", "draft_max"):
         value = vars(args)[name]
         if value is not None and value < 1:
@@ -124,6 +128,6 @@ def spec_from_args(args: argparse.Namespace, *, model: str | Path | None = None,
         threads=args.threads,
         n_ctx=args.ctx,
         fast_verify=args.fast_verify,
-        shared_suffix_cache=shared_suffix_cache,
         rpc=rpc_servers(args.rpc),
+        suffix_memory=args.suffix_memory,
     )

@@ -24,7 +24,7 @@ from tandem.runtime.speculative.factory import SpeculativeStrategy
 
 def isolated(spec: EngineSpec) -> EngineSpec:
     """``spec`` as the server runs it: model-free drafting learns from each request alone."""
-    return replace(spec, shared_suffix_cache=False)
+    return replace(spec, suffix_memory="request")
 
 
 def speculation_label(strategy: SpeculativeStrategy) -> str:

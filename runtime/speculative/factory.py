@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tandem.kernels.sampling import Sampler
 from tandem.models.errors import TandemError
+from tandem.models.paths import data_dir
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.generate import Commit, DecodeStats, autoregressive
 from tandem.runtime.speculative.cost import CPU_COST_CURVE, OnlineCost, quick_cost_curve
@@ -25,6 +26,7 @@ from tandem.runtime.speculative.cost_cache import (
 )
 from tandem.runtime.speculative.drafters.base import Drafter
 from tandem.runtime.speculative.drafters.chain import ChainDrafter
+from tandem.runtime.speculative.drafters.suffix import SuffixMemory
 from tandem.runtime.speculative.loop import RoundHook, speculative
 from tandem.runtime.speculative.policy import (
     AdaptiveConfig,
@@ -71,10 +73,12 @@ class SpecOptions:
     draft_cost: float | None = None
     """Measured drafter seconds per token over the target's one-token call (from the
     placement calibration): the adaptive policy starts from it instead of learning it."""
-    shared_suffix_cache: bool = True
-    """Let the suffix-tree drafter learn from every earlier request in the process. The
-    server turns it off: what drafts well (and so how fast a reply comes, and its
-    drafting statistics) would otherwise reveal other clients' text."""
+    suffix_memory: SuffixMemory = "process"
+    """What the suffix-tree drafter learns from besides the request: every earlier
+    request in the process (``process``), and earlier sessions' too (``saved``, kept in
+    the user's data dir), or nothing (``request``). The server keeps to ``request``:
+    what drafts well (and so how fast a reply comes, and its drafting statistics) would
+    otherwise reveal other clients' text."""
 
 
 class SpeculativeStrategy:
@@ -131,14 +135,29 @@ class SpeculativeStrategy:
 
 
 
-def model_free_drafter(target: Backend, *, shared: bool = True) -> Drafter:
-    """Suffix-tree drafting (with the in-process global tree for this vocabulary unless
-    ``shared`` is off) ahead of prompt lookup."""
+def model_free_drafter(target: Backend, *, memory: SuffixMemory = "process") -> Drafter:
+    """Suffix-tree drafting ahead of prompt lookup; the suffix tree learns from what
+    ``memory`` says (:data:`~tandem.runtime.speculative.drafters.suffix.SuffixMemory`)."""
     from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter
     from tandem.runtime.speculative.drafters.suffix import SuffixDrafter, global_cache
 
-    suffix = SuffixDrafter(global_cache=global_cache(f"{target.name}:{target.n_vocab}") if shared else None)
-    return ChainDrafter([suffix, PromptLookupDrafter()])
+    shared = None
+    if memory != "request":
+        key = sampled_vocab_key(target)
+        file = data_dir() / "suffix-tree" / f"{key}.json" if memory == "saved" else None
+        shared = global_cache(key, file=file, n_vocab=target.n_vocab)
+    return ChainDrafter([SuffixDrafter(global_cache=shared), PromptLookupDrafter()])
+
+
+def sampled_vocab_key(target: Backend, samples: int = 2048) -> str:
+    """A vocabulary's fingerprint from its size and an even sample of its tokens' bytes
+    (~2 ms where all 151,936 take 0.2 s): two models share a suffix tree when their
+    tokenizers agree on these. A collision could only make drafts that verification
+    rejects, never change the output."""
+    from tandem.runtime.speculative.drafters.xvocab.translation_cache import vocab_fingerprint
+
+    step = max(1, target.n_vocab // samples)
+    return vocab_fingerprint((target.token_bytes(i) for i in range(0, target.n_vocab, step)), extra=str(target.n_vocab))
 
 
 def open_draft_backend(target: Backend, draft: str | Path, *, llama_config=None, device: str = "cpu",
@@ -238,7 +257,7 @@ def build_strategy(
     drafters: list[Drafter] = []
     model_drafter: Drafter | None = None
     if opts.mode in ("auto", "ngram"):
-        drafters.append(model_free_drafter(target, shared=opts.shared_suffix_cache))
+        drafters.append(model_free_drafter(target, memory=opts.suffix_memory))
     if draft is not None and opts.mode != "ngram":
         model_drafter = open_model_drafter(target, draft, opts.mode, llama_config=llama_config,
                                            device=opts.draft_device, torch_config=torch_config)

@@ -100,7 +100,7 @@ def test_run_chat_serve_share_the_engine_flags_and_defaults(stories260k: Path) -
     specs = {cmd: spec_from_args(parser.parse_args([cmd, *common])) for cmd in ("run", "chat", "serve")}
     assert specs["run"] == specs["chat"] == specs["serve"]
     assert specs["run"].draft_mode == "auto" and specs["run"].n_ctx is None and specs["run"].placement == "auto"
-    assert isolated(specs["serve"]) == replace(specs["run"], shared_suffix_cache=False)
+    assert isolated(specs["serve"]) == replace(specs["run"], suffix_memory="request")
     flags = ["--budget", "1GiB", "--draft-mode", "ngram", "--placement", "cpu", "--kv-type", "q8_0",
              "--draft-max", "4", "--ctx", "512"]
     specs = {cmd: spec_from_args(parser.parse_args([cmd, *common, *flags])) for cmd in ("run", "chat", "serve")}

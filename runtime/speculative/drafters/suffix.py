@@ -5,7 +5,9 @@ Two depth-limited suffix tries with occurrence counts:
 * a per-request trie over the current prompt + conversation + output, grown
   incrementally as tokens are committed (O(depth) per token);
 * a global trie over earlier requests' sequences, shared by every drafter in the
-  process for the same vocabulary, FIFO-evicted (``max_cached_requests``).
+  process for the same vocabulary, FIFO-evicted (``max_cached_requests``), and kept
+  across sessions in the user's data dir when :data:`SuffixMemory` says ``saved``
+  (what the user wrote and read yesterday drafts today's edit of it).
 
 A proposal finds the longest suffix of the context (at most ``max_match`` tokens) that
 occurred before with a continuation, then follows the most frequent child while the
@@ -18,13 +20,23 @@ probabilities) wins.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, get_args
 
 from tandem.kernels.sampling import Sampler
+from tandem.models.paths import write_cache_file
 from tandem.runtime.speculative.drafters.base import Draft
+
+SuffixMemory = Literal["request", "process", "saved"]
+"""What the suffix-tree drafter learns from: the current request only; every earlier
+request in the process too; or those and the earlier sessions' (kept on disk)."""
+SUFFIX_MEMORIES: tuple[SuffixMemory, ...] = get_args(SuffixMemory)
+SAVED_FORMAT = 1
 
 
 class _Node:
@@ -130,14 +142,30 @@ def match_certainty(match_len: int) -> float:
 
 
 class GlobalSuffixCache:
-    """Sequences of finished requests, in one trie, FIFO-evicted. Thread-safe."""
+    """Sequences of finished requests, in one trie, FIFO-evicted. Thread-safe.
 
-    def __init__(self, params: SuffixParams | None = None) -> None:
+    With a ``file``, the sequences of earlier sessions are read back on a background
+    thread (rebuilding the trie of a full cache takes ~0.3 s of Python, which must not
+    delay the first token; until it is done, drafting uses what this process added) and
+    :meth:`save` writes them all back, atomically. A file that cannot be read (absent,
+    corrupt, another format) starts an empty cache and is replaced on the next save."""
+
+    def __init__(self, params: SuffixParams | None = None, file: Path | None = None, n_vocab: int = 0) -> None:
+        """``n_vocab``: ids read back from ``file`` must lie below it (a drafted id the
+        target does not have would reach llama.cpp)."""
         self.params = params or SuffixParams()
         self.trie = SuffixTrie(self.params.depth)
         self._seqs: deque[list[int]] = deque()
         self._tokens = 0
         self.lock = threading.Lock()
+        self.file = file
+        self.n_vocab = n_vocab
+        self._changed = False
+        self._loaded = threading.Event()
+        if file is None:
+            self._loaded.set()
+        else:
+            threading.Thread(target=self._load, name="suffix-tree-load", daemon=True).start()
 
     def add(self, seq: Sequence[int]) -> None:
         seq = list(seq[-self.params.max_request_tokens :])
@@ -147,27 +175,81 @@ class GlobalSuffixCache:
             self.trie.add(seq)
             self._seqs.append(seq)
             self._tokens += len(seq)
-            while self._seqs and (
-                len(self._seqs) > self.params.max_cached_requests or self._tokens > self.params.max_cached_tokens
-            ):
-                old = self._seqs.popleft()
-                self.trie.add(old, delta=-1)
-                self._tokens -= len(old)
+            self._changed = True
+            self._evict()
+
+    def _evict(self) -> None:
+        while self._seqs and (
+            len(self._seqs) > self.params.max_cached_requests or self._tokens > self.params.max_cached_tokens
+        ):
+            old = self._seqs.popleft()
+            self.trie.add(old, delta=-1)
+            self._tokens -= len(old)
+
+    def _load(self) -> None:
+        """Earlier sessions' sequences first (oldest, so evicted first), then whatever
+        this process added while they were read."""
+        try:
+            saved = read_sequences(self.file, self.n_vocab) if self.file is not None else []
+            trie = SuffixTrie(self.params.depth)
+            for seq in saved:
+                trie.add(seq)
+            with self.lock:
+                for seq in self._seqs:
+                    trie.add(seq)
+                self._seqs = deque([*saved, *self._seqs])
+                self._tokens = sum(map(len, self._seqs))
+                self.trie = trie
+                self._evict()
+        finally:
+            self._loaded.set()
+
+    def wait_loaded(self, timeout: float | None = None) -> bool:
+        """Wait for the earlier sessions' sequences to be in the trie."""
+        return self._loaded.wait(timeout)
+
+    def save(self) -> bool:
+        """Write the sequences to :attr:`file` if they changed (best effort: a read-only
+        or full data dir only means starting the next session without them)."""
+        if self.file is None or not self.wait_loaded(timeout=30):
+            return False
+        with self.lock:
+            if not self._changed:
+                return False
+            text = json.dumps({"format": SAVED_FORMAT, "sequences": list(self._seqs)}, separators=(",", ":"))
+            self._changed = False
+        return write_cache_file(self.file, text)
 
     def __len__(self) -> int:
         return len(self._seqs)
 
 
-_GLOBAL: dict[str, GlobalSuffixCache] = {}
+def read_sequences(file: Path, n_vocab: int) -> list[list[int]]:
+    """The sequences a :meth:`GlobalSuffixCache.save` wrote (none from a file that is
+    absent, unreadable or not one of ours; a sequence with an id outside ``[0, n_vocab)``
+    is left out)."""
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(data, dict) or data.get("format") != SAVED_FORMAT or not isinstance(data.get("sequences"), list):
+        return []
+    return [seq for seq in data["sequences"]
+            if isinstance(seq, list) and all(type(t) is int and 0 <= t < n_vocab for t in seq)]
+
+
+_GLOBAL: dict[tuple[str, Path | None], GlobalSuffixCache] = {}
 _GLOBAL_LOCK = threading.Lock()
 
 
-def global_cache(key: str, params: SuffixParams | None = None) -> GlobalSuffixCache:
-    """The process-wide cache for one vocabulary (``key``: e.g. the target's name)."""
+def global_cache(key: str, params: SuffixParams | None = None, file: Path | None = None,
+                 n_vocab: int = 0) -> GlobalSuffixCache:
+    """The process-wide cache for one vocabulary (``key``: its fingerprint), kept in
+    ``file`` across sessions when one is given (ids below ``n_vocab``)."""
     with _GLOBAL_LOCK:
-        cache = _GLOBAL.get(key)
+        cache = _GLOBAL.get((key, file))
         if cache is None:
-            cache = _GLOBAL[key] = GlobalSuffixCache(params)
+            cache = _GLOBAL[(key, file)] = GlobalSuffixCache(params, file, n_vocab)
         return cache
 
 
@@ -252,3 +334,5 @@ class SuffixDrafter:
 
     def close(self) -> None:
         self.end_request()
+        if self.global_cache is not None:
+            self.global_cache.save()

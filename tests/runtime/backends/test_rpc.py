@@ -131,7 +131,7 @@ def test_greedy_output_through_rpc_equals_the_local_run(real_models, servers) ->
         assert np.array_equal(rows, expected_rows)  # the servers compute what this machine would
         # lossless speculation over RPC: fixed-length model-free drafts, verified in one call
         split.truncate(0)
-        strategy = build_strategy(split, None, SpecOptions(mode="ngram", draft_length=3, shared_suffix_cache=False))
+        strategy = build_strategy(split, None, SpecOptions(mode="ngram", draft_length=3, suffix_memory="request"))
         try:
             events = list(generate(split, prompt, Sampler(SamplingParams.greedy_params()), strategy=strategy,
                                    max_tokens=N_TOKENS, stop_at_eog=False))
