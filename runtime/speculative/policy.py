@@ -120,6 +120,12 @@ PROBE_CEILING = 1.15
 decoding by this much: a probe also pays the drafter's catch-up on every token since it
 last ran (SmolLM2 drafting for the 1.5B on one core: 0.4 s, a seventh of a 64-token
 reply, for a ceiling of 1.09 that no real acceptance reaches)."""
+FREE_CEILING = 1.10
+"""A model-free draft is verified only if the target's verify cost lets a draft that is
+never wrong beat plain decoding by this much: on one Zen 5 core the 1.5B verifies k + 1
+tokens for k + 1 steps (c(6) = 6.0-6.6), so a perfect draft gains at most 6 %, which the
+acceptance estimates are not sharp enough to win; ngram drafting there cost 7-18 % on
+codegen (4 of 10 drafts accepted) before this bound."""
 TRUST_AFTER = 3.0
 """Confidence-weighted tokens a model-free source must have had verified before a draft
 of it is verified at full length: a fresh strategy trusted its first confident draft at
@@ -236,6 +242,14 @@ class AdaptivePolicy:
         k, rate = self._best()
         return k if rate >= self.config.min_gain else 0
 
+    def free_ceiling(self) -> float:
+        """The best rate a model-free draft could reach if it were never wrong (it costs
+        nothing to ask): how far the target's verify cost lets any draft pay."""
+        chunk = self.cost.chunk if isinstance(self.cost, OnlineCost) else None
+        longest = min(self.config.free_max_len, 2 * (chunk or self.config.max_len))
+        ones = np.ones(longest)
+        return max(self.rate(m, ones, 0.0) for m in range(1, longest + 1))
+
     def ceiling(self) -> float:
         """The best rate the model drafter could reach if it were never wrong. Below
         :data:`PROBE_CEILING` it is not even probed (a compute-bound target, whose c(k)
@@ -297,6 +311,8 @@ class AdaptivePolicy:
         self._last_conf = None
         if not self.is_free(source) or n == 0:
             return min(n, self.model_budget) if self.cheap_sources and self.model_budget is not None else n
+        if self.free_ceiling() < FREE_CEILING:
+            return 0  # no draft can pay enough on this target here (a compute-bound verify)
         if confidence is not None:
             raw = np.asarray(confidence[:n], dtype=np.float64)
             a = np.clip(raw * self.calibration(source), 0.0, 0.999)

@@ -166,6 +166,22 @@ def test_trim_gates_cheap_drafts_by_confidence_and_calibrates() -> None:
     assert FixedLength(3).trim([0.0, 0.0], 2) == 2  # fixed policies verify everything
 
 
+def test_no_model_free_draft_is_verified_where_none_could_pay() -> None:
+    """One Zen 5 core verifying the 1.5B in 7-token chunks: k + 1 tokens cost k + 1 steps
+    (learnt 1, 2, 3, 4, 4.92, 5.74, 6.57), so a draft that is never wrong gains at most
+    6 %; drafting there lost 7-18 % on codegen. The same drafts go through where the
+    verify is cheap (a memory-bound GPU-like curve)."""
+    flat = CostCurve((1.0, 2.0, 3.0, 4.0, 4.92, 5.74, 6.57, 7.39, 8.21), 0.04)
+    cost = OnlineCost(flat, chunk=7, measure_t1=False)
+    policy = AdaptivePolicy(cost, AdaptiveConfig(max_len=8, free_max_len=32), cheap_drafter=True)
+    assert policy.free_ceiling() < 1.1
+    for _ in range(4):
+        assert policy.trim([0.999] * 24, 24, "suffix") == 0
+    cheap = AdaptivePolicy(OnlineCost(CostCurve.linear(0.1), chunk=7, measure_t1=False),
+                           AdaptiveConfig(max_len=8, free_max_len=32), cheap_drafter=True)
+    assert cheap.trim([0.999] * 24, 24, "suffix") > 0
+
+
 def test_mixed_chain_keeps_model_free_out_of_model_stats() -> None:
     policy = AdaptivePolicy(CPU, AdaptiveConfig(max_len=8, probe_every=1000), cheap_sources=frozenset({"suffix"}))
     for _ in range(40):  # the model drafter keeps failing: its budget goes to 0
