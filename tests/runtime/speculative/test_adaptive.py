@@ -182,6 +182,17 @@ def test_no_model_free_draft_is_verified_where_none_could_pay() -> None:
     assert cheap.trim([0.999] * 24, 24, "suffix") > 0
 
 
+def test_trust_is_not_earned_with_probes_that_cannot_pay() -> None:
+    """Long drafts could pay here (7 tokens for 5 steps) but a 2-token probe costs its 3
+    tokens' worth (c(2) = 3.0, one core): an unproven source is not verified at all,
+    where a fresh strategy used to pay two failed probes per reply."""
+    curve = CostCurve((1.0, 2.0, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0), 0.04)
+    policy = AdaptivePolicy(OnlineCost(curve, chunk=7, measure_t1=False),
+                            AdaptiveConfig(max_len=8, free_max_len=32, probe_every=1), cheap_drafter=True)
+    assert policy.free_ceiling() >= 1.1 and not policy.probe_can_pay()
+    assert all(policy.trim([0.99] * 12, 12, "suffix") == 0 for _ in range(5))
+
+
 def test_mixed_chain_keeps_model_free_out_of_model_stats() -> None:
     policy = AdaptivePolicy(CPU, AdaptiveConfig(max_len=8, probe_every=1000), cheap_sources=frozenset({"suffix"}))
     for _ in range(40):  # the model drafter keeps failing: its budget goes to 0
