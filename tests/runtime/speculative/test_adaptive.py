@@ -352,3 +352,18 @@ def test_a_drafter_cost_learnt_in_one_strategy_seeds_the_next(stories260k: Path)
         plain_cost = build_strategy(target, None, SpecOptions(mode="ngram"))  # no model drafter: nothing to seed
         assert isinstance(plain_cost.policy, AdaptivePolicy) and plain_cost.policy.draft_cost == 0.0
         plain_cost.close()
+
+
+def test_a_size_seen_once_moves_the_saved_curve_halfway() -> None:
+    """Within a run one call of a size is not trusted (a spike), but the curve saved for
+    the next strategy moves halfway to it: otherwise a prior slightly too cheap was saved
+    back unchanged and every fresh strategy repeated the same failed probe."""
+    prior = CostCurve((1.0, 1.94, 2.87, 3.58, 4.31, 5.03, 5.75, 6.47, 7.19), 0.04)
+    cost = OnlineCost(prior, chunk=7)
+    cost.observe(0, 0.040)
+    cost.observe(0, 0.040)
+    cost.observe(2, 0.120)  # c(2) = 3.0, seen once
+    assert cost.call(2) == pytest.approx(2.87)  # not trusted within the run
+    assert cost.curve().c[2] == pytest.approx((2.87 + 3.0) / 2)
+    cost.observe(2, 0.120)
+    assert cost.call(2) == pytest.approx(3.0) and cost.curve().c[2] == pytest.approx(3.0)
