@@ -22,9 +22,13 @@ def cost_curve_key(backend: Backend) -> str | None:
     """Cache key: the model file (path, size, mtime), the settings that change its speed
     (:meth:`~tandem.runtime.backends.protocol.Backend.compute_settings`) and the machine."""
     compute = backend.compute_settings()
-    if compute.model_file is None or not compute.model_file.exists():
+    if compute.model_file is None:
         return None
-    return cache_key(file_version(compute.model_file), compute.settings, machine_id(), "v4")
+    try:
+        version = file_version(compute.model_file)
+    except OSError:  # the file is gone: nothing to key on
+        return None
+    return cache_key(version, compute.settings, machine_id(), "v4")
 
 
 def _cost_table(file: Path) -> dict:
@@ -38,14 +42,20 @@ def _cost_file(cache_file: Path | None) -> Path:
     return cache_file or cache_dir() / "verify_cost.json"
 
 
-def cached_cost_curve(backend: Backend, k_max: int = 8, *, cache_file: Path | None = None) -> CostCurve | None:
-    """The c(k) cached for this model, settings and machine (measured or learnt), if any
-    (none when the cache folder cannot be made: decoding then starts from the prior)."""
-    key = cost_curve_key(backend)
+def _cached_entry(key: str | None, cache_file: Path | None) -> dict | None:
+    """The cost cache's entry under ``key`` (none when the cache folder cannot be made:
+    decoding then starts from the prior)."""
+    if key is None:
+        return None
     try:
-        entry = _cost_table(_cost_file(cache_file)).get(key) if key is not None else None
+        return _cost_table(_cost_file(cache_file)).get(key)
     except OSError:
         return None
+
+
+def cached_cost_curve(backend: Backend, k_max: int = 8, *, cache_file: Path | None = None) -> CostCurve | None:
+    """The c(k) cached for this model, settings and machine (measured or learnt), if any."""
+    entry = _cached_entry(cost_curve_key(backend), cache_file)
     if entry and len(entry.get("c", ())) > k_max:
         return CostCurve(tuple(entry["c"]), float(entry["t1_s"]))
     return None
@@ -83,11 +93,7 @@ def cached_draft_cost(target: Backend, drafter_name: str, drafter_bytes: int, *,
     cross-vocabulary one whose text translation costs more than its weights suggest) is
     then never probed, where each new conversation used to pay a probe and its catch-up
     to learn that again."""
-    key = _draft_cost_key(target, drafter_name, drafter_bytes)
-    try:
-        entry = _cost_table(_cost_file(cache_file)).get(key) if key is not None else None
-    except OSError:
-        return None
+    entry = _cached_entry(_draft_cost_key(target, drafter_name, drafter_bytes), cache_file)
     return float(entry["draft_cost"]) if entry and entry.get("draft_cost", 0) > 0 else None
 
 

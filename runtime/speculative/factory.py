@@ -26,7 +26,7 @@ from tandem.runtime.speculative.cost_cache import (
 )
 from tandem.runtime.speculative.drafters.base import Drafter
 from tandem.runtime.speculative.drafters.chain import ChainDrafter
-from tandem.runtime.speculative.drafters.suffix import SuffixMemory
+from tandem.runtime.speculative.drafters.suffix import SuffixDrafter, SuffixMemory, global_cache
 from tandem.runtime.speculative.loop import RoundHook, speculative
 from tandem.runtime.speculative.policy import (
     AdaptiveConfig,
@@ -139,7 +139,6 @@ def model_free_drafter(target: Backend, *, memory: SuffixMemory = "process") -> 
     """Suffix-tree drafting ahead of prompt lookup; the suffix tree learns from what
     ``memory`` says (:data:`~tandem.runtime.speculative.drafters.suffix.SuffixMemory`)."""
     from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter
-    from tandem.runtime.speculative.drafters.suffix import SuffixDrafter, global_cache
 
     shared = None
     if memory != "request":

@@ -246,17 +246,19 @@ class AdaptivePolicy:
         """The best rate a model-free draft could reach if it were never wrong (it costs
         nothing to ask): how far the target's verify cost lets any draft pay."""
         chunk = self.cost.chunk if isinstance(self.cost, OnlineCost) else None
-        longest = min(self.config.free_max_len, 2 * (chunk or self.config.max_len))
-        ones = np.ones(longest)
-        return max(self.rate(m, ones, 0.0) for m in range(1, longest + 1))
+        return self._never_wrong_rate(min(self.config.free_max_len, 2 * (chunk or self.config.max_len)), 0.0)
 
     def ceiling(self) -> float:
         """The best rate the model drafter could reach if it were never wrong. Below
         :data:`PROBE_CEILING` it is not even probed (a compute-bound target, whose c(k)
         grows ~linearly, next to a drafter a third of its cost cannot pay at all): a probe
         would also pay the drafter's catch-up on every token since it last ran."""
-        ones = np.ones(self.config.max_len)
-        return max(self.rate(k, ones, self.draft_cost) for k in range(1, self.config.max_len + 1))
+        return self._never_wrong_rate(self.config.max_len, self.draft_cost)
+
+    def _never_wrong_rate(self, longest: int, draft_cost: float) -> float:
+        """The best rate over draft lengths 1..``longest`` if every drafted token were accepted."""
+        ones = np.ones(longest)
+        return max(self.rate(k, ones, draft_cost) for k in range(1, longest + 1))
 
     # -- per round --------------------------------------------------------------------
     def _off(self, n: int) -> int:
