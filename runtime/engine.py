@@ -421,7 +421,7 @@ def _finish(engine: Engine, draft_path: Path | None, options: SpecOptions, llama
         engine.drafter_backend.close()
         engine.drafter_backend = None
     say("preparing speculative decoding")
-    engine.strategy = build_strategy(engine.target, engine.drafter_backend, options, notify=say)
+    engine.strategy = build_strategy(engine.target, engine.drafter_backend, options)
     return engine
 
 

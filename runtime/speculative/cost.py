@@ -2,9 +2,10 @@
 
 On a CPU, verifying k drafted tokens is not free (≈1.6x a step for k = 1 and ≈3.5x for
 k = 8 for the Qwen 1.5B on 2 cores; ≈k+1 on one compute-bound core). The adaptive policy
-(:mod:`.policy`) prices every draft length with it, so it is measured quickly once per
-model and machine (:func:`quick_cost_curve`, cached by :mod:`.cost_cache`) and then
-learnt online from the run's own verify calls (:class:`OnlineCost`).
+(:mod:`.policy`) prices every draft length with it. A target with no curve cached for
+this machine times a few call sizes in its first decoding rounds, which still emit tokens
+(:attr:`OnlineCost.first_sizes`); the curve is then cached (:mod:`.cost_cache`) and learnt
+online from every run's own verify calls (:class:`OnlineCost`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,6 +80,21 @@ class OnlineCost:
     reproduce the prior's ratio)."""
     measure_t1: bool = True
     """Ask for those plain rounds (off for a curve given as trusted, e.g. in tests)."""
+    first_sizes: Sequence[int] = ()
+    """Drafts per call (k) to time once, right after t1, before ``prior`` is trusted: a
+    target with no curve cached for this machine (:meth:`untimed`). Timing before the
+    first token (an earlier design) held it back 1-2.5 s on a new pair; timed in the
+    first rounds instead, each call still emits at least its own token (padded drafts:
+    :meth:`wants_size`). When the last is timed, ``prior`` becomes the curve through them
+    (:func:`curve_from_times`)."""
+
+    @classmethod
+    def untimed(cls, k_max: int, chunk: int | None = None) -> OnlineCost:
+        """For a target never timed on this machine: :data:`CPU_COST_CURVE` until its first
+        rounds have timed :data:`FIRST_SIZES` (those longer than its exact chunk left out)."""
+        sizes = tuple(k for k in FIRST_SIZES if k <= min(k_max, (chunk or k + 1) - 1))
+        placeholder = CostCurve(tuple(CPU_COST_CURVE(k) for k in range(k_max + 1)), 0.0)
+        return cls(placeholder, chunk=chunk, first_sizes=sizes)
 
     def __post_init__(self) -> None:
         n = max(len(self.prior.c), self.chunk or 0, self.sizes)
@@ -87,6 +103,8 @@ class OnlineCost:
         self._w = np.zeros(n)
         self._since_t1 = 0
         self._scale: float | None = None
+        self._untimed = [k for k in self.first_sizes if 0 < k < n]
+        self._first: dict[int, float] = {}
 
     def observe(self, k: int, seconds: float) -> None:
         """One verify call over ``k + 1`` tokens took ``seconds``."""
@@ -97,15 +115,31 @@ class OnlineCost:
         self._w[k] += 1
         self._v[k] = statistics.median(self._recent[k])  # np.median: 0.3 ms a call, every token
         self._since_t1 = 0 if k == 0 else self._since_t1 + 1
+        if k in self._untimed and self._w[0] >= 2:
+            self._untimed.remove(k)
+            self._first[k] = seconds
+            if not self._untimed:
+                self.prior = curve_from_times({0: float(self._v[0]), **self._first}, len(self.prior.c) - 1)
 
     def wants_t1(self) -> bool:
         """Whether the next round should be a plain one-token call, to measure t1."""
         return self.measure_t1 and (self._w[0] < 2 or self._since_t1 >= self.t1_refresh)
 
+    def wants_size(self) -> int:
+        """Drafts the next verify call should hold whatever was drafted (padded: the
+        padding is verified like any draft, so the output is unchanged) to time a call
+        size the prior still lacks; 0 when none is wanted."""
+        return 0 if self.wants_t1() or not self._untimed else self._untimed[0]
+
+    @property
+    def timed(self) -> bool:
+        """Whether the prior is a measured curve (not the placeholder of :meth:`untimed`)."""
+        return not self._untimed
+
     @property
     def learnt(self) -> bool:
-        """Whether any call was observed (worth saving)."""
-        return bool(self._w.sum() >= 2)
+        """Whether calls were observed and the first sizes timed (worth saving)."""
+        return bool(self._w.sum() >= 2) and self.timed
 
     @property
     def t1_s(self) -> float:
@@ -238,37 +272,16 @@ def measure_cost_curve(backend: Backend, k_max: int = 8, reps: int | None = None
     return CostCurve(tuple(float(x) for x in c), float(best[0]))
 
 
-QUICK_SIZES = (0, 1, 3, 6)
-"""Call sizes (k drafts, k + 1 tokens) :func:`quick_cost_curve` times; the rest of c(k)
-is interpolated. 6 is the longest exact llama.cpp call (see ``Backend.exact_batch``)."""
+FIRST_SIZES = (1, 3, 6)
+"""Drafts per call timed in a new target's first rounds (after t1, :class:`OnlineCost`);
+the rest of c(k) is interpolated. 6 is the longest exact llama.cpp call (see
+``Backend.exact_batch``)."""
 
 
-def quick_cost_curve(backend: Backend, k_max: int = 8, sizes: Sequence[int] = QUICK_SIZES,
-                     context: int = 32) -> CostCurve:
-    """A first c(k) for this model and machine, in about 20 one-token times (0.9 s for a
-    1.5B on one core): one warm-up call, then one call of each of ``sizes`` after a short
-    random context, c(k) interpolated between them and extended with the last slope.
-    Taken once, when the first strategy with drafting is built and no curve is cached,
-    so the adaptive policy never starts from a guess: on a compute-bound CPU a flat
-    guess made it draft for dozens of rounds that could not pay (0.71x plain on the 1.5B
-    with the 0.5B drafter); the run's own verify calls refine it (:class:`OnlineCost`).
-    Leaves the cache as it was."""
-    saved = backend.tokens
-    rng = np.random.default_rng(0)
-    n_ctx = min(context, max(1, backend.n_ctx - max(sizes) - 2))
-    backend.truncate(0)
-    backend.evaluate([int(t) for t in rng.integers(3, backend.n_vocab, n_ctx)])
-    step = backend.exact_batch or max(sizes) + 1
-    clock = _verify_clock(backend)
-
-    def timed(k: int) -> float:
-        return _time_verify(backend, rng, k, step, clock, n_ctx)
-
-    timed(max(sizes))  # warm-up: first calls of a shape build its graph
-    seconds = {k: timed(k) for k in sorted(set(sizes))}
-    backend.truncate(0)
-    if saved:
-        backend.evaluate(saved)
+def curve_from_times(seconds: Mapping[int, float], k_max: int) -> CostCurve:
+    """c(k) through one call's seconds per timed size (``seconds[0]``: one token),
+    interpolated between them, extended with the last slope beyond, never below one
+    step and never falling."""
     t1 = max(seconds[0], 1e-9)
     ks = sorted(seconds)
     c = np.interp(np.arange(k_max + 1), ks, [seconds[k] / t1 for k in ks])

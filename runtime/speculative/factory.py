@@ -17,7 +17,7 @@ from tandem.models.errors import TandemError
 from tandem.models.paths import data_dir
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.generate import Commit, DecodeStats, autoregressive
-from tandem.runtime.speculative.cost import CPU_COST_CURVE, OnlineCost, quick_cost_curve
+from tandem.runtime.speculative.cost import CPU_COST_CURVE, OnlineCost
 from tandem.runtime.speculative.cost_cache import (
     cached_cost_curve,
     cached_draft_cost,
@@ -55,12 +55,11 @@ class SpecOptions:
     """SpecDec++ threshold for model drafters (adaptive mode only)."""
     measure_cost: bool = True
     """Start the adaptive policy from the c(k) measured for this target on this machine:
-    cached (``tandem bench --cost-curve`` measures it thoroughly), or else timed once
-    now (:func:`~tandem.runtime.speculative.cost.quick_cost_curve`, ~20 one-token
-    times) and cached. ``False``: start from a generic CPU curve. Either way the curve
-    is learnt online from the run's own verify calls. What a run learns is not saved:
-    wall-clock verify times next to a drafter's spinning threads run high, and a saved
-    curve would feed that back into the next run's prior."""
+    cached (``tandem bench --cost-curve`` measures it thoroughly), or else timed in the
+    first decoding rounds (:meth:`~tandem.runtime.speculative.cost.OnlineCost.untimed`:
+    three padded verify calls that still emit tokens, nothing before the first token)
+    and cached when the strategy closes. ``False``: start from a generic CPU curve.
+    Either way the curve is learnt online from the run's own verify calls."""
     draft_window: int | None = None
     """Cap on the draft model's context (the memory planner's ``plan.draft.window``): it
     then drafts from a sliding window of the latest tokens instead of stopping."""
@@ -222,7 +221,6 @@ def build_strategy(
     llama_config=None,
     torch_config=None,
     hook: RoundHook | None = None,
-    notify: Callable[[str], None] | None = None,
 ) -> SpeculativeStrategy:
     """THE entry point for speculative decoding (CLI, TUI, server and bench call it).
 
@@ -244,7 +242,6 @@ def build_strategy(
     """
 
     opts = options or SpecOptions()
-    notify = notify or (lambda message: None)
     if opts.mode not in MODES:
         raise TandemError(f"Unknown draft mode {opts.mode!r}; choose one of {', '.join(MODES)}.")
     if opts.mode == "off":
@@ -273,11 +270,10 @@ def build_strategy(
     else:
         k_max = opts.draft_max
         cached = cached_cost_curve(target, k_max) if opts.measure_cost else None
-        if cached is None and opts.measure_cost:
-            notify("timing the target's verify calls (once for this model and machine)")
-            cached = quick_cost_curve(target, k_max)
-            remember_cost_curve(target, cached)
-        cost = OnlineCost(cached or CPU_COST_CURVE, chunk=target.exact_batch)
+        if cached is not None or not opts.measure_cost:
+            cost = OnlineCost(cached or CPU_COST_CURVE, chunk=target.exact_batch)
+        else:
+            cost = OnlineCost.untimed(k_max, chunk=target.exact_batch)
         model_free = draft is None or opts.mode == "ngram"
         learnt_draft_cost = (cached_draft_cost(target, model_drafter.name, model_drafter.weight_bytes())
                              if model_drafter is not None and opts.measure_cost else None)

@@ -137,6 +137,22 @@ def _cut(draft: Draft, n: int) -> Draft:
                  None if draft.confidence is None else draft.confidence[:n])
 
 
+def _padded(draft: Draft, size: int, filler: int) -> Draft:
+    """``draft`` padded with ``filler`` to ``size`` tokens, so its verify call has a size
+    the policy wants timed. Padding is verified like any draft token (a one-hot proposal
+    in sampled verification), so the output is the same as without it."""
+    pad = size - len(draft.tokens)
+    if pad <= 0:
+        return draft
+    q = draft.q
+    if q is not None:
+        one_hot = np.zeros((pad, q.shape[1]), dtype=q.dtype)
+        one_hot[:, filler] = 1.0
+        q = np.concatenate([q, one_hot])
+    confidence = None if draft.confidence is None else [*draft.confidence, *[0.0] * pad]
+    return Draft([*draft.tokens, *[filler] * pad], q, draft.source or "timing", confidence, draft.catch_up_s)
+
+
 def _predraft(drafter: Drafter, assumed: list[int], k: int, sampler: Sampler) -> tuple[list[int], Draft]:
     """Draft a guess of the bonus token plus ``k`` after ``assumed`` (all drafts accepted);
     return (the context that draft presumes, the draft after the guess)."""
@@ -191,6 +207,9 @@ def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | Non
                         extra["predraft_misses"] += 1
                 if draft is None:
                     draft = draft_round(sources, policy, context, k, sampler)
+                drafted = len(draft.tokens)  # the drafters' own; padding may follow
+                timing = min(policy.timing_length(), k)
+                draft = _padded(draft, timing, (draft.tokens or context)[-1])
                 source = draft.source or drafter.name
                 drafted_at = time.perf_counter()
                 n = len(draft.tokens)
@@ -225,10 +244,10 @@ def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | Non
                     extra["rounds_speculative"] += 1
                     extra[f"drafted:{source}"] = extra.get(f"drafted:{source}", 0.0) + n
                     extra[f"accepted:{source}"] = extra.get(f"accepted:{source}", 0.0) + verdict.accepted
-                policy.observe(n, verdict.accepted, drafted_at - start - draft.catch_up_s, verified_at - drafted_at,
-                               end - start - draft.catch_up_s, source,
-                               timed=caught_up or n == 0, evaluated=len(logits))
-                caught_up = caught_up or n > 0  # the first drafting round also paid the catch-up
+                policy.observe(drafted, min(verdict.accepted, drafted), drafted_at - start - draft.catch_up_s,
+                               verified_at - drafted_at, end - start - draft.catch_up_s, source,
+                               timed=caught_up or drafted == 0 or timing > 0, evaluated=len(logits))
+                caught_up = caught_up or drafted > 0  # the first drafting round also paid the catch-up
                 if hook is not None and pending is None:
                     hook(target, drafter, context)
                 yield Commit([*accepted, verdict.token], verdict.accepted, logits[: verdict.accepted + 1])

@@ -5,9 +5,9 @@ times a one-token call (≈1.6x for k=1, ≈3.5x for k=8 for the Qwen 1.5B on 2 
 the engine
 
 1. learns c(k) online from the run's own verify calls (:class:`OnlineCost`), starting
-   from a curve measured for this model on this machine (cached in the user cache dir
-   by ``tandem bench``) or a generic CPU prior — nothing is measured before the first
-   token;
+   from the curve cached for this model on this machine, or else from a few call sizes
+   timed in its first rounds (padded drafts that still emit tokens) — nothing is
+   measured before the first token;
 2. keeps, per draft source, a decayed estimate of the conditional acceptance a_i of the
    i-th drafted token (given the ones before it were accepted), plus the model
    drafter's cost per token and the per-round overhead, relative to a one-token call;
@@ -51,6 +51,11 @@ class LengthPolicy(Protocol):
         """How many of the ``n`` drafted tokens to verify (may be all, or none)."""
         ...
 
+    def timing_length(self) -> int:
+        """Drafts this round's verify call must hold, padded if fewer were drafted: a
+        call size the verify-cost curve still needs timed (0: none)."""
+        ...
+
     def predraft_pays(self, n: int) -> bool:
         """Whether drafting the next round during the verification of ``n`` drafts is
         worth it (PEARL's pre-drafting, "where the acceptance outlook allows")."""
@@ -81,6 +86,9 @@ class FixedLength:
 
     def trim(self, confidence: Sequence[float] | None, n: int, source: str = "") -> int:
         return n
+
+    def timing_length(self) -> int:
+        return 0
 
     def predraft_pays(self, n: int) -> bool:
         return True
@@ -195,6 +203,7 @@ class AdaptivePolicy:
         self.model_budget: int | None = None
         self.draft_timed = 0
         """Rounds that timed the model drafter (its :attr:`draft_cost` is then learnt)."""
+        self._timing = 0
 
     # -- model ------------------------------------------------------------------------
     @property
@@ -278,9 +287,13 @@ class AdaptivePolicy:
         return k
 
     def next_length(self) -> int:
+        self._timing = self.cost.wants_size() if isinstance(self.cost, OnlineCost) else 0
         if isinstance(self.cost, OnlineCost) and self.cost.wants_t1():
             self.model_budget = 0
             return 0  # a plain round: it measures the one-token time every ratio is taken against
+        if self._timing:  # a call size to time: model-free drafts, padded to it
+            self.model_budget = 0
+            return self._timing
         if self.cheap_drafter:
             return self.config.free_max_len  # asking is free; trim() decides what to verify
         k = self.best_length()
@@ -299,7 +312,12 @@ class AdaptivePolicy:
         """Tokens to ask of ``source`` this round (``k``: :meth:`next_length`'s answer)."""
         if self.cheap_sources and not self.is_free(source):
             return min(k, self.model_budget or 0)
+        if self._timing and not self.is_free(source):
+            return 0  # a timing round never wakes the model drafter (its catch-up may never pay)
         return k
+
+    def timing_length(self) -> int:
+        return self._timing
 
     def trim(self, confidence: Sequence[float] | None, n: int, source: str = "") -> int:
         """How many of ``n`` drafted tokens to verify.

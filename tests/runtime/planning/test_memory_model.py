@@ -297,6 +297,11 @@ TORCH_SLACK = 2_000_000
 """Absolute slack for the torch (CPU) check at its smallest point (~16 MB in all), where
 glibc's heap retention moves a run by ~1 MB. Below that (stories260K at 256 x 256, ~11 MB)
 identical runs measure 11 or 15 MB — which blocks the heap keeps — so no bound is tested."""
+TORCH_OVER = 0.15
+"""Over the nearest run by at most 15 % (the safe side; under it stays at
+:data:`TOLERANCE`). At stories260K 2048 x 256 identical runs peak at 50.6-50.8 MB or at
+61.7 MB, as glibc keeps an 11 MB block or not, and the prediction (55.9 MB) sits between
+the two: CI once drew three low runs, +10.1 % over all of them."""
 
 
 @pytest.mark.parametrize(("model", "ctx", "batch"), [("260K", 1024, 256), ("260K", 2048, 256), ("656k", 256, 256),
@@ -313,7 +318,8 @@ def test_predicted_peak_matches_measured_torch(request: pytest.FixtureRequest, m
     runs = sorted(measure(spec)["peak_bytes"] for _ in range(3))
     error, nearest = error_to_nearest_run(predicted, runs)
     print(f"torch {model} ({ctx}, {batch}): predicted {predicted} vs measured {runs} ({error:+.1%})")
-    assert abs(predicted - nearest) <= max(TOLERANCE * nearest, TORCH_SLACK), f"{error:+.1%}"
+    bound = TORCH_OVER if predicted > nearest else TOLERANCE
+    assert abs(predicted - nearest) <= max(bound * nearest, TORCH_SLACK), f"{error:+.1%}"
 
 
 # -- the promise on real models: `tandem plan` against `tandem run`'s peak resident memory ----------

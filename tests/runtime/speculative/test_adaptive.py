@@ -12,10 +12,11 @@ from toy_models import ToyBackend, random_table
 
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 from tandem.runtime.speculative.cost import (
+    FIRST_SIZES,
     CostCurve,
     OnlineCost,
+    curve_from_times,
     measure_cost_curve,
-    quick_cost_curve,
 )
 from tandem.runtime.speculative.cost_cache import load_cost_curve
 from tandem.runtime.speculative.policy import AdaptiveConfig, AdaptivePolicy, FixedLength
@@ -113,12 +114,35 @@ def test_measure_on_toy_backend_restores_cache() -> None:
     assert toy.tokens == [1, 2] and len(curve.c) == 4
 
 
-def test_quick_curve_on_toy_backend_restores_cache_and_is_monotone() -> None:
-    toy = ToyBackend(random_table(5, np.random.default_rng(0)))
-    toy.evaluate([1, 2])
-    curve = quick_cost_curve(toy, k_max=8, context=8)
-    assert toy.tokens == [1, 2]
-    assert len(curve.c) == 9 and curve.c[0] == 1.0 and list(curve.c) == sorted(curve.c)
+def test_curve_through_timed_sizes_interpolates_extends_and_never_falls() -> None:
+    curve = curve_from_times({0: 0.040, 1: 0.080, 3: 0.160, 6: 0.150}, k_max=8)
+    assert curve.c[:4] == pytest.approx((1.0, 2.0, 3.0, 4.0))
+    assert curve.c[6] == curve.c[3] == pytest.approx(4.0)  # a faster longer call cannot make it cheaper
+    assert list(curve.c) == sorted(curve.c) and curve.t1_s == 0.040
+    steady = curve_from_times({0: 0.01, 3: 0.02, 6: 0.03}, k_max=8)
+    assert steady.c[8] == pytest.approx(1.0 + 8 / 3)  # the last slope, extended
+
+
+def test_an_untimed_target_asks_for_each_first_size_once_after_t1() -> None:
+    """No curve cached: two plain rounds measure t1, then one call of each first size
+    (padded drafts), and only then is the prior the curve through those calls."""
+    cost = OnlineCost.untimed(8, chunk=7)
+    policy = AdaptivePolicy(cost, AdaptiveConfig(max_len=8), cheap_drafter=True)
+    asked = []
+    for _ in range(2 + len(FIRST_SIZES)):
+        k = policy.next_length()
+        asked.append((k, policy.timing_length()))
+        policy.observe(0, 0, 0.0, 0.010 * (k + 1), 0.010 * (k + 1), evaluated=k + 1)
+        assert not cost.learnt or cost.timed
+    assert asked == [(0, 0), (0, 0), *((k, k) for k in FIRST_SIZES)]
+    assert cost.timed and cost.learnt
+    assert cost.prior.c[:7] == pytest.approx(tuple(range(1, 8)))  # k + 1 tokens took k + 1 steps
+    assert policy.next_length() > 0 and policy.timing_length() == 0
+
+
+def test_untimed_sizes_stay_within_the_exact_chunk() -> None:
+    assert OnlineCost.untimed(8, chunk=4).first_sizes == tuple(k for k in FIRST_SIZES if k <= 3)
+    assert OnlineCost.untimed(2).first_sizes == tuple(k for k in FIRST_SIZES if k <= 2)
 
 
 STEEP = CostCurve.linear(0.9)
@@ -302,21 +326,44 @@ def test_plain_rounds_measure_t1_before_and_between_speculation() -> None:
     assert policy.cost(3) == pytest.approx(3.0)  # learnt against the measured t1, not the prior's 1.3
 
 
-def test_first_strategy_times_the_target_once_and_caches_it(stories260k: Path) -> None:
-    """No cached c(k): the first strategy with drafting times the target (saying so), the
-    next one starts from the cached curve without timing anything."""
+def test_first_strategy_times_the_target_while_decoding_and_caches_it(stories260k: Path) -> None:
+    """No cached c(k): the first strategy times nothing before the first token (its first
+    call is the first token's own), times its first sizes in the rounds after, and
+    caches the curve at close; the next one starts from it and times nothing."""
+    from tandem.kernels.sampling import Sampler, SamplingParams
+    from tandem.runtime.generate import generate
     from tandem.runtime.speculative.cost_cache import cached_cost_curve
     from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 
-    said: list[str] = []
     with LlamaCppBackend(stories260k, LlamaConfig(n_ctx=256, n_threads=1)) as target:
         assert cached_cost_curve(target) is None
-        build_strategy(target, None, SpecOptions(mode="ngram"), notify=said.append).close()
-        assert len(said) == 1 and "verify" in said[0]
+        first = build_strategy(target, None, SpecOptions(mode="ngram"))
+        assert target.tokens == [] and first.policy.cost.wants_size() == 0  # t1 first, from plain rounds
+        prompt = target.tokenize("Once upon a time", add_bos=True)
+        events = list(generate(target, prompt, Sampler(SamplingParams.greedy_params()), strategy=first,
+                               max_tokens=12, stop_at_eog=False))
+        assert len(events) == 13 and first.policy.cost.timed
+        first.close()
         curve = cached_cost_curve(target)
-        assert curve is not None and curve.c[0] == 1.0
-        build_strategy(target, None, SpecOptions(mode="ngram"), notify=said.append).close()
-        assert len(said) == 1 and target.tokens == []
+        assert curve is not None and curve.c[0] == 1.0 and list(curve.c) == sorted(curve.c)
+        second = build_strategy(target, None, SpecOptions(mode="ngram"))
+        assert second.policy.cost.timed and second.policy.cost.prior == curve
+        second.close()
+
+
+def test_a_reply_too_short_to_time_the_target_caches_nothing(stories260k: Path) -> None:
+    from tandem.kernels.sampling import Sampler, SamplingParams
+    from tandem.runtime.generate import generate
+    from tandem.runtime.speculative.cost_cache import cached_cost_curve
+    from tandem.runtime.speculative.factory import SpecOptions, build_strategy
+
+    with LlamaCppBackend(stories260k, LlamaConfig(n_ctx=256, n_threads=1)) as target:
+        strategy = build_strategy(target, None, SpecOptions(mode="ngram"))
+        prompt = target.tokenize("Once upon a time", add_bos=True)
+        list(generate(target, prompt, Sampler(SamplingParams.greedy_params()), strategy=strategy, max_tokens=3,
+                      stop_at_eog=False))
+        strategy.close()
+        assert not strategy.policy.cost.timed and cached_cost_curve(target) is None
 
 
 def test_a_drafter_cost_learnt_in_one_strategy_seeds_the_next(stories260k: Path) -> None:
@@ -335,6 +382,8 @@ def test_a_drafter_cost_learnt_in_one_strategy_seeds_the_next(stories260k: Path)
         assert prior == pytest.approx(1.0, rel=0.05)  # the drafter is the target's own file
         for _ in range(2):
             policy.observe(0, 0, 0.0, 0.010, 0.010)  # plain rounds: the one-token time
+        for k in FIRST_SIZES:  # the target's first sizes, timed in padded rounds
+            policy.observe(0, 0, 0.0, 0.010 + 0.0025 * k, 0.010 + 0.0025 * k, evaluated=k + 1)
         for _ in range(6):
             policy.observe(4, 1, draft_s=4 * 0.030, verify_s=0.020, round_s=0.150)  # 3 steps a token
         assert policy.draft_timed == 6 and policy.draft_cost > 2.0

@@ -11,7 +11,7 @@ from tandem.models.errors import TandemError
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
-from tandem.runtime.speculative.cost import CostCurve
+from tandem.runtime.speculative.cost import FIRST_SIZES, CostCurve, OnlineCost
 from tandem.runtime.speculative.drafters.base import Drafter
 from tandem.runtime.speculative.drafters.chain import ChainDrafter
 from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter
@@ -116,6 +116,49 @@ def test_greedy_identity_chain_adaptive_with_penalty(stories_target, stories_dra
     policy = AdaptivePolicy(CostCurve.linear(0.3), AdaptiveConfig(max_len=6, stop_threshold=0.5))
     prompts = prompts_for(stories_target)[::3]
     assert_identical(stories_target, chain, policy, prompts, temperature=0.0, repetition_penalty=1.3)
+
+
+def _decode_untimed(target: Backend, draft: Backend, prompt: list[int], sampling: dict):
+    """Decode ``prompt`` with a fresh untimed policy (suffix, lookup, then the model
+    drafter), recording each target call's size and the drafter's calls after each round."""
+    model = ModelDrafter(draft, owns_backend=False)
+    checker = CacheChecker()
+    model_calls: list[int] = []
+    sizes: list[int] = []
+
+    def hook(target: Backend, drafter: Drafter, context: list[int]) -> None:
+        checker(target, drafter, context)
+        model_calls.append(model.calls)
+
+    def recording(tokens, logits_for=None, _evaluate=target.evaluate):
+        sizes.append(len(tokens))
+        return _evaluate(tokens, logits_for=logits_for)
+
+    cost = OnlineCost.untimed(6, chunk=target.exact_batch)
+    policy = AdaptivePolicy(cost, AdaptiveConfig(max_len=6), cheap_sources=frozenset({"suffix", "lookup"}))
+    strategy = speculative(ChainDrafter([SuffixDrafter(), PromptLookupDrafter(), model]), policy, hook=hook)
+    target.evaluate = recording
+    try:
+        done = run(target, prompt, strategy, **sampling)
+    finally:
+        del target.evaluate
+    return done, cost, sizes, model_calls
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "seed": 5}])
+def test_timing_rounds_of_a_new_target_change_no_token(stories_target, stories_draft, sampling) -> None:
+    """A target never timed on this machine times its verify calls in its first rounds,
+    drafts padded to the sizes wanted: greedy and seeded output stays plain decoding's,
+    the sizes are timed, and the model drafter is not woken for them."""
+    for prompt in prompts_for(stories_target)[::4]:
+        plain = run(stories_target, prompt, autoregressive, **sampling)
+        stories_target.truncate(0)  # so the prefill is the first call recorded
+        spec, cost, sizes, model_calls = _decode_untimed(stories_target, stories_draft, prompt, sampling)
+        assert spec.tokens == plain.tokens
+        assert cost.timed and cost.wants_size() == 0
+        decode = sizes[1:] if len(prompt) > 1 else sizes  # after the prefill of all but the last prompt token
+        assert decode[:5] == [1, 1, *(k + 1 for k in FIRST_SIZES)]  # t1 twice, then each size once
+        assert model_calls[:5] == [0] * 5
 
 
 def test_sampling_mode_runs_and_keeps_caches(stories_target, stories_draft) -> None:
