@@ -323,8 +323,15 @@ def test_specmemo_budget_keeps_a_quantized_windowed_drafter(stories_twin: Path, 
     assert bar.fits and bar.draft is not None
     assert bar.draft.window is not None or bar.draft.quant == "q8_0"
     assert bar.host_total - alone.host_total <= 0.35 * extra
-    share = next((x for x in (0.35, 0.3, 0.25, 0.2, 0.15, 0.1, 0.05)
-                  if (c := cut(x)).draft is not None and c.draft.quant == "q8_0"), None)
+    share = None
+    for x in (0.35 - 0.01 * i for i in range(35)):  # down in 1 % steps until the drafter is dropped
+        plan = cut(x)
+        if plan.draft is None:
+            break
+        if plan.draft.quant == "q8_0":
+            share = x  # the leanest share that still kept the Q8_0 copy, so far
+    # (1 % steps: the last Q8_0 rung spans only ~4 % of the extra memory at this scale,
+    # and where it starts moves with the sizes llama.cpp reports on each machine)
     assert share is not None, "the ladder dropped the drafter before trying its Q8_0 copy"
     quantized = cut(share)
     assert quantized.draft is not None and quantized.draft.source == str(stories260k)
