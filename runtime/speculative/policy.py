@@ -390,8 +390,15 @@ class AdaptivePolicy:
 
     def calibration(self, source: str = "") -> float:
         """Observed acceptances per unit of predicted confidence for ``source`` (decayed):
-        each source's confidence (suffix-tree frequencies, match lengths) is its own scale."""
+        each source's confidence (suffix-tree frequencies, match lengths) is its own scale.
+        A model-free source with no verdict of its own yet starts from what the others
+        earned: suffix tree and prompt lookup copy the same text, and where one's first
+        probe failed (chat prose, a few matched words), the other's failed too — two
+        failed probes a reply, 4 % of 64 tokens at 2 threads."""
         acc, conf = self._calib.get(source, (0.0, 0.0))
+        if conf == 0.0 and self.is_free(source):
+            acc = sum(a for name, (a, _) in self._calib.items() if self.is_free(name))
+            conf = sum(c for name, (_, c) in self._calib.items() if self.is_free(name))
         return float(np.clip((acc + 1.0) / (conf + 1.0), 0.0, 1.5))
 
     def observe(

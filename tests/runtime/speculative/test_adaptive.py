@@ -190,6 +190,27 @@ def test_trim_gates_cheap_drafts_by_confidence_and_calibrates() -> None:
     assert FixedLength(3).trim([0.0, 0.0], 2) == 2  # fixed policies verify everything
 
 
+def test_a_failed_probe_of_one_copying_source_warns_the_other() -> None:
+    """Suffix tree and prompt lookup copy the same text: when the suffix tree's first
+    probe fails (chat prose), prompt lookup, with no verdict of its own, is not probed
+    at face value; and where the suffix tree's probes succeed, lookup starts trusted."""
+    curve = CostCurve((1.0, 1.6, 2.2, 2.6, 3.1, 3.6, 4.2, 4.7, 5.2), 0.03)  # 2 threads, the 1.5B
+    doubted = AdaptivePolicy(OnlineCost(curve, chunk=7, measure_t1=False), AdaptiveConfig(max_len=8),
+                             cheap_drafter=True)
+    assert doubted.trim([0.9] * 4, 4, "lookup") == 2  # alone, a confident lookup draft is probed
+    n = doubted.trim([0.9] * 4, 4, "suffix")
+    assert n == 2
+    doubted.observe(n, 0, 0.0, 0.03 * curve(n), 0.03 * curve(n), source="suffix")
+    assert doubted.calibration("lookup") == doubted.calibration("suffix") < 0.6
+    assert doubted.trim([0.9] * 4, 4, "lookup") == 0
+    trusted = AdaptivePolicy(OnlineCost(curve, chunk=7, measure_t1=False), AdaptiveConfig(max_len=8),
+                             cheap_drafter=True)
+    for _ in range(3):
+        n = trusted.trim([0.9] * 4, 4, "suffix")
+        trusted.observe(n, n, 0.0, 0.03 * curve(n), 0.03 * curve(n), source="suffix")
+    assert trusted.calibration("lookup") > 1.0
+
+
 def test_no_model_free_draft_is_verified_where_none_could_pay() -> None:
     """One Zen 5 core verifying the 1.5B in 7-token chunks: k + 1 tokens cost k + 1 steps
     (learnt 1, 2, 3, 4, 4.92, 5.74, 6.57), so a draft that is never wrong gains at most
