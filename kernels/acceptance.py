@@ -156,4 +156,15 @@ def expected_tokens(acceptance: float | Sequence[float] | np.ndarray, k: int) ->
     if np.ndim(acceptance) == 0:
         a = float(acceptance)
         return k + 1.0 if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
-    return 1.0 + float(np.sum(np.cumprod(np.asarray(acceptance, dtype=np.float64)[:k])))
+    return expected_tokens_upto(acceptance, k)[-1]
+
+
+def expected_tokens_upto(acceptance: Sequence[float] | np.ndarray, n: int) -> list[float]:
+    """:func:`expected_tokens` for every length ``k = 0..n`` at once, per-position rates
+    (positions past ``acceptance`` add nothing): an adaptive policy prices every length
+    every round, and one pass costs what a single length did."""
+    reach = np.cumprod(np.asarray(acceptance, dtype=np.float64)[:n]).tolist()
+    out = [1.0]
+    for k in range(1, n + 1):
+        out.append(out[-1] + (reach[k - 1] if k <= len(reach) else 0.0))
+    return out

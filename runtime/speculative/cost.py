@@ -105,12 +105,16 @@ class OnlineCost:
         self._scale: float | None = None
         self._untimed = [k for k in self.first_sizes if 0 < k < n]
         self._first: dict[int, float] = {}
+        self._calls: list[float | None] = [None] * n
+        """:meth:`call` per size since the last observation (the policy prices every
+        length every round; each call is a few Python steps)."""
 
     def observe(self, k: int, seconds: float) -> None:
         """One verify call over ``k + 1`` tokens took ``seconds``."""
         if k >= len(self._v) or seconds <= 0:
             return
         self._scale = None
+        self._calls = [None] * len(self._calls)
         self._recent[k].append(seconds)
         self._w[k] += 1
         self._v[k] = statistics.median(self._recent[k])  # np.median: 0.3 ms a call, every token
@@ -157,6 +161,14 @@ class OnlineCost:
     def call(self, k: int) -> float:
         """Cost of one call over ``k + 1`` tokens, in one-token calls: learnt where this
         size was seen, else the prior scaled by how far off it was on the sizes seen."""
+        if k < len(self._calls):
+            cached = self._calls[k]
+            if cached is None:
+                cached = self._calls[k] = self._call(k)
+            return cached
+        return self._call(k)
+
+    def _call(self, k: int) -> float:
         if k == 0:
             return 1.0
         learnt = self._learnt(k)
@@ -184,15 +196,21 @@ class OnlineCost:
         """Expected cost of verifying ``k`` drafts with acceptance ``a``, when greedy
         verification stops after the chunk holding the first rejection: chunk ``j`` is
         evaluated only if every draft before it was accepted."""
-        step = self.chunk or k + 1
-        total, reach, start = 0.0, 1.0, 0
-        while start < k + 1:
-            size = min(step, k + 1 - start)
-            total += reach * self.call(size - 1)
-            end = start + size  # drafts 0..end-1 must be accepted to go on
-            reach *= float(np.prod(a[start:min(end, k)])) if end <= k else 1.0
-            start = end
-        return total
+        return self.expected_verify_upto(a, k)[k]
+
+    def expected_verify_upto(self, a: np.ndarray, n: int) -> list[float]:
+        """:meth:`expected_verify` for every ``k = 0..n`` in one pass."""
+        reach = [1.0, *np.cumprod(np.asarray(a, dtype=np.float64)[:n]).tolist()]  # P(first j drafts accepted)
+        calls = [self.call(j) for j in range(min(n, (self.chunk or n + 1) - 1) + 1)]
+        out = []
+        for k in range(n + 1):
+            step = self.chunk or k + 1
+            total = 0.0
+            for start in range(0, k + 1, step):  # chunk from feed position ``start``
+                size = min(step, k + 1 - start)
+                total += (reach[start] if start < len(reach) else reach[-1]) * calls[size - 1]
+            out.append(total)
+        return out
 
     @property
     def c(self) -> tuple[float, ...]:

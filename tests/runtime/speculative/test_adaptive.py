@@ -197,18 +197,33 @@ def test_a_failed_probe_of_one_copying_source_warns_the_other() -> None:
     curve = CostCurve((1.0, 1.6, 2.2, 2.6, 3.1, 3.6, 4.2, 4.7, 5.2), 0.03)  # 2 threads, the 1.5B
     doubted = AdaptivePolicy(OnlineCost(curve, chunk=7, measure_t1=False), AdaptiveConfig(max_len=8),
                              cheap_drafter=True)
-    assert doubted.trim([0.9] * 4, 4, "lookup") == 2  # alone, a confident lookup draft is probed
-    n = doubted.trim([0.9] * 4, 4, "suffix")
+    assert doubted.trim([0.97] * 4, 4, "lookup") == 2  # alone, a confident lookup draft is probed
+    n = doubted.trim([0.97] * 4, 4, "suffix")
     assert n == 2
     doubted.observe(n, 0, 0.0, 0.03 * curve(n), 0.03 * curve(n), source="suffix")
     assert doubted.calibration("lookup") == doubted.calibration("suffix") < 0.6
-    assert doubted.trim([0.9] * 4, 4, "lookup") == 0
+    assert doubted.trim([0.97] * 4, 4, "lookup") == 0
     trusted = AdaptivePolicy(OnlineCost(curve, chunk=7, measure_t1=False), AdaptiveConfig(max_len=8),
                              cheap_drafter=True)
     for _ in range(3):
-        n = trusted.trim([0.9] * 4, 4, "suffix")
+        n = trusted.trim([0.97] * 4, 4, "suffix")
         trusted.observe(n, n, 0.0, 0.03 * curve(n), 0.03 * curve(n), source="suffix")
     assert trusted.calibration("lookup") > 1.0
+
+
+def test_short_matches_are_doubted_until_a_verdict_and_sure_runs_are_not() -> None:
+    """Before any verdict a model-free draft is believed at its confidence cubed: at 2
+    threads a 2-token match (confidence 0.75, accepted 27 % on chat) is not probed, a sure
+    run is; on a cheap verify both are."""
+    curve = CostCurve((1.0, 1.9, 2.2, 2.6, 3.1, 3.6, 4.2, 4.7, 5.2), 0.03)
+    cpu = AdaptivePolicy(OnlineCost(curve, chunk=7, measure_t1=False), AdaptiveConfig(max_len=8),
+                         cheap_drafter=True)
+    assert cpu.believed(np.array([0.75, 0.999]), "suffix") == pytest.approx([0.75**3, 0.999**3])
+    assert cpu.trim([0.75] * 4, 4, "suffix") == 0
+    assert cpu.trim([0.999] * 4, 4, "suffix") == 2
+    gpu = AdaptivePolicy(OnlineCost(CostCurve.linear(0.05), chunk=7, measure_t1=False), AdaptiveConfig(max_len=8),
+                         cheap_drafter=True)
+    assert gpu.trim([0.75] * 4, 4, "suffix") == 2
 
 
 def test_no_model_free_draft_is_verified_where_none_could_pay() -> None:
