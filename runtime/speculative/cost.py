@@ -217,17 +217,40 @@ class OnlineCost:
         return tuple(self(k) for k in range(len(self.prior.c)))
 
     def curve(self) -> CostCurve:
-        """What was learnt, as a plain curve (to cache for the next run). A size seen
-        only once is not trusted within the run (one call may be a spike) but moves the
-        saved value halfway towards it: a fresh strategy makes one or two probes of one
-        size per reply, and if none counted, a prior a few percent too cheap (the quick
-        curve's c(2) 2.87 where calls take 3.0) was saved back unchanged and every next
-        strategy paid the same failed probe."""
-        def saved(k: int) -> float:
-            once = self._w[k] == 1 and self.t1_s > 0 and k > 0
-            return min((self.call(k) + self._v[k] / self.t1_s) / 2, k + 1.0) if once else self.call(k)
+        """What the run priced with, as a plain curve."""
+        return CostCurve(tuple(np.maximum.accumulate([self.call(k) for k in range(len(self.prior.c))])), self.t1_s)
 
-        return CostCurve(tuple(np.maximum.accumulate([saved(k) for k in range(len(self.prior.c))])), self.t1_s)
+    def observed(self) -> dict[int, float]:
+        """This run's own c(k) for each size it made at least one call of (k > 0):
+        the median of its calls over the run's one-token time, never above k + 1."""
+        t1 = self.t1_s
+        return {k: min(float(self._v[k]) / t1, k + 1.0) for k in range(1, len(self._w))
+                if self._w[k] > 0 and t1 > 0}
+
+
+SAVED_RUNS = 5
+"""Runs whose own c(k) of each size a saved curve keeps (:func:`merge_runs`)."""
+
+
+def merge_runs(saved: CostCurve | None, history: Mapping[int, Sequence[float]], run: CostCurve,
+               observed: Mapping[int, float]) -> tuple[CostCurve, dict[int, list[float]]]:
+    """The curve to save after a run, and the per-size history behind it: each size the
+    run called takes the median of the last :data:`SAVED_RUNS` runs' own values (the
+    saved value counting as the first when there is no history yet); the others keep
+    what the run priced them at. One run's value of a size (a probe or two) is not
+    trusted alone: a spike of one saved as it was made every next strategy believe c(2)
+    was 2.86 where it is 2.3 on 2 cores, and a size that looks too dear is never called
+    again to correct it; a prior slightly too cheap, on the other hand (the timed c(2)
+    2.87 where calls take 3.0 on one core), moves as each run confirms it."""
+    merged: dict[int, list[float]] = {k: list(v) for k, v in history.items()}
+    for k, value in observed.items():
+        if k >= len(run.c):
+            continue
+        past = merged.get(k) or ([saved(k)] if saved is not None else [])
+        merged[k] = [*past, value][-SAVED_RUNS:]
+    c = [statistics.median(merged[k]) if merged.get(k) else run.c[k] for k in range(len(run.c))]
+    c[0] = 1.0
+    return CostCurve(tuple(float(x) for x in np.maximum.accumulate(c)), run.t1_s), merged
 
 
 def _verify_clock(backend: Backend):

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from tandem.models.paths import cache_dir, write_cache_file
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.machine import cache_key, file_version, machine_id
-from tandem.runtime.speculative.cost import CostCurve, measure_cost_curve
+from tandem.runtime.speculative.cost import CostCurve, measure_cost_curve, merge_runs
 
 
 def cost_curve_key(backend: Backend) -> str | None:
@@ -28,7 +29,7 @@ def cost_curve_key(backend: Backend) -> str | None:
         version = file_version(compute.model_file)
     except OSError:  # the file is gone: nothing to key on
         return None
-    return cache_key(version, compute.settings, machine_id(), "v4")
+    return cache_key(version, compute.settings, machine_id(), "v5")
 
 
 def _cost_table(file: Path) -> dict:
@@ -61,13 +62,33 @@ def cached_cost_curve(backend: Backend, k_max: int = 8, *, cache_file: Path | No
     return None
 
 
-def remember_cost_curve(backend: Backend, curve: CostCurve, *, cache_file: Path | None = None) -> None:
+def remember_cost_curve(backend: Backend, curve: CostCurve, observed: Mapping[int, float] | None = None, *,
+                        cache_file: Path | None = None) -> None:
     """Cache ``curve`` for this model, settings and machine (atomic write; best effort:
-    a read-only cache dir only means the next run starts from the prior again)."""
+    a read-only cache dir only means the next run starts from the prior again).
+    ``observed``: a run's own c(k) per size it called, merged with the earlier runs'
+    (:func:`~tandem.runtime.speculative.cost.merge_runs`); without it ``curve`` is saved
+    as measured."""
     key = cost_curve_key(backend)
-    if key is not None:
-        _store(key, {"c": list(curve.c), "t1_s": curve.t1_s, "model": str(backend.compute_settings().model_file)},
-               cache_file)
+    if key is None:
+        return
+    history: dict[int, list[float]] = {}
+    if observed is not None:
+        saved, past = _saved_runs(_cached_entry(key, cache_file))
+        curve, history = merge_runs(saved, past, curve, observed)
+    _store(key, {"c": list(curve.c), "t1_s": curve.t1_s, "runs": {str(k): v for k, v in history.items()},
+                 "model": str(backend.compute_settings().model_file)}, cache_file)
+
+
+def _saved_runs(entry: dict | None) -> tuple[CostCurve | None, dict[int, list[float]]]:
+    """An entry's saved curve and per-size run history (nothing, from one another
+    version wrote or that was damaged)."""
+    try:
+        saved = CostCurve(tuple(float(x) for x in entry["c"]), float(entry["t1_s"])) if entry else None
+        past = {int(k): [float(x) for x in v] for k, v in (entry or {}).get("runs", {}).items()}
+        return saved, past
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None, {}
 
 
 def _store(key: str, entry: dict, cache_file: Path | None) -> None:

@@ -293,6 +293,6 @@ def remember_learnt(target: Backend, policy: AdaptivePolicy, model_drafter: Draf
     this machine: the verify-cost curve it measured while decoding, and the model
     drafter's cost per token once rounds timed it."""
     if isinstance(policy.cost, OnlineCost) and policy.cost.learnt:
-        remember_cost_curve(target, policy.cost.curve())
+        remember_cost_curve(target, policy.cost.curve(), policy.cost.observed())
     if model_drafter is not None and policy.draft_timed > 0:
         remember_draft_cost(target, model_drafter.name, model_drafter.weight_bytes(), policy.draft_cost)

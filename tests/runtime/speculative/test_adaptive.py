@@ -13,10 +13,12 @@ from toy_models import ToyBackend, random_table
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 from tandem.runtime.speculative.cost import (
     FIRST_SIZES,
+    SAVED_RUNS,
     CostCurve,
     OnlineCost,
     curve_from_times,
     measure_cost_curve,
+    merge_runs,
 )
 from tandem.runtime.speculative.cost_cache import load_cost_curve
 from tandem.runtime.speculative.policy import AdaptiveConfig, AdaptivePolicy, FixedLength
@@ -439,16 +441,42 @@ def test_a_drafter_cost_learnt_in_one_strategy_seeds_the_next(stories260k: Path)
         plain_cost.close()
 
 
-def test_a_size_seen_once_moves_the_saved_curve_halfway() -> None:
-    """Within a run one call of a size is not trusted (a spike), but the curve saved for
-    the next strategy moves halfway to it: otherwise a prior slightly too cheap was saved
-    back unchanged and every fresh strategy repeated the same failed probe."""
+def test_a_saved_curve_is_the_median_of_the_runs_own_values() -> None:
+    """One run's call of a size is a sample, not the truth: a spike does not make the
+    size look dear for good (a dear-looking size is never called again to correct it),
+    while a prior slightly too cheap moves as each run confirms it."""
     prior = CostCurve((1.0, 1.94, 2.87, 3.58, 4.31, 5.03, 5.75, 6.47, 7.19), 0.04)
     cost = OnlineCost(prior, chunk=7)
     cost.observe(0, 0.040)
     cost.observe(0, 0.040)
     cost.observe(2, 0.120)  # c(2) = 3.0, seen once
     assert cost.call(2) == pytest.approx(2.87)  # not trusted within the run
-    assert cost.curve().c[2] == pytest.approx((2.87 + 3.0) / 2)
-    cost.observe(2, 0.120)
-    assert cost.call(2) == pytest.approx(3.0) and cost.curve().c[2] == pytest.approx(3.0)
+    assert cost.observed() == {2: pytest.approx(3.0)}
+    saved, runs = merge_runs(prior, {}, cost.curve(), cost.observed())
+    assert saved.c[2] == pytest.approx((2.87 + 3.0) / 2) and runs == {2: [2.87, pytest.approx(3.0)]}
+    saved, runs = merge_runs(saved, runs, cost.curve(), cost.observed())
+    assert saved.c[2] == pytest.approx(3.0)  # confirmed by a second run
+    spiked, runs = merge_runs(saved, runs, cost.curve(), {2: 3.46})
+    assert spiked.c[2] == pytest.approx(3.0) and len(runs[2]) == 4
+    for _ in range(6):
+        spiked, runs = merge_runs(spiked, runs, cost.curve(), {2: 2.3})
+    assert spiked.c[2] == pytest.approx(2.3) and len(runs[2]) == SAVED_RUNS
+    assert list(spiked.c) == sorted(spiked.c) and spiked.c[3] == cost.curve().c[3]
+
+
+def test_the_cost_cache_keeps_the_run_history(stories260k: Path) -> None:
+    from tandem.runtime.speculative.cost_cache import cached_cost_curve, remember_cost_curve
+
+    with LlamaCppBackend(stories260k, LlamaConfig(n_ctx=64, n_threads=1)) as target:
+        run = CostCurve((1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0), 0.001)
+        for value in (2.2, 2.4, 9.0):
+            remember_cost_curve(target, run, {1: value})
+        assert cached_cost_curve(target).c[1] == pytest.approx(2.4)
+        from tandem.models.paths import cache_dir
+
+        table = json.loads((cache_dir() / "verify_cost.json").read_text())
+        entry = next(iter(table.values()))
+        entry["runs"] = {"1": "garbage"}
+        (cache_dir() / "verify_cost.json").write_text(json.dumps(table))
+        remember_cost_curve(target, run, {1: 2.0})  # a damaged history starts again
+        assert cached_cost_curve(target).c[1] == pytest.approx(2.0)
