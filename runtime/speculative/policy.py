@@ -140,6 +140,13 @@ of it is verified at full length: a fresh strategy trusted its first confident d
 face value and verified it whole (9 tokens, all rejected: 8 % of a 64-token reply on a
 compute-bound target); now a :attr:`AdaptiveConfig.probe_len` prefix earns the trust."""
 """A model-free draft predicted at this fraction of the break-even rate may be probed."""
+PROBE_PROMISE = 1.10
+"""An unproven model-free source is probed only where its draft, believed as
+:data:`UNPROVEN_POWER` says, would beat plain decoding by 10 % once trusted: a probe
+that fails costs c(2) - 1 steps for certain. At 2 threads (c(2) = 2.3-2.6) a 4-token
+match promised 1.05-1.07 and its probe failed on the first edit and extract prompts of
+every bench reply (one failed probe is 2-3 % of a 64-token reply), where trusted drafting
+on those workloads measured 0.97-1.00x anyway."""
 UNPROVEN_POWER = 3.0
 """Before any verdict on a model-free source, a draft of confidence c is believed at c³
 (as if it had to come true three times): suffix-tree and lookup confidences are
@@ -356,8 +363,8 @@ class AdaptivePolicy:
         pays = m > 0 and rates[m] >= self.config.min_gain
         probe_pays = self.probe_can_pay()
         if pays and self._calib.get(source, (0.0, 0.0))[1] < TRUST_AFTER:
-            if not probe_pays:
-                return 0  # trust could only be earned at a loss
+            if not probe_pays or rates[m] < PROBE_PROMISE:
+                return 0  # trust could only be earned at a loss, or would gain too little
             m = min(m, self.config.probe_len)  # unproven: verify a short prefix first
         if self.cheap_sources:  # next to a model drafter: the better of the two drafts
             if self.model_budget and self._best()[1] > rates[m]:

@@ -21,7 +21,12 @@ from tandem.runtime.speculative.cost import (
     merge_runs,
 )
 from tandem.runtime.speculative.cost_cache import load_cost_curve
-from tandem.runtime.speculative.policy import AdaptiveConfig, AdaptivePolicy, FixedLength
+from tandem.runtime.speculative.policy import (
+    PROBE_PROMISE,
+    AdaptiveConfig,
+    AdaptivePolicy,
+    FixedLength,
+)
 
 CPU = CostCurve((1.0, 1.7, 1.9, 2.1, 2.4, 2.55, 2.7, 2.85, 3.0), 0.1)
 
@@ -165,13 +170,20 @@ def test_a_drafter_that_cannot_pay_at_any_acceptance_is_never_probed() -> None:
 
 def test_a_free_drafter_next_to_a_steep_target_still_drafts_certain_runs() -> None:
     """Model-free drafts cost nothing to make: a long run it is sure of (copying text)
-    pays even on a steep curve, a doubtful one does not."""
-    policy = AdaptivePolicy(STEEP, AdaptiveConfig(max_len=8, free_max_len=32), cheap_drafter=True)
+    pays even on a steep curve (2 cores: 1 + 0.6 k), a doubtful one does not. Where even
+    a sure run gains under 10 % (one core, 1 + 0.9 k: at most 7 %) the source is not
+    probed at all: a failed probe would cost more than trust could win back."""
+    steep = CostCurve.linear(0.6)
+    policy = AdaptivePolicy(steep, AdaptiveConfig(max_len=8, free_max_len=32), cheap_drafter=True)
     for _ in range(2):  # trust earned with short prefixes first
         n = policy.trim([0.999] * 24, 24, "suffix")
-        policy.observe(n, n, 0.0, 0.1 * STEEP(n), 0.1 * STEEP(n), source="suffix")
+        assert n == 2
+        policy.observe(n, n, 0.0, 0.1 * steep(n), 0.1 * steep(n), source="suffix")
     assert policy.trim([0.999] * 24, 24, "suffix") > 2
     assert policy.trim([0.5] * 24, 24, "suffix") == 0
+    steepest = AdaptivePolicy(STEEP, AdaptiveConfig(max_len=8, free_max_len=32), cheap_drafter=True)
+    assert max(steepest.rates(np.full(24, 0.999), 0.0, 24)) < PROBE_PROMISE
+    assert steepest.trim([0.999] * 24, 24, "suffix") == 0
 
 
 def test_trim_gates_cheap_drafts_by_confidence_and_calibrates() -> None:
