@@ -123,6 +123,7 @@ class AdaptiveConfig:
 
 
 PROBE_WORTHY = 0.85
+"""A model-free draft predicted at this fraction of the break-even rate may be probed."""
 PROBE_CEILING = 1.15
 """A model drafter that is off is probed only if, never wrong, it would beat plain
 decoding by this much: a probe also pays the drafter's catch-up on every token since it
@@ -139,7 +140,6 @@ TRUST_AFTER = 3.0
 of it is verified at full length: a fresh strategy trusted its first confident draft at
 face value and verified it whole (9 tokens, all rejected: 8 % of a 64-token reply on a
 compute-bound target); now a :attr:`AdaptiveConfig.probe_len` prefix earns the trust."""
-"""A model-free draft predicted at this fraction of the break-even rate may be probed."""
 PROBE_PROMISE = 1.10
 """An unproven model-free source is probed only where its draft, believed as
 :data:`UNPROVEN_POWER` says, would beat plain decoding by 10 % once trusted: a probe
@@ -154,9 +154,10 @@ optimistic on short matches, and workloads differ most there. Measured on the 1.
 greedy replies (96 tokens, 3 prompts per workload, the bench's prompts), first-token
 acceptance of a draft of confidence 0.75 (a 2-token match) was 27 % on chat, 48 % on
 codegen, 60-74 % on edit and extract; of 0.88, 40-45 % and 67-81 %; of 0.97 and above,
-72-92 % everywhere. So at 2 threads (c(2) = 2.2) a first probe needs a 4-token match where
-it needed two, a sure run (a re-asked prompt, 0.999) is believed at 0.997, and on a cheap
-verify (c(2) = 1.1) any draft is still probed."""
+72-92 % everywhere. So at 2 threads (c(2) = 2.7), with :data:`PROBE_PROMISE`, a first
+probe needs a long match of 5 tokens or more where it needed two, a sure run (a re-asked
+prompt, 0.999) is believed at 0.997, and on a cheap verify (c(2) = 1.1) any draft is
+still probed."""
 
 
 class _Acceptance:
