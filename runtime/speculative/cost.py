@@ -104,7 +104,6 @@ class OnlineCost:
         self._since_t1 = 0
         self._scale: float | None = None
         self._untimed = [k for k in self.first_sizes if 0 < k < n]
-        self._first: dict[int, float] = {}
         self._calls: list[float | None] = [None] * n
         """:meth:`call` per size since the last observation (the policy prices every
         length every round; each call is a few Python steps)."""
@@ -121,9 +120,9 @@ class OnlineCost:
         self._since_t1 = 0 if k == 0 else self._since_t1 + 1
         if k in self._untimed and self._w[0] >= 2:
             self._untimed.remove(k)
-            self._first[k] = seconds
             if not self._untimed:
-                self.prior = curve_from_times({0: float(self._v[0]), **self._first}, len(self.prior.c) - 1)
+                times = {j: float(self._v[j]) for j in (0, *self.first_sizes) if 0 <= j < len(self._w) and self._w[j]}
+                self.prior = curve_from_times(times, len(self.prior.c) - 1)
 
     def wants_t1(self) -> bool:
         """Whether the next round should be a plain one-token call, to measure t1."""
