@@ -7,15 +7,21 @@ opened once and run alternately, so machine load hits both alike.
 
     .venv/bin/python benchmarks/exact_cost.py MODEL.gguf [--threads 1] [--reps 5] [-n 64]
     .venv/bin/python benchmarks/exact_cost.py MODEL.gguf --batch-vs-steps [--fast]
+    .venv/bin/python benchmarks/exact_cost.py MODEL.gguf --load [--threads 1] [--reps 5]
 
 ``--batch-vs-steps``: max |logit difference| between a batch of m tokens and m one-token
 steps over the same context, for m = 1..64 (0 means bit-identical).
+``--load``: seconds to open the model and peak resident memory, each configuration in a
+fresh child process (repacking copies the weights it repacks out of the memory map).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -43,6 +49,35 @@ def batch_vs_steps(backend: LlamaCppBackend, ids: list[int]) -> dict[int, float]
     return {m: batch_step_difference(backend, ids, m) for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 64)}
 
 
+def load_in_child(model: str, exact: bool, threads: int) -> tuple[float, float]:
+    """(seconds to open ``model`` and decode one token, peak RSS in MiB) in a fresh process."""
+    argv = [sys.executable, __file__, model, "--child-load", "exact" if exact else "fast", "--threads", str(threads)]
+    start = time.perf_counter()
+    child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(child.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"the child loading {model} failed")
+    return time.perf_counter() - start, usage.ru_maxrss / 1024
+
+
+def child_load(model: str, exact: bool, threads: int) -> None:
+    with LlamaCppBackend(model, LlamaConfig(n_ctx=1024, n_threads=threads, exact=exact)) as b:
+        b.evaluate(b.tokenize("Hello", special=True))
+
+
+def compare_loads(model: str, threads: int, reps: int) -> None:
+    load_in_child(model, True, threads)  # the file into the page cache
+    results: dict[str, list[tuple[float, float]]] = {"exact": [], "fast": []}
+    for _ in range(reps):
+        for name in results:
+            results[name].append(load_in_child(model, name == "exact", threads))
+    print(f"{model}  threads={threads}  reps={reps}  (a fresh process each: start Python, open, one token)")
+    for name, runs in results.items():
+        seconds, peaks = [r[0] for r in runs], [r[1] for r in runs]
+        print(f"{name:6s} open s {statistics.median(seconds):.2f} [{min(seconds):.2f}-{max(seconds):.2f}]   "
+              f"peak RSS MiB {statistics.median(peaks):.0f} [{min(peaks):.0f}-{max(peaks):.0f}]")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
@@ -51,7 +86,15 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=64)
     ap.add_argument("--batch-vs-steps", action="store_true")
     ap.add_argument("--fast", action="store_true", help="with --batch-vs-steps: the fast configuration")
+    ap.add_argument("--load", action="store_true", help="open time and peak RSS, a child process each")
+    ap.add_argument("--child-load", choices=("exact", "fast"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child_load:
+        child_load(args.model, args.child_load == "exact", args.threads)
+        return
+    if args.load:
+        compare_loads(args.model, args.threads, args.reps)
+        return
     if args.batch_vs_steps:
         with LlamaCppBackend(args.model, LlamaConfig(n_ctx=1024, n_threads=args.threads, exact=not args.fast)) as b:
             diffs = batch_vs_steps(b, b.tokenize(PROMPT, special=True))

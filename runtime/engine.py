@@ -97,6 +97,10 @@ class EngineSpec:
     fast_verify: bool = False
     """llama.cpp's fastest kernels instead of the exact configuration (greedy output may
     then differ from plain decoding at near-ties)."""
+    repack: bool = False
+    """llama.cpp's repacked weights, still exact (``LlamaConfig.repack``): faster decode
+    steps on some CPUs, slower prompt processing and loading, verify calls of at most 3
+    tokens."""
     measure_cost: bool = True
     """Start the adaptive policy from a cached verify-cost curve for this model and machine."""
     suffix_memory: SuffixMemory = "saved"
@@ -135,7 +139,8 @@ class Engine:
     def describe(self) -> dict:
         """What runs where: target, engine, KV, drafting, placement (``--json``, ``/v1/models``)."""
         out: dict[str, Any] = {"target": self.target.name, "engine": self.kind, "n_ctx": self.target.n_ctx,
-                               "speculation": self.strategy.describe()}
+                               "speculation": self.strategy.describe(),
+                               "exact_batch": self.target.exact_batch}  # None: not token-identical
         if self.plan is not None:
             out["kv_type"] = self.plan.target.type_k
         if self.spec.kv_compress is not None:
@@ -289,7 +294,8 @@ def _open_llama(spec: EngineSpec, say: Notify, on_load: Callable[[float], None] 
         if mode in ("model", "xvocab"):
             mode = "off"
     say("loading the model")
-    target = open_backend(spec.target, llama_config=replace(plan.target.llama_config(), exact=not spec.fast_verify),
+    target = open_backend(spec.target, llama_config=replace(plan.target.llama_config(), exact=not spec.fast_verify,
+                                                               repack=spec.repack),
                           on_load=on_load)
     engine = Engine(spec, target, SpeculativeStrategy(None, None), "llama.cpp", plan=plan, notes=notes)
     try:
@@ -332,7 +338,7 @@ def _open_rpc(spec: EngineSpec, say: Notify, on_load: Callable[[float], None] | 
                                local_budget=None if spec.budget is None else parse_size(spec.budget))
     say("loading the model")
     config = LlamaConfig(n_ctx=n_ctx, n_threads=spec.threads, type_k=kv, type_v=kv, exact=not spec.fast_verify,
-                         rpc=spec.rpc, rpc_layers=split.layers)
+                         repack=spec.repack, rpc=spec.rpc, rpc_layers=split.layers)
     target = open_backend(spec.target, llama_config=config, on_load=on_load)
     engine = Engine(spec, target, SpeculativeStrategy(None, None), "llama.cpp", notes=[split.summary()])
     try:

@@ -74,6 +74,8 @@ class BenchConfig:
     """Host memory budget for the planner, as ``tandem run --budget``."""
     kv_type: str | None = None
     """The target's llama.cpp KV type, as ``tandem run --kv-type``."""
+    repack: bool = False
+    """Tandem's target with llama.cpp's repacked weights, as ``tandem run --repack``."""
     peers: bool = True
     """Run llama-cpp-python plain and with prompt lookup."""
     log: Callable[[str], None] = print
@@ -233,7 +235,7 @@ def run_bench(cfg: BenchConfig) -> dict:
 
     threads = cfg.threads or cpu_cores()
     spec = EngineSpec(cfg.target, draft_mode="off", draft_max=cfg.draft_max, budget=cfg.budget, threads=threads,
-                      n_ctx=cfg.ctx, kv_type=cfg.kv_type, engine="llama.cpp")
+                      n_ctx=cfg.ctx, kv_type=cfg.kv_type, engine="llama.cpp", repack=cfg.repack)
     engine = open_engine(spec)
     target = engine.target
     opened: list[Backend | Engine] = [engine]
@@ -276,7 +278,8 @@ def run_bench(cfg: BenchConfig) -> dict:
             "target": str(cfg.target), "n_tokens": cfg.n_tokens, "prompts": cfg.prompts, "reps": cfg.reps,
             "threads": threads, "ctx": target.n_ctx, "lengths": list(cfg.lengths), "draft_max": cfg.draft_max,
             "drafters": {d.label: {"path": str(d.path), "same_vocab": d.same_vocab} for d in drafters},
-            "tandem_backend": "LlamaConfig(exact=True): weights not repacked",
+            "tandem_backend": ("LlamaConfig(exact=True, repack=True): weights repacked, verify calls of at most 3 tokens"
+                               if cfg.repack else "LlamaConfig(exact=True): weights not repacked"),
             "kv_type": engine.plan.target.type_k if engine.plan else None,
             "peers": PEER_NOTE if peers else None,
             "cold_setup_s": cold_setup,

@@ -58,6 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-type", choices=LLAMA_KV_TYPES, default=None,
                    help="the target's llama.cpp KV cache type, as `tandem run --kv-type` (default: f16 unless "
                         "the budget needs less)")
+    p.add_argument("--repack", action="store_true",
+                   help="Tandem's target with llama.cpp's repacked weights (still exact), as `tandem run --repack`")
     p.add_argument("--no-peers", "--no-llama-baseline", dest="no_peers", action="store_true",
                    help="skip llama-cpp-python (plain and prompt lookup)")
     p.add_argument("--json", dest="json_file", default=None, metavar="FILE", help="write the figures as JSON")
@@ -103,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         n_tokens=args.max_tokens, prompts=prompts, reps=args.reps, lengths=args.lengths,
         draft_max=args.draft_max, workloads=args.workloads, configs=args.configs, families=args.drafters,
         threads=args.threads,
-        ctx=args.ctx or 1024, budget=args.budget, kv_type=args.kv_type, peers=not args.no_peers,
+        ctx=args.ctx or 1024, budget=args.budget, kv_type=args.kv_type, repack=args.repack, peers=not args.no_peers,
         log=lambda line: print(line, file=sys.stderr, flush=True),
         checkpoint=(lambda partial: _write_json(Path(args.json_file), partial)) if args.json_file else None,
     )

@@ -58,6 +58,9 @@ def add_draft_flags(p: argparse.ArgumentParser) -> None:
                    help="verify long drafts in one call with llama.cpp's fastest CPU kernels: faster on "
                         "long model-free drafts, but greedy output may differ from plain decoding at near-ties "
                         "(default: exact, token-identical; see README)")
+    g.add_argument("--repack", action="store_true",
+                   help="let llama.cpp repack the weights for its CPU kernels, still token-identical: faster "
+                        "decoding on some CPUs, slower prompt processing and loading (see README)")
     g.add_argument("--suffix-memory", choices=SUFFIX_MEMORIES, default="saved",
                    help="what model-free drafting learns from: this request only, this process's earlier "
                         "requests, or those and earlier sessions' (saved: kept in the data dir's suffix-tree "
@@ -128,6 +131,7 @@ def spec_from_args(args: argparse.Namespace, *, model: str | Path | None = None)
         threads=args.threads,
         n_ctx=args.ctx,
         fast_verify=args.fast_verify,
+        repack=args.repack,
         rpc=rpc_servers(args.rpc),
         suffix_memory=args.suffix_memory,
     )

@@ -49,12 +49,19 @@ class LlamaConfig:
     type_v: str = "f16"
     flash_attn: bool = False
     exact: bool = True
-    """Compute a short verify batch exactly as one-token decode steps would, so greedy
-    speculative output is token-identical to plain greedy output: weights are not
-    repacked into llama.cpp's extra CPU buffer types (``use_extra_bufts``), whose batched
-    kernels sum in another order than the one-row ones. (Flash attention must be off
-    too; a quantized V cache needs it, so ``exact`` holds only for f16/f32/bf16 V.)
-    ``False`` trades that identity for llama.cpp's fastest CPU kernels."""
+    """Compute a verify batch exactly as one-token decode steps would, so greedy
+    speculative output is token-identical to plain greedy output: flash attention off
+    (a quantized V cache needs it, so ``exact`` holds only for f16/f32/bf16 V) and drafts
+    verified in chunks no longer than :attr:`LlamaCppBackend.exact_batch`. ``False``
+    trades that identity for llama.cpp's fastest CPU kernels and one call per draft."""
+    repack: bool = False
+    """Let llama.cpp repack the weights into its extra CPU buffer types
+    (``use_extra_bufts``; always on when not ``exact``). Their one-row kernels decode
+    faster on some CPUs (Q4_K on AMD Zen 5 at 2 threads: 1.34x) and their batched ones
+    prefill slower (0.74x there); they compute a batch of up to :data:`EXACT_BATCH_REPACKED`
+    rows as steps do, so exactness holds with shorter verify chunks. The file is read
+    rather than memory-mapped then, so resident memory stays the file's size (mapped, the
+    pages of every repacked tensor stay resident beside its copy)."""
     rpc: tuple[str, ...] = ()
     """``HOST:PORT`` of llama.cpp RPC servers that hold a share of the blocks (see
     :mod:`tandem.runtime.backends.rpc`); the output head and the first blocks stay here."""
@@ -67,12 +74,24 @@ EXACT_BATCH = 7
 """Longest batch computed bit-for-bit like one-token steps in the exact configuration:
 llama.cpp switches matmul kernels at 8 rows (see :attr:`LlamaCppBackend.exact_batch`)."""
 
+EXACT_BATCH_REPACKED = 3
+"""The same with repacked weights (:attr:`LlamaConfig.repack`): llama.cpp's repacked
+matmul computes 4 rows at a time with another kernel, and any rows left over one by one
+with the kernel a decode step uses."""
+
 
 def model_params(cfg: LlamaConfig) -> llama_cpp.llama_model_params:
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = cfg.n_gpu_layers
-    params.use_extra_bufts = not cfg.exact
+    params.use_extra_bufts = repacks(cfg)
+    if repacks(cfg):
+        params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE  # read, not mapped (see LlamaConfig.repack)
     return params
+
+
+def repacks(cfg: LlamaConfig) -> bool:
+    """Whether llama.cpp repacks the weights (see :attr:`LlamaConfig.repack`)."""
+    return cfg.repack or not cfg.exact
 
 
 def load_progress(report: Callable[[float], None]) -> llama_cpp.llama_progress_callback:
@@ -312,12 +331,15 @@ class LlamaCppBackend(TokenizerDelegate, TokenCache):
 
     @property
     def exact_batch(self) -> int | None:
-        """:data:`EXACT_BATCH` in the exact configuration (llama.cpp's CPU matmul takes
-        another kernel path from 8 rows on, measured on Intel AMX and AMD Zen 5 CPUs:
-        ``tests/runtime/backends/test_llama_backend.py`` checks it on every machine it runs on); ``None``
-        when the fast configuration gives no such guarantee."""
+        """:data:`EXACT_BATCH` in the exact configuration, :data:`EXACT_BATCH_REPACKED`
+        with repacked weights (llama.cpp's CPU matmul takes another kernel path from 8
+        rows on, 4 when repacked, measured on Intel AMX and AMD Zen 5 CPUs:
+        ``tests/runtime/test_real_models.py`` checks both on every machine it runs on);
+        ``None`` when the fast configuration gives no such guarantee."""
         exact = self.config.exact and not self.config.flash_attn and self.config.type_v in ("f16", "f32", "bf16")
-        return EXACT_BATCH if exact else None
+        if not exact:
+            return None
+        return EXACT_BATCH_REPACKED if self.config.repack else EXACT_BATCH
 
     def memory(self) -> MemoryReport:
         weights = int(llama_cpp.llama_model_size(self._model))

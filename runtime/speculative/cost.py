@@ -91,8 +91,10 @@ class OnlineCost:
     @classmethod
     def untimed(cls, k_max: int, chunk: int | None = None) -> OnlineCost:
         """For a target never timed on this machine: :data:`CPU_COST_CURVE` until its first
-        rounds have timed :data:`FIRST_SIZES` (those longer than its exact chunk left out)."""
-        sizes = tuple(k for k in FIRST_SIZES if k <= min(k_max, (chunk or k + 1) - 1))
+        rounds have timed :data:`FIRST_SIZES`, each capped at the longest exact call (a
+        repacked target's chunk of 3 times 1 and 2 drafts)."""
+        longest = min(k_max, chunk - 1) if chunk else k_max
+        sizes = tuple(sorted({min(k, longest) for k in FIRST_SIZES if longest > 0}))
         placeholder = CostCurve(tuple(CPU_COST_CURVE(k) for k in range(k_max + 1)), 0.0)
         return cls(placeholder, chunk=chunk, first_sizes=sizes)
 

@@ -16,7 +16,12 @@ import sys
 import pytest
 
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.runtime.backends.llama import EXACT_BATCH, LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import (
+    EXACT_BATCH,
+    EXACT_BATCH_REPACKED,
+    LlamaConfig,
+    LlamaCppBackend,
+)
 from tandem.runtime.backends.selfcheck import batch_step_difference, describe_exit, run_selfcheck
 from tandem.runtime.chat import ChatEngine
 from tandem.runtime.generate import generate
@@ -52,6 +57,36 @@ def test_short_batches_compute_exactly_what_decode_steps_compute(real_models) ->
         for m in range(2, EXACT_BATCH + 1):
             diff = batch_step_difference(b, ids, m)
             assert diff == 0.0, f"a batch of {m} differs from steps by {diff}"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_repacked_weights_compute_short_batches_exactly_too(real_models, threads) -> None:
+    """The premise of ``--repack``: with llama.cpp's repacked weights (Q4_0 in the 0.5B,
+    Q4_K in the 1.5B) a batch of up to ``exact_batch`` = 3 rows is computed as steps are."""
+    for model in (real_models.qwen_05b, real_models.qwen_15b):
+        with LlamaCppBackend(model, LlamaConfig(n_ctx=256, n_threads=threads, repack=True)) as b:
+            assert b.exact_batch == EXACT_BATCH_REPACKED
+            ids = b.tokenize(CODE_PROMPT, special=True)
+            for m in range(2, EXACT_BATCH_REPACKED + 1):
+                diff = batch_step_difference(b, ids, m)
+                assert diff == 0.0, f"{model.name}: a repacked batch of {m} differs from steps by {diff}"
+
+
+@pytest.mark.parametrize(("mode", "k"), [("ngram", None), ("model", 5)])
+def test_greedy_speculative_output_with_repacked_weights_is_plain_greedy_output(real_models, mode, k) -> None:
+    """``--repack`` keeps greedy identity: drafts are verified 3 tokens per call."""
+    with LlamaCppBackend(real_models.qwen_15b, LlamaConfig(n_ctx=512, n_threads=2, repack=True)) as target:
+        ids = target.tokenize(EDIT_PROMPT, special=True)
+        plain = greedy(target, ids)
+        target.truncate(0)
+        draft = real_models.qwen_05b if mode == "model" else None
+        strategy = build_strategy(target, draft, SpecOptions(mode=mode, draft_length=k, measure_cost=False))
+        try:
+            spec = greedy(target, ids, strategy)
+        finally:
+            strategy.close()
+    assert spec.tokens == plain.tokens
+    assert spec.stats.tokens_per_call > 1.0  # it did speculate
 
 
 def test_fast_configuration_makes_no_exactness_promise(real_models) -> None:
@@ -147,6 +182,12 @@ def test_tandem_run_applies_the_chat_template_by_default_and_raw_continues(real_
     fast = run_cli(*common, "--draft-mode", "ngram", "--fast-verify")
     assert fast.returncode == 0, fast.stderr
     assert json.loads(fast.stdout)["stats"]["generated_tokens"] > 0
+    assert json.loads(fast.stdout)["engine"]["exact_batch"] is None
+    repacked = run_cli(*common, "--draft-mode", "ngram", "--repack")
+    assert repacked.returncode == 0, repacked.stderr
+    assert json.loads(repacked.stdout)["engine"]["exact_batch"] == EXACT_BATCH_REPACKED
+    assert chat_out["engine"]["exact_batch"] == EXACT_BATCH
+    assert json.loads(repacked.stdout)["token_ids"] == chat_out["token_ids"]  # exact: the same reply
 
 
 def test_setup_self_check_runs_quantized_models_here() -> None:

@@ -148,8 +148,14 @@ def test_an_untimed_target_asks_for_each_first_size_once_after_t1() -> None:
 
 
 def test_untimed_sizes_stay_within_the_exact_chunk() -> None:
-    assert OnlineCost.untimed(8, chunk=4).first_sizes == tuple(k for k in FIRST_SIZES if k <= 3)
-    assert OnlineCost.untimed(2).first_sizes == tuple(k for k in FIRST_SIZES if k <= 2)
+    """Each first size is capped at the longest exact call, so a short chunk (a repacked
+    target's 3 tokens) still times its longest call."""
+    assert FIRST_SIZES == (1, 3, 6)
+    assert OnlineCost.untimed(8, chunk=8).first_sizes == (1, 3, 6)
+    assert OnlineCost.untimed(8, chunk=4).first_sizes == (1, 3)
+    assert OnlineCost.untimed(8, chunk=3).first_sizes == (1, 2)
+    assert OnlineCost.untimed(2).first_sizes == (1, 2)
+    assert OnlineCost.untimed(8, chunk=1).first_sizes == ()
 
 
 STEEP = CostCurve.linear(0.9)
