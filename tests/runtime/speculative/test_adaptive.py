@@ -23,6 +23,7 @@ from tandem.runtime.speculative.cost import (
 from tandem.runtime.speculative.cost_cache import load_cost_curve
 from tandem.runtime.speculative.policy import (
     PROBE_PROMISE,
+    UNPROVEN_FIRST,
     AdaptiveConfig,
     AdaptivePolicy,
     FixedLength,
@@ -232,15 +233,20 @@ def test_a_failed_probe_of_one_copying_source_warns_the_other() -> None:
 
 
 def test_short_matches_are_doubted_until_a_verdict_and_sure_runs_are_not() -> None:
-    """Before any verdict a model-free draft is believed at its confidence cubed: at 2
-    threads a 2-token match (confidence 0.75, accepted 27 % on chat) is not probed, a sure
-    run is; on a cheap verify both are."""
+    """Before any verdict a model-free draft is believed at its confidence cubed, its first
+    token at most at UNPROVEN_FIRST: at 2 threads a 2-token match (confidence 0.75,
+    accepted 27 % on chat) is not probed, a sure run is (a 2-token one not where 3 tokens
+    cost 2.6 steps); on a cheap verify both are."""
     curve = CostCurve((1.0, 1.9, 2.2, 2.6, 3.1, 3.6, 4.2, 4.7, 5.2), 0.03)
     cpu = AdaptivePolicy(OnlineCost(curve, chunk=7, measure_t1=False), AdaptiveConfig(max_len=8),
                          cheap_drafter=True)
     assert cpu.believed(np.array([0.75, 0.999]), "suffix") == pytest.approx([0.75**3, 0.999**3])
+    assert cpu.believed(np.array([0.999, 0.999]), "suffix") == pytest.approx([UNPROVEN_FIRST, 0.999**3])
     assert cpu.trim([0.75] * 4, 4, "suffix") == 0
     assert cpu.trim([0.999] * 4, 4, "suffix") == 2
+    repacked = AdaptivePolicy(OnlineCost(CostCurve((1.0, 1.98, 2.58), 0.024), chunk=3, measure_t1=False),
+                              AdaptiveConfig(max_len=8), cheap_drafter=True)
+    assert repacked.trim([0.999] * 2, 2, "suffix") == 0  # 3 tokens for 2.58 steps: E = 2.6 at best
     gpu = AdaptivePolicy(OnlineCost(CostCurve.linear(0.05), chunk=7, measure_t1=False), AdaptiveConfig(max_len=8),
                          cheap_drafter=True)
     assert gpu.trim([0.75] * 4, 4, "suffix") == 2
