@@ -333,8 +333,9 @@ class LlamaCppBackend(TokenizerDelegate, TokenCache):
     def exact_batch(self) -> int | None:
         """:data:`EXACT_BATCH` in the exact configuration, :data:`EXACT_BATCH_REPACKED`
         with repacked weights (llama.cpp's CPU matmul takes another kernel path from 8
-        rows on, 4 when repacked, measured on Intel AMX and AMD Zen 5 CPUs:
-        ``tests/runtime/test_real_models.py`` checks both on every machine it runs on);
+        rows on, measured on Intel AMX and AMD Zen 5 CPUs, and from 4 when repacked,
+        measured on Zen 5: ``tests/runtime/test_real_models.py`` checks both on every
+        machine it runs on);
         ``None`` when the fast configuration gives no such guarantee."""
         exact = self.config.exact and not self.config.flash_attn and self.config.type_v in ("f16", "f32", "bf16")
         if not exact:

@@ -130,9 +130,10 @@ def uses_llama_sizes(shape: ModelShape, setup: Setup, kind: str) -> bool:
 def llama_cpu_items(shape: ModelShape, setup: Setup, role: str = "target") -> list[Item]:
     """A GGUF model in llama.cpp on the CPU, as the resident pages of its process:
 
-    * **weights**: the file, memory-mapped (weights are used in place: the backend
-      turns off llama.cpp's repacked copies, ``use_extra_bufts``); the whole file is
-      resident while it loads, so the header counts too;
+    * **weights**: the file, memory-mapped (weights are used in place); the whole file
+      is resident while it loads, so the header counts too. Repacked weights
+      (``LlamaConfig.repack``, ``use_extra_bufts``) are read instead of mapped, so the
+      process holds the same bytes;
     * **KV cache**: exact arithmetic over the padded cells (llama.cpp clears it: all resident);
     * **compute buffer**: what llama.cpp's scheduler reserves for this context with
       ``output_rows`` rows of logits (:mod:`tandem.runtime.planning.llama_sizes`): the largest

@@ -14,7 +14,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -243,15 +243,20 @@ def merge_runs(saved: CostCurve | None, history: Mapping[int, Sequence[float]], 
     was 2.86 where it is 2.3 on 2 cores, and a size that looks too dear is never called
     again to correct it; a prior slightly too cheap, on the other hand (the timed c(2)
     2.87 where calls take 3.0 on one core), moves as each run confirms it."""
-    merged: dict[int, list[float]] = {k: list(v) for k, v in history.items()}
+    merged: dict[int, list[float]] = {k: list(v) for k, v in history.items() if 0 < k < len(run.c) and v}
     for k, value in observed.items():
-        if k >= len(run.c):
+        if not 0 < k < len(run.c):
             continue
         past = merged.get(k) or ([saved(k)] if saved is not None else [])
         merged[k] = [*past, value][-SAVED_RUNS:]
-    c = [statistics.median(merged[k]) if merged.get(k) else run.c[k] for k in range(len(run.c))]
-    c[0] = 1.0
-    return CostCurve(tuple(float(x) for x in np.maximum.accumulate(c)), run.t1_s), merged
+    if not merged:
+        return run, merged
+    # The sizes no run has called lie on the curve through those that have: what one run
+    # priced them at (its prior stretched by that run's scale, up to k + 1) would, once
+    # saved, have lifted every longer size with it (c(4) saved at 5.0 made c(5) and c(6)
+    # 5.0 where their runs measured 3.6 and 4.4, and 3 drafts look as cheap as 2).
+    points = {0: 1.0, **{k: statistics.median(v) for k, v in merged.items()}}
+    return replace(curve_from_times(points, len(run.c) - 1), t1_s=run.t1_s), merged
 
 
 def _verify_clock(backend: Backend):

@@ -370,7 +370,8 @@ class AdaptivePolicy:
         m = int(np.argmax(rates))
         pays = m > 0 and rates[m] >= self.config.min_gain
         probe_pays = self.probe_can_pay()
-        if pays and self._calib.get(source, (0.0, 0.0))[1] < TRUST_AFTER:
+        unproven = self._calib.get(source, (0.0, 0.0))[1] < TRUST_AFTER
+        if pays and unproven:
             if not probe_pays or rates[m] < PROBE_PROMISE:
                 return 0  # trust could only be earned at a loss, or would gain too little
             m = min(m, self.config.probe_len)  # unproven: verify a short prefix first
@@ -380,9 +381,11 @@ class AdaptivePolicy:
             return m if pays else 0
         if pays:
             return self._on(m)
-        # A draft that nearly pays is worth an occasional probe (its confidence may be
-        # under-calibrated); a hopeless one is not: a failed probe costs c(m) - 1 steps.
-        return self._off(m) if probe_pays and m > 0 and rates[m] >= PROBE_WORTHY * self.config.min_gain else 0
+        # A draft that nearly pays is worth an occasional probe when its source's verdicts
+        # may have under-calibrated it; a hopeless one is not, nor one of an unproven
+        # source (its first probe must promise PROBE_PROMISE): a failed probe costs c(m) - 1.
+        near = probe_pays and m > 0 and rates[m] >= PROBE_WORTHY * self.config.min_gain
+        return self._off(m) if near and not unproven else 0
 
     def probe_can_pay(self) -> bool:
         """Whether a probe (:attr:`AdaptiveConfig.probe_len` drafted tokens) beats plain
