@@ -223,14 +223,21 @@ class OnlineCost:
 
     def observed(self) -> dict[int, float]:
         """This run's own c(k) for each size it made at least one call of (k > 0):
-        the median of its calls over the run's one-token time, never above k + 1."""
+        the median of its calls over the run's one-token time, never above k + 1.
+        Nothing when fewer than :data:`T1_CALLS_TO_SAVE` one-token calls measured that
+        time: every ratio rests on it, and two slow first calls (a burst of load as the
+        run began) made one run report c(2), c(3) and c(6) all at 1.0."""
         t1 = self.t1_s
+        if self._w[0] < T1_CALLS_TO_SAVE:
+            return {}
         return {k: min(float(self._v[k]) / t1, k + 1.0) for k in range(1, len(self._w))
                 if self._w[k] > 0 and t1 > 0}
 
 
 SAVED_RUNS = 5
 """Runs whose own c(k) of each size a saved curve keeps (:func:`merge_runs`)."""
+T1_CALLS_TO_SAVE = 4
+"""One-token calls a run must have timed before its own c(k) are saved (:meth:`OnlineCost.observed`)."""
 
 
 def merge_runs(saved: CostCurve | None, history: Mapping[int, Sequence[float]], run: CostCurve,

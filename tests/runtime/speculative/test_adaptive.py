@@ -14,6 +14,7 @@ from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 from tandem.runtime.speculative.cost import (
     FIRST_SIZES,
     SAVED_RUNS,
+    T1_CALLS_TO_SAVE,
     CostCurve,
     OnlineCost,
     curve_from_times,
@@ -489,6 +490,9 @@ def test_a_saved_curve_is_the_median_of_the_runs_own_values() -> None:
     cost.observe(0, 0.040)
     cost.observe(2, 0.120)  # c(2) = 3.0, seen once
     assert cost.call(2) == pytest.approx(2.87)  # not trusted within the run
+    assert cost.observed() == {}  # t1 from two calls: not enough to save a ratio by
+    for _ in range(T1_CALLS_TO_SAVE - 2):
+        cost.observe(0, 0.040)
     assert cost.observed() == {2: pytest.approx(3.0)}
     saved, runs = merge_runs(prior, {}, cost.curve(), cost.observed())
     assert saved.c[2] == pytest.approx((2.87 + 3.0) / 2) and runs == {2: [2.87, pytest.approx(3.0)]}
