@@ -255,16 +255,17 @@ def test_short_matches_are_doubted_until_a_verdict_and_sure_runs_are_not() -> No
 
 
 def test_an_unproven_source_is_never_probed_on_a_draft_that_only_nearly_pays() -> None:
-    """The 2-thread bench's edit and extract replies each paid one failed probe: a 4-token
-    match (confidence 0.938, believed below break-even) was verified as an occasional
-    "nearly pays" probe, which bypassed the promise a first probe must make. Only a
-    source with verdicts gets those."""
+    """An occasional "nearly pays" probe (a draft predicted just short of the gain the
+    policy asks for) is for a source whose verdicts may have under-calibrated it; for an
+    unproven one it would bypass the promise a first probe must make (PROBE_PROMISE):
+    a failed probe costs c(k) - 1 steps for certain."""
     curve = CostCurve((1.0, 1.99, 2.72, 3.17, 3.69, 3.98, 4.62, 5.62, 6.6), 0.032)
     policy = AdaptivePolicy(OnlineCost(curve, chunk=7, measure_t1=False), AdaptiveConfig(max_len=8),
                             cheap_drafter=True)
-    rates = policy.rates(policy.believed(np.full(4, 0.938), "suffix"), 0.0, 4)
-    assert max(rates[1:]) >= PROBE_WORTHY  # it nearly pays
-    assert [policy.trim([0.938] * 4, 4, "suffix") for _ in range(40)] == [0] * 40
+    rates = policy.rates(policy.believed(np.full(6, 0.95), "suffix"), 0.0, 6)
+    assert 1.0 < max(rates) < policy.config.min_gain  # it nearly pays
+    assert max(rates) >= PROBE_WORTHY * policy.config.min_gain
+    assert [policy.trim([0.95] * 6, 6, "suffix") for _ in range(40)] == [0] * 40
 
 
 def test_no_model_free_draft_is_verified_where_none_could_pay() -> None:
