@@ -262,8 +262,17 @@ def merge_runs(saved: CostCurve | None, history: Mapping[int, Sequence[float]], 
     # priced them at (its prior stretched by that run's scale, up to k + 1) would, once
     # saved, have lifted every longer size with it (c(4) saved at 5.0 made c(5) and c(6)
     # 5.0 where their runs measured 3.6 and 4.4, and 3 drafts look as cheap as 2).
-    points = {0: 1.0, **{k: statistics.median(v) for k, v in merged.items()}}
+    points = {0: 1.0, **{k: robust_median(v) for k, v in merged.items()}}
     return replace(curve_from_times(points, len(run.c) - 1), t1_s=run.t1_s), merged
+
+
+def robust_median(values: Sequence[float]) -> float:
+    """The median of ``values`` less those more than twice or under half their median:
+    one run whose one-token time was caught by a burst of load saved c(3) = 1.02 beside
+    four runs of 2.5-3.2, and the plain median of five moved a rank towards it. The
+    history keeps such values, so a lasting change wins once it is most of the runs."""
+    mid = statistics.median(values)
+    return statistics.median([x for x in values if mid / 2 <= x <= 2 * mid])
 
 
 def _verify_clock(backend: Backend):

@@ -523,6 +523,18 @@ def test_a_size_no_run_called_does_not_lift_the_saved_curve() -> None:
     assert list(saved.c) == sorted(saved.c) and saved.t1_s == run.t1_s
 
 
+def test_a_run_far_off_the_others_is_left_out_of_the_saved_curve() -> None:
+    """A run that saved c(3) = 1.02 beside runs of 2.5-3.2 (its one-token time caught by
+    a burst of load) does not pull the median a rank towards it."""
+    run = CostCurve((1.0, 2.0, 2.7, 3.2, 3.7), 0.034)
+    saved, kept = merge_runs(None, {3: [2.53, 2.68, 3.20, 3.22]}, run, {3: 1.02})
+    assert kept[3][-1] == 1.02 and saved.c[3] == pytest.approx((2.68 + 3.20) / 2)
+    # a lasting change wins once it is most of the runs
+    for _ in range(3):
+        saved, kept = merge_runs(saved, kept, run, {3: 6.5})
+    assert saved.c[3] == pytest.approx(6.5)
+
+
 def test_the_cost_cache_keeps_the_run_history(stories260k: Path) -> None:
     from tandem.runtime.speculative.cost_cache import cached_cost_curve, remember_cost_curve
 
@@ -530,11 +542,12 @@ def test_the_cost_cache_keeps_the_run_history(stories260k: Path) -> None:
         run = CostCurve((1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0), 0.001)
         for value in (2.2, 2.4, 9.0):
             remember_cost_curve(target, run, {1: value})
-        assert cached_cost_curve(target).c[1] == pytest.approx(2.4)
+        assert cached_cost_curve(target).c[1] == pytest.approx(2.3)  # 9.0 kept, but left out
         from tandem.models.paths import cache_dir
 
         table = json.loads((cache_dir() / "verify_cost.json").read_text())
         entry = next(iter(table.values()))
+        assert entry["runs"]["1"] == [2.2, 2.4, 9.0]
         entry["runs"] = {"1": "garbage"}
         (cache_dir() / "verify_cost.json").write_text(json.dumps(table))
         remember_cost_curve(target, run, {1: 2.0})  # a damaged history starts again
