@@ -4,9 +4,9 @@ Both run in the bench's own process on the same GGUF file, with the same threads
 context as Tandem's target and the same prompt token ids, through ``Llama.generate``.
 They use llama-cpp-python's *default* model settings, which let llama.cpp repack the
 weights for its fastest CPU kernels, whereas Tandem's backend defaults to
-``LlamaConfig(exact=True)`` (no repacking, so greedy speculative output is
-token-identical to plain output): the peers' output may differ from Tandem's in a
-late token, and their kernels may be faster or slower than Tandem's on a given CPU.
+``LlamaConfig(exact=True)`` (no repacking) and repacks only with ``--repack`` (verify calls
+of at most 3 tokens then), so that greedy speculative output is token-identical to plain
+output either way: the peers' output may differ from Tandem's in a late token.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 PEERS = ("llama", "llama-lookup")
 PEER_NOTE = ("llama / llama-lookup: llama-cpp-python's Llama (default settings: weights repacked for "
              "llama.cpp's fastest CPU kernels) plain greedy / with LlamaPromptLookupDecoding(num_pred_tokens=10); "
-             "Tandem's backend uses LlamaConfig(exact=True) (no repacking)")
+             "Tandem's backend: see tandem_backend (by default not repacked; --repack: repacked too)")
 
 
 @dataclass
