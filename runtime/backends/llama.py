@@ -84,7 +84,7 @@ def model_params(cfg: LlamaConfig) -> llama_cpp.llama_model_params:
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = cfg.n_gpu_layers
     params.use_extra_bufts = repacks(cfg)
-    if repacks(cfg):
+    if params.use_extra_bufts:
         params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE  # read, not mapped (see LlamaConfig.repack)
     return params
 

@@ -48,6 +48,19 @@ def greedy(target, prompt_ids, strategy=None, n=N_TOKENS):
     return events[-1]
 
 
+def plain_and_speculative(target, prompt_ids, draft, mode: str, k: int | None):
+    """Greedy output of ``target`` decoding plainly, then with a fresh strategy of
+    ``mode`` (cache emptied before each): the pair greedy identity compares."""
+    target.truncate(0)
+    plain = greedy(target, prompt_ids)
+    target.truncate(0)
+    strategy = build_strategy(target, draft, SpecOptions(mode=mode, draft_length=k, measure_cost=False))
+    try:
+        return plain, greedy(target, prompt_ids, strategy)
+    finally:
+        strategy.close()
+
+
 def test_short_batches_compute_exactly_what_decode_steps_compute(real_models) -> None:
     """The premise of greedy identity, checked on this machine's CPU and build: up to
     ``exact_batch`` positions in one call give bit-identical logits to one-token steps."""
@@ -76,15 +89,8 @@ def test_repacked_weights_compute_short_batches_exactly_too(real_models, threads
 def test_greedy_speculative_output_with_repacked_weights_is_plain_greedy_output(real_models, mode, k) -> None:
     """``--repack`` keeps greedy identity: drafts are verified 3 tokens per call."""
     with LlamaCppBackend(real_models.qwen_15b, LlamaConfig(n_ctx=512, n_threads=2, repack=True)) as target:
-        ids = target.tokenize(EDIT_PROMPT, special=True)
-        plain = greedy(target, ids)
-        target.truncate(0)
         draft = real_models.qwen_05b if mode == "model" else None
-        strategy = build_strategy(target, draft, SpecOptions(mode=mode, draft_length=k, measure_cost=False))
-        try:
-            spec = greedy(target, ids, strategy)
-        finally:
-            strategy.close()
+        plain, spec = plain_and_speculative(target, target.tokenize(EDIT_PROMPT, special=True), draft, mode, k)
     assert spec.tokens == plain.tokens
     assert spec.stats.tokens_per_call > 1.0  # it did speculate
 
@@ -103,16 +109,8 @@ def test_fast_configuration_makes_no_exactness_promise(real_models) -> None:
 ])
 @pytest.mark.parametrize("prompt", [CODE_PROMPT, EDIT_PROMPT], ids=["codegen", "edit"])
 def test_greedy_speculative_output_is_plain_greedy_output(target_15b, real_models, mode, drafter, k, prompt) -> None:
-    ids = target_15b.tokenize(prompt, special=True)
-    target_15b.truncate(0)
-    plain = greedy(target_15b, ids)
-    target_15b.truncate(0)
     draft = getattr(real_models, drafter) if drafter else None
-    strategy = build_strategy(target_15b, draft, SpecOptions(mode=mode, draft_length=k, measure_cost=False))
-    try:
-        spec = greedy(target_15b, ids, strategy)
-    finally:
-        strategy.close()
+    plain, spec = plain_and_speculative(target_15b, target_15b.tokenize(prompt, special=True), draft, mode, k)
     assert spec.tokens == plain.tokens
     if k:
         assert spec.stats.tokens_per_call > 1.0  # it did speculate
