@@ -109,6 +109,9 @@ class OnlineCost:
         self._calls: list[float | None] = [None] * n
         """:meth:`call` per size since the last observation (the policy prices every
         length every round; each call is a few Python steps)."""
+        self.observations = 0
+        """Calls observed so far: what the curve's prices were computed at (the policy
+        keeps its own prices until it changes)."""
 
     def observe(self, k: int, seconds: float) -> None:
         """One verify call over ``k + 1`` tokens took ``seconds``."""
@@ -116,6 +119,7 @@ class OnlineCost:
             return
         self._scale = None
         self._calls = [None] * len(self._calls)
+        self.observations += 1
         self._recent[k].append(seconds)
         self._w[k] += 1
         self._v[k] = statistics.median(self._recent[k])  # np.median: 0.3 ms a call, every token
@@ -200,17 +204,24 @@ class OnlineCost:
         return self.expected_verify_upto(a, k)[k]
 
     def expected_verify_upto(self, a: np.ndarray, n: int) -> list[float]:
-        """:meth:`expected_verify` for every ``k = 0..n`` in one pass."""
-        reach = [1.0, *np.cumprod(np.asarray(a, dtype=np.float64)[:n]).tolist()]  # P(first j drafts accepted)
-        calls = [self.call(j) for j in range(min(n, (self.chunk or n + 1) - 1) + 1)]
+        """:meth:`expected_verify` for every ``k = 0..n`` in one pass (the policy prices
+        every length of every source each round): verifying ``k`` drafts in chunks of
+        ``step`` tokens costs, over the chunk starts ``s = 0, step, ... <= k``,
+        P(first ``s`` drafts accepted) · c(that chunk's size - 1); every chunk but the
+        last is full, so a running sum over the earlier starts carries from ``k`` to ``k + 1``."""
+        a = np.asarray(a, dtype=np.float64)[:n]
+        reach = [1.0, *np.cumprod(a).tolist()]  # P(first j drafts accepted)
+        reach += [reach[-1]] * (n + 1 - len(reach))  # positions past ``a`` keep the last
+        step = self.chunk or n + 1
+        calls = [self.call(j) for j in range(min(n, step - 1) + 1)]
+        full = self.call(step - 1) if n >= step else 0.0
         out = []
+        before = 0.0  # sum of reach over the starts of the full chunks before k's last chunk
         for k in range(n + 1):
-            step = self.chunk or k + 1
-            total = 0.0
-            for start in range(0, k + 1, step):  # chunk from feed position ``start``
-                size = min(step, k + 1 - start)
-                total += (reach[start] if start < len(reach) else reach[-1]) * calls[size - 1]
-            out.append(total)
+            last = k - k % step
+            if last and k == last:
+                before += reach[last - step]
+            out.append(before * full + reach[last] * calls[k - last])
         return out
 
     @property

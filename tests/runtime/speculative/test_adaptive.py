@@ -341,6 +341,20 @@ def test_predraft_only_where_the_acceptance_outlook_allows() -> None:
     assert FixedLength(4).predraft_pays(4)
 
 
+def test_the_policy_s_prices_follow_every_verify_time_it_learns() -> None:
+    """The policy keeps its ceilings for the rest of a round, not past a new timing: a
+    verify that turns out cheap raises at once what a perfect draft could gain."""
+    cost = OnlineCost(CostCurve.linear(1.0, t1_s=0.02))
+    policy = AdaptivePolicy(cost, AdaptiveConfig(max_len=8))
+    assert policy.ceiling() == pytest.approx(1.0)  # k + 1 tokens for k + 1 steps: nothing to gain
+    assert policy.best_length() == 0
+    for _ in range(3):
+        cost.observe(0, 0.020)
+        cost.observe(8, 0.030)
+    assert policy.ceiling() == pytest.approx(9 / 1.5)
+    assert policy.best_length() > 0
+
+
 def test_online_cost_learns_the_run_s_own_verify_times() -> None:
     """A stale prior (here: verification as dear as decoding) corrects itself from the
     calls the run makes; until then the prior answers, so nothing is measured up front."""
@@ -365,6 +379,22 @@ def test_chunked_verification_costs_the_chunks_it_reaches() -> None:
     early = np.r_[np.zeros(1), np.ones(19)]
     assert cost.expected_verify(20, sure) == pytest.approx(cost(20))
     assert cost.expected_verify(20, early) == pytest.approx(cost(6))
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 3, 7])
+def test_expected_verify_of_every_length_sums_the_chunks_each_reaches(chunk: int | None) -> None:
+    """The one-pass prices of every length equal the chunk-by-chunk definition: chunk j
+    (from feed position s) is paid with the probability that the s drafts before it
+    were accepted, and acceptance rates shorter than the draft keep their last reach."""
+    cost = OnlineCost(CostCurve((1.0, 1.9, 2.3, 2.9, 3.1, 3.8, 4.7, 5.6, 6.6), 0.03), chunk=chunk)
+    a = np.random.default_rng(7).uniform(0.3, 1.0, size=12)
+    n = 20
+    reach = [1.0, *np.cumprod(a)]
+    for k, got in enumerate(cost.expected_verify_upto(a, n)):
+        step = chunk or k + 1
+        starts = range(0, k + 1, step)
+        want = sum(reach[min(s, len(a))] * cost.call(min(step, k + 1 - s) - 1) for s in starts)
+        assert got == pytest.approx(want), k
 
 
 def test_a_free_draft_competes_with_the_model_drafter() -> None:
