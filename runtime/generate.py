@@ -49,14 +49,18 @@ class DecodeStats:
 
 class Strategy(Protocol):
     def __call__(
-        self, target: Backend, prompt: list[int], sampler: Sampler, stats: DecodeStats
-    ) -> Iterator[Commit]: ...
+        self, target: Backend, prompt: list[int], sampler: Sampler, stats: DecodeStats, budget: int | None = None
+    ) -> Iterator[Commit]:
+        """Commits after ``prompt``. ``budget``: the tokens the caller will take at most
+        (``None``: no limit); a strategy that computes ahead need not compute past them."""
+        ...
 
 
 def autoregressive(
-    target: Backend, prompt: list[int], sampler: Sampler, stats: DecodeStats
+    target: Backend, prompt: list[int], sampler: Sampler, stats: DecodeStats, budget: int | None = None
 ) -> Iterator[Commit]:
-    """Plain decoding: one target call per token."""
+    """Plain decoding: one target call per token (never past ``budget``, since the caller
+    stops asking)."""
     logits = prefill(target, prompt)
     stats.target_calls += 1
     history = list(prompt)
@@ -126,7 +130,7 @@ def run_strategy(strategy: Strategy, target: Backend, prompt: list[int], sampler
     :func:`generate` can always close it: closing ends a strategy that is itself a
     generator at once (its cleanup runs now, not at garbage collection)."""
     if max_tokens:
-        yield from strategy(target, prompt, sampler, stats)
+        yield from strategy(target, prompt, sampler, stats, max_tokens)
 
 
 def generate(

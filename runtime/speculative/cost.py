@@ -80,6 +80,10 @@ class OnlineCost:
     reproduce the prior's ratio)."""
     measure_t1: bool = True
     """Ask for those plain rounds (off for a curve given as trusted, e.g. in tests)."""
+    learn: bool = True
+    """Learn from the calls observed; off, ``prior`` prices every call (a policy replayed
+    on a fixed curve, ``benchmarks/policy_replay.py``: its choices then do not depend
+    on how loaded the machine was)."""
     first_sizes: Sequence[int] = ()
     """Drafts per call (k) to time once, right after t1, before ``prior`` is trusted: a
     target with no curve cached for this machine (:meth:`untimed`). Timing before the
@@ -115,7 +119,7 @@ class OnlineCost:
 
     def observe(self, k: int, seconds: float) -> None:
         """One verify call over ``k + 1`` tokens took ``seconds``."""
-        if k >= len(self._v) or seconds <= 0:
+        if k >= len(self._v) or seconds <= 0 or not self.learn:
             return
         self._scale = None
         self._calls = [None] * len(self._calls)

@@ -97,10 +97,11 @@ class SpeculativeStrategy:
         self._run = (speculative(drafter, policy, hook=hook, predraft=predraft)
                      if drafter is not None and policy is not None else None)
 
-    def __call__(self, target: Backend, prompt: list[int], sampler: Sampler, stats: DecodeStats) -> Iterator[Commit]:
+    def __call__(self, target: Backend, prompt: list[int], sampler: Sampler, stats: DecodeStats,
+                 budget: int | None = None) -> Iterator[Commit]:
         if self._run is None:
-            return autoregressive(target, prompt, sampler, stats)
-        return self._run(target, prompt, sampler, stats)
+            return autoregressive(target, prompt, sampler, stats, budget)
+        return self._run(target, prompt, sampler, stats, budget)
 
     def describe(self) -> dict:
         if self.drafter is None:

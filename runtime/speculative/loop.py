@@ -175,8 +175,12 @@ def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | Non
     ``policy.predraft_pays(n)``. The output is the same either way.
     """
 
-    def strategy(target: Backend, prompt: list[int], sampler: Sampler, stats: DecodeStats) -> Iterator[Commit]:
+    def strategy(target: Backend, prompt: list[int], sampler: Sampler, stats: DecodeStats,
+                 budget: int | None = None) -> Iterator[Commit]:
         context = list(prompt)
+        horizon = target.n_ctx if budget is None else min(target.n_ctx, len(prompt) + budget - 1)
+        """The context length a round's drafts may fill: a round commits its drafts and one more
+        token, and drafts past what the caller takes would be verified for nothing."""
         sources = draft_sources(drafter)
         _prefill_all_but_last(target, context)
         drafter.stop_threshold = policy.stop_threshold
@@ -192,7 +196,7 @@ def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | Non
         try:
             while len(context) <= target.n_ctx:
                 start = time.perf_counter()
-                k = min(policy.next_length(), target.n_ctx - len(context))
+                k = max(0, min(policy.next_length(), horizon - len(context)))
                 draft = None
                 if pending is not None:
                     assumed, ready = pending.result()

@@ -122,6 +122,13 @@ class AdaptiveConfig:
     probe_every: int = 8
     probe_max: int = 128
     probe_len: int = 2
+    probe_promise: float = 1.10
+    """An unproven model-free source is probed only where its draft, believed as
+    :data:`UNPROVEN_POWER` says, would beat plain decoding by 10 % once trusted: a probe
+    that fails costs c(2) - 1 steps for certain. At 2 threads (c(2) = 2.3-2.6) a 4-token
+    match promised 1.05-1.07 and its probe failed on the first edit and extract prompts of
+    every bench reply (one failed probe is 2-3 % of a 64-token reply), where trusted drafting
+    on those workloads measured 0.97-1.00x anyway."""
 
 
 PROBE_WORTHY = 0.85
@@ -142,13 +149,6 @@ TRUST_AFTER = 3.0
 of it is verified at full length: a fresh strategy trusted its first confident draft at
 face value and verified it whole (9 tokens, all rejected: 8 % of a 64-token reply on a
 compute-bound target); now a :attr:`AdaptiveConfig.probe_len` prefix earns the trust."""
-PROBE_PROMISE = 1.10
-"""An unproven model-free source is probed only where its draft, believed as
-:data:`UNPROVEN_POWER` says, would beat plain decoding by 10 % once trusted: a probe
-that fails costs c(2) - 1 steps for certain. At 2 threads (c(2) = 2.3-2.6) a 4-token
-match promised 1.05-1.07 and its probe failed on the first edit and extract prompts of
-every bench reply (one failed probe is 2-3 % of a 64-token reply), where trusted drafting
-on those workloads measured 0.97-1.00x anyway."""
 UNPROVEN_POWER = 3.0
 """Before any verdict on a model-free source, a draft of confidence c is believed at c³
 (as if it had to come true three times): suffix-tree and lookup confidences are
@@ -156,8 +156,8 @@ optimistic on short matches, and workloads differ most there. Measured on the 1.
 greedy replies (96 tokens, 3 prompts per workload, the bench's prompts), first-token
 acceptance of a draft of confidence 0.75 (a 2-token match) was 27 % on chat, 48 % on
 codegen, 60-74 % on edit and extract; of 0.88, 40-45 % and 67-81 %; of 0.97 and above,
-72-92 % everywhere. So at 2 threads (c(2) = 2.7), with :data:`PROBE_PROMISE`, a first
-probe needs a long match of 5 tokens or more where it needed two, a sure run (a re-asked
+72-92 % everywhere. So at 2 threads (c(2) = 2.7), with
+:attr:`AdaptiveConfig.probe_promise`, a first probe needs a long match of 5 tokens or more where it needed two, a sure run (a re-asked
 prompt, 0.999) is believed at 0.997 (its first token at :data:`UNPROVEN_FIRST`), and on a
 cheap verify (c(2) = 1.1) any draft is still probed."""
 UNPROVEN_FIRST = 0.8
@@ -393,7 +393,7 @@ class AdaptivePolicy:
         probe_pays = self.probe_can_pay()
         unproven = self._calib.get(source, (0.0, 0.0))[1] < TRUST_AFTER
         if pays and unproven:
-            if not probe_pays or rates[m] < PROBE_PROMISE:
+            if not probe_pays or rates[m] < self.config.probe_promise:
                 return 0  # trust could only be earned at a loss, or would gain too little
             m = min(m, self.config.probe_len)  # unproven: verify a short prefix first
         if self.cheap_sources:  # next to a model drafter: the better of the two drafts
@@ -404,7 +404,7 @@ class AdaptivePolicy:
             return self._on(m)
         # A draft that nearly pays is worth an occasional probe when its source's verdicts
         # may have under-calibrated it; a hopeless one is not, nor one of an unproven
-        # source (its first probe must promise PROBE_PROMISE): a failed probe costs c(m) - 1.
+        # source (its first probe must promise ``probe_promise``): a failed probe costs c(m) - 1.
         near = probe_pays and m > 0 and rates[m] >= PROBE_WORTHY * self.config.min_gain
         return self._off(m) if near and not unproven else 0
 

@@ -23,7 +23,6 @@ from tandem.runtime.speculative.cost import (
 )
 from tandem.runtime.speculative.cost_cache import load_cost_curve
 from tandem.runtime.speculative.policy import (
-    PROBE_PROMISE,
     PROBE_WORTHY,
     UNPROVEN_FIRST,
     AdaptiveConfig,
@@ -191,7 +190,7 @@ def test_a_free_drafter_next_to_a_steep_target_still_drafts_certain_runs() -> No
     assert policy.trim([0.999] * 24, 24, "suffix") > 2
     assert policy.trim([0.5] * 24, 24, "suffix") == 0
     steepest = AdaptivePolicy(STEEP, AdaptiveConfig(max_len=8, free_max_len=32), cheap_drafter=True)
-    assert max(steepest.rates(np.full(24, 0.999), 0.0, 24)) < PROBE_PROMISE
+    assert max(steepest.rates(np.full(24, 0.999), 0.0, 24)) < steepest.config.probe_promise
     assert steepest.trim([0.999] * 24, 24, "suffix") == 0
 
 
@@ -257,7 +256,7 @@ def test_short_matches_are_doubted_until_a_verdict_and_sure_runs_are_not() -> No
 def test_an_unproven_source_is_never_probed_on_a_draft_that_only_nearly_pays() -> None:
     """An occasional "nearly pays" probe (a draft predicted just short of the gain the
     policy asks for) is for a source whose verdicts may have under-calibrated it; for an
-    unproven one it would bypass the promise a first probe must make (PROBE_PROMISE):
+    unproven one it would bypass the promise a first probe must make (``probe_promise``):
     a failed probe costs c(k) - 1 steps for certain."""
     curve = CostCurve((1.0, 1.99, 2.72, 3.17, 3.69, 3.98, 4.62, 5.62, 6.6), 0.032)
     policy = AdaptivePolicy(OnlineCost(curve, chunk=7, measure_t1=False), AdaptiveConfig(max_len=8),

@@ -161,6 +161,30 @@ def test_timing_rounds_of_a_new_target_change_no_token(stories_target, stories_d
         assert model_calls[:5] == [0] * 5
 
 
+@pytest.mark.parametrize("max_tokens", [1, 2, 9, 10, 23])
+def test_no_draft_reaches_past_the_tokens_the_caller_takes(stories_target, stories_draft, max_tokens: int) -> None:
+    """A round commits its drafts and one more token, so with ``max_tokens`` the last rounds
+    draft only what can still be used: the target evaluates no position past the reply
+    (a same-model drafter at k = 8, every draft accepted, used to verify up to 8 more)."""
+    prompt = prompts_for(stories_target)[0]
+    evaluated: list[int] = []
+    evaluate = stories_target.evaluate
+
+    def counting(tokens, logits_for=None):
+        evaluated.append(len(tokens))
+        return evaluate(tokens, logits_for=logits_for)
+
+    stories_target.evaluate = counting
+    strategy = speculative(ModelDrafter(stories_draft, owns_backend=False), FixedLength(8))
+    *_, done = generate(stories_target, prompt, Sampler(SamplingParams.greedy_params()), strategy=strategy,
+                        max_tokens=max_tokens, stop_at_eog=False)
+    stories_target.evaluate = evaluate
+    plain = run(stories_target, prompt, autoregressive)
+    assert done.tokens == plain.tokens[:max_tokens]
+    assert sum(evaluated) == len(prompt) + max_tokens - 1  # the prompt, then one position per reply token but the last
+    assert done.stats.accepted_tokens == max_tokens - done.stats.target_calls
+
+
 def test_sampling_mode_runs_and_keeps_caches(stories_target, stories_draft) -> None:
     checker = CacheChecker()
     strategy = speculative(ModelDrafter(stories_draft, owns_backend=False), FixedLength(3), hook=checker)

@@ -34,9 +34,9 @@ def pair(stories_twin: Path, stories260k: Path):
 def _run(target, prompt, strategy, sampler=None, n=N) -> tuple[list[int], DecodeStats]:
     seen: dict[str, DecodeStats] = {}
 
-    def wrapped(t, p, s, stats):
+    def wrapped(t, p, s, stats, budget=None):
         seen["stats"] = stats
-        yield from strategy(t, p, s, stats)
+        yield from strategy(t, p, s, stats, budget)
 
     sampler = sampler or Sampler(SamplingParams(temperature=0.0))
     for ev in generate(target, prompt, sampler, strategy=wrapped, max_tokens=n, stop_at_eog=False):
