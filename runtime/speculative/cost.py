@@ -113,9 +113,6 @@ class OnlineCost:
         self._calls: list[float | None] = [None] * n
         """:meth:`call` per size since the last observation (the policy prices every
         length every round; each call is a few Python steps)."""
-        self.observations = 0
-        """Calls observed so far: what the curve's prices were computed at (the policy
-        keeps its own prices until it changes)."""
 
     def observe(self, k: int, seconds: float) -> None:
         """One verify call over ``k + 1`` tokens took ``seconds``."""
@@ -123,7 +120,6 @@ class OnlineCost:
             return
         self._scale = None
         self._calls = [None] * len(self._calls)
-        self.observations += 1
         self._recent[k].append(seconds)
         self._w[k] += 1
         self._v[k] = statistics.median(self._recent[k])  # np.median: 0.3 ms a call, every token

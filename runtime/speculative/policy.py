@@ -26,16 +26,14 @@ policy keeps decoding lossless.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import numpy as np
 
 from tandem.kernels.acceptance import expected_tokens, expected_tokens_upto
 from tandem.runtime.speculative.cost import CostCurve, OnlineCost
-
-T = TypeVar("T")
 
 
 class LengthPolicy(Protocol):
@@ -161,9 +159,10 @@ greedy replies (96 tokens, 3 prompts per workload, the bench's prompts), first-t
 acceptance of a draft of confidence 0.75 (a 2-token match) was 27 % on chat, 48 % on
 codegen, 60-74 % on edit and extract; of 0.88, 40-45 % and 67-81 %; of 0.97 and above,
 72-92 % everywhere. So at 2 threads (c(2) = 2.7), with
-:attr:`AdaptiveConfig.probe_promise`, a first probe needs a long match of 5 tokens or more where it needed two, a sure run (a re-asked
-prompt, 0.999) is believed at 0.997 (its first token at :data:`UNPROVEN_FIRST`), and on a
-cheap verify (c(2) = 1.1) any draft is still probed."""
+:attr:`AdaptiveConfig.probe_promise`, a first probe needs a long match of 5 tokens or
+more where it needed two, a sure run (a re-asked prompt, 0.999) is believed at 0.997 (its
+first token at :data:`UNPROVEN_FIRST`), and on a cheap verify (c(2) = 1.1) any draft is
+still probed."""
 UNPROVEN_FIRST = 0.8
 """Before any verdict, the first token of a model-free draft is believed at most this
 likely, however sure its match: in the same measurement drafts of confidence 0.97 and
@@ -235,21 +234,6 @@ class AdaptivePolicy:
         self.draft_timed = 0
         """Rounds that timed the model drafter (its :attr:`draft_cost` is then learnt)."""
         self._timing = 0
-        self._prices: dict[str, object] = {}
-        self._prices_at = (-1, -1)
-        """:meth:`_priced` values, and the (rounds, cost observations) they were computed at."""
-        self._rounds = 0
-
-    def _priced(self, name: str, compute: Callable[[], T]) -> T:
-        """``compute()``, kept until the next observed round: the best model draft and the
-        ceilings depend only on what rounds taught, yet each round asks for them once per
-        source (a policy costs ~0.1 ms a round next to a 25-35 ms step)."""
-        at = (self._rounds, self.cost.observations if isinstance(self.cost, OnlineCost) else 0)
-        if at != self._prices_at:
-            self._prices, self._prices_at = {}, at
-        if name not in self._prices:
-            self._prices[name] = compute()
-        return self._prices[name]  # type: ignore[return-value]
 
     # -- model ------------------------------------------------------------------------
     @property
@@ -291,9 +275,6 @@ class AdaptivePolicy:
         return self.rate(k, self.acceptance(), self.draft_cost)
 
     def _best(self) -> tuple[int, float]:
-        return self._priced("best", self._best_now)
-
-    def _best_now(self) -> tuple[int, float]:
         rates = self.rates(self.acceptance(), self.draft_cost, self.config.max_len)
         k = int(np.argmax(rates))
         return k, rates[k]
@@ -306,15 +287,14 @@ class AdaptivePolicy:
         """The best rate a model-free draft could reach if it were never wrong (it costs
         nothing to ask): how far the target's verify cost lets any draft pay."""
         chunk = self.cost.chunk if isinstance(self.cost, OnlineCost) else None
-        longest = min(self.config.free_max_len, 2 * (chunk or self.config.max_len))
-        return self._priced("free_ceiling", lambda: self._never_wrong_rate(longest, 0.0))
+        return self._never_wrong_rate(min(self.config.free_max_len, 2 * (chunk or self.config.max_len)), 0.0)
 
     def ceiling(self) -> float:
         """The best rate the model drafter could reach if it were never wrong. Below
         :data:`PROBE_CEILING` it is not even probed (a compute-bound target, whose c(k)
         grows ~linearly, next to a drafter a third of its cost cannot pay at all): a probe
         would also pay the drafter's catch-up on every token since it last ran."""
-        return self._priced("ceiling", lambda: self._never_wrong_rate(self.config.max_len, self.draft_cost))
+        return self._never_wrong_rate(self.config.max_len, self.draft_cost)
 
     def _never_wrong_rate(self, longest: int, draft_cost: float) -> float:
         """The best rate over draft lengths 1..``longest`` if every drafted token were accepted."""
@@ -418,7 +398,7 @@ class AdaptivePolicy:
         steps: probes there only ever cost, and a fresh strategy paid two failed ones per
         reply (6 % of 64 tokens) to learn that a source was not to be trusted."""
         n = self.config.probe_len
-        return self._priced("probe_can_pay", lambda: self.rate(n, np.ones(n), 0.0) >= self.config.min_gain)
+        return self.rate(n, np.ones(n), 0.0) >= self.config.min_gain
 
     def _free_stats(self, source: str) -> _Acceptance:
         stats = self._free.get(source)
@@ -478,7 +458,6 @@ class AdaptivePolicy:
         """Learn from a round: acceptance for its source, and (``timed``) the verify cost
         of a call over ``evaluated`` tokens (default ``drafted + 1``) and the model
         drafter's cost per token."""
-        self._rounds += 1
         evaluated = drafted + 1 if evaluated is None else evaluated
         chunk = self.cost.chunk if isinstance(self.cost, OnlineCost) else None
         if timed and (chunk is None or evaluated <= chunk) and isinstance(self.cost, OnlineCost):
