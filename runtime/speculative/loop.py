@@ -217,7 +217,7 @@ def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | Non
                 source = draft.source or drafter.name
                 drafted_at = time.perf_counter()
                 n = len(draft.tokens)
-                room = target.n_ctx - len(context) - n - 1
+                room = horizon - len(context) - n - 1  # the next round's k if all n are accepted
                 if pool is not None and n and room > 0 and policy.predraft_pays(n):
                     pending = pool.submit(_predraft, drafter, [*context, *draft.tokens], min(k, room), sampler)
                 logits = verify_logits(target, context, draft, sampler)

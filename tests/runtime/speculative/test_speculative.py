@@ -161,11 +161,14 @@ def test_timing_rounds_of_a_new_target_change_no_token(stories_target, stories_d
         assert model_calls[:5] == [0] * 5
 
 
+@pytest.mark.parametrize("predraft", [False, True])
 @pytest.mark.parametrize("max_tokens", [1, 2, 9, 10, 23])
-def test_no_draft_reaches_past_the_tokens_the_caller_takes(stories_target, stories_draft, max_tokens: int) -> None:
+def test_no_draft_reaches_past_the_tokens_the_caller_takes(stories_target, stories_draft, max_tokens: int,
+                                                          predraft: bool) -> None:
     """A round commits its drafts and one more token, so with ``max_tokens`` the last rounds
     draft only what can still be used: the target evaluates no position past the reply
-    (a same-model drafter at k = 8, every draft accepted, used to verify up to 8 more)."""
+    (a same-model drafter at k = 8, every draft accepted, used to verify up to 8 more),
+    and no draft, pre-drafted for the next round or not, reaches past it either."""
     prompt = prompts_for(stories_target)[0]
     evaluated: list[int] = []
     evaluate = stories_target.evaluate
@@ -174,8 +177,17 @@ def test_no_draft_reaches_past_the_tokens_the_caller_takes(stories_target, stori
         evaluated.append(len(tokens))
         return evaluate(tokens, logits_for=logits_for)
 
+    drafter = ModelDrafter(stories_draft, owns_backend=False)
+    reached: list[int] = []
+    propose = drafter.propose
+
+    def recording(context, n, sampler):
+        reached.append(len(context) + n)
+        return propose(context, n, sampler)
+
     stories_target.evaluate = counting
-    strategy = speculative(ModelDrafter(stories_draft, owns_backend=False), FixedLength(8))
+    drafter.propose = recording
+    strategy = speculative(drafter, FixedLength(8), predraft=predraft)
     *_, done = generate(stories_target, prompt, Sampler(SamplingParams.greedy_params()), strategy=strategy,
                         max_tokens=max_tokens, stop_at_eog=False)
     stories_target.evaluate = evaluate
@@ -183,6 +195,7 @@ def test_no_draft_reaches_past_the_tokens_the_caller_takes(stories_target, stori
     assert done.tokens == plain.tokens[:max_tokens]
     assert sum(evaluated) == len(prompt) + max_tokens - 1  # the prompt, then one position per reply token but the last
     assert done.stats.accepted_tokens == max_tokens - done.stats.target_calls
+    assert max(reached, default=0) <= len(prompt) + max_tokens - 1
 
 
 def test_sampling_mode_runs_and_keeps_caches(stories_target, stories_draft) -> None:
