@@ -214,7 +214,7 @@ class OnlineCost:
         reach += [reach[-1]] * (n + 1 - len(reach))  # positions past ``a`` keep the last
         step = self.chunk or n + 1
         calls = [self.call(j) for j in range(min(n, step - 1) + 1)]
-        full = self.call(step - 1) if n >= step else 0.0
+        full = calls[-1]  # a full chunk's cost (used only once k reaches a second chunk)
         out = []
         before = 0.0  # sum of reach over the starts of the full chunks before k's last chunk
         for k in range(n + 1):

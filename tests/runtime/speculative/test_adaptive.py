@@ -341,8 +341,8 @@ def test_predraft_only_where_the_acceptance_outlook_allows() -> None:
 
 
 def test_the_policy_s_prices_follow_every_verify_time_it_learns() -> None:
-    """The policy keeps its ceilings for the rest of a round, not past a new timing: a
-    verify that turns out cheap raises at once what a perfect draft could gain."""
+    """A verify that turns out cheap raises at once what a perfect draft could gain, and
+    the policy drafts again where it had given up."""
     cost = OnlineCost(CostCurve.linear(1.0, t1_s=0.02))
     policy = AdaptivePolicy(cost, AdaptiveConfig(max_len=8))
     assert policy.ceiling() == pytest.approx(1.0)  # k + 1 tokens for k + 1 steps: nothing to gain
