@@ -1,9 +1,12 @@
 """Speculative decoding as a :mod:`tandem.runtime.generate` strategy: the draft-verify loop.
 
-One round: the drafter proposes up to k tokens, the target verifies them in **one**
-``evaluate`` over ``[last committed token] + draft`` asking logits for every row, the
-acceptance kernel (:mod:`tandem.kernels.acceptance`) keeps a prefix and emits one
-token, and both KV caches are rolled back to the committed sequence.
+One round (:func:`speculative_round`): the drafter proposes up to k tokens, the target
+verifies them in **one** ``evaluate`` over ``[last committed token] + draft`` asking
+logits for every row, the acceptance kernel (:mod:`tandem.kernels.acceptance`) keeps a
+prefix and emits one token, and both KV caches are rolled back to the committed
+sequence. Around it, and kept out of it: where drafts come from, pre-drafting included
+(:mod:`.drafting`), padding a draft so the policy can time a call size (:mod:`.timing`),
+and counting the round into the stats and the policy (:mod:`.observer`).
 
 Invariant between rounds: the target cache holds every committed token but the last,
 whose logits the next round's verify call produces anyway. That makes plain decoding
@@ -20,7 +23,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -30,14 +32,13 @@ from tandem.models.errors import TandemError
 from tandem.runtime.backends.protocol import Backend, common_prefix_len
 from tandem.runtime.generate import Commit, DecodeStats
 from tandem.runtime.speculative.drafters.base import Draft, Drafter
-from tandem.runtime.speculative.drafters.chain import ChainDrafter
-from tandem.runtime.speculative.policy import (
-    LengthPolicy,
-)
+from tandem.runtime.speculative.drafting import PreDrafting, SourceDrafting, cut
+from tandem.runtime.speculative.observer import Round, RoundObserver, RoundStats
+from tandem.runtime.speculative.policy import LengthPolicy
+from tandem.runtime.speculative.timing import for_timing
 
 RoundHook = Callable[[Backend, Drafter, list[int]], None]
 """Called after every round with (target, drafter, committed context): a test hook."""
-
 
 
 def _prefill_all_but_last(target: Backend, prompt: Sequence[int]) -> None:
@@ -64,31 +65,6 @@ def _align_q(q: np.ndarray | None, n_vocab: int) -> np.ndarray | None:
             raise TandemError("The drafter proposes token ids the target does not have.")
         return q[:, :n_vocab]
     return np.pad(q, ((0, 0), (0, n_vocab - q.shape[1])))
-
-
-def draft_sources(drafter: Drafter) -> list[Drafter]:
-    """The drafters a chain asks in turn (nested chains flattened), or just ``drafter``."""
-    if isinstance(drafter, ChainDrafter):
-        return [d for inner in drafter.drafters for d in draft_sources(inner)]
-    return [drafter]
-
-
-def draft_round(sources: Sequence[Drafter], policy: LengthPolicy, context: list[int], k: int,
-                sampler: Sampler) -> Draft:
-    """This round's draft: ask the sources in order (model-free ones first) for what the
-    policy allots each out of ``k`` (its :meth:`~LengthPolicy.next_length`, capped by the
-    room left), and take the first draft the policy keeps any of (it may keep a prefix).
-    An empty draft makes a plain round."""
-    for source in sources:
-        n = policy.length_for(source.name, k)
-        if n <= 0:
-            continue
-        draft = source.propose(context, n, sampler)
-        if draft.tokens:
-            keep = policy.trim(draft.confidence, len(draft.tokens), draft.source or source.name)
-            if keep:
-                return _cut(draft, keep)
-    return Draft([], None, "")
 
 
 def verify_round(
@@ -129,138 +105,67 @@ def verify_logits(target: Backend, context: list[int], draft: Draft, sampler: Sa
     return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
 
-def _cut(draft: Draft, n: int) -> Draft:
-    """The first ``n`` tokens of a draft, with their q rows and confidences."""
-    if len(draft.tokens) <= n:
-        return draft
-    return Draft(draft.tokens[:n], None if draft.q is None else draft.q[:n], draft.source,
-                 None if draft.confidence is None else draft.confidence[:n])
 
 
-def _padded(draft: Draft, size: int, filler: int) -> Draft:
-    """``draft`` padded with ``filler`` to ``size`` tokens, so its verify call has a size
-    the policy wants timed. Padding is verified like any draft token (a one-hot proposal
-    in sampled verification), so the output is the same as without it."""
-    pad = size - len(draft.tokens)
-    if pad <= 0:
-        return draft
-    q = draft.q
-    if q is not None:
-        one_hot = np.zeros((pad, q.shape[1]), dtype=q.dtype)
-        one_hot[:, filler] = 1.0
-        q = np.concatenate([q, one_hot])
-    confidence = None if draft.confidence is None else [*draft.confidence, *[0.0] * pad]
-    return Draft([*draft.tokens, *[filler] * pad], q, draft.source or "timing", confidence, draft.catch_up_s)
+def speculative_round(target: Backend, drafting: SourceDrafting, policy: LengthPolicy, context: list[int],
+                      horizon: int, sampler: Sampler) -> Round:
+    """One round of speculation; ``context`` (the committed tokens) grows by what it commits.
 
-
-def _predraft(drafter: Drafter, assumed: list[int], k: int, sampler: Sampler) -> tuple[list[int], Draft]:
-    """Draft a guess of the bonus token plus ``k`` after ``assumed`` (all drafts accepted);
-    return (the context that draft presumes, the draft after the guess)."""
-    d = drafter.propose(assumed, k + 1, sampler)
-    if not d.tokens:
-        return assumed, d
-    rest = Draft(d.tokens[1:], None if d.q is None else d.q[1:], d.source,
-                 None if d.confidence is None else d.confidence[1:])
-    return [*assumed, d.tokens[0]], rest
+    With drafts x_1..x_k ~ q and the target's p_i = p(. | context, x_<i), x_i is kept
+    while u_i < p_i(x_i) / q_i(x_i) (greedy: while x_i = argmax p_i); the first
+    rejected position emits a token from norm(max(0, p_i - q_i)) (greedy: argmax p_i),
+    and a round that keeps all k emits one from p_{k+1}. So every round commits at least
+    one token, and the output is distributed exactly as the target's own."""
+    start = time.perf_counter()
+    # Draft: k tokens at most, as many as the policy wants and the horizon leaves room for.
+    k = max(0, min(policy.next_length(), horizon - len(context)))
+    proposal = drafting.draft(context, k)
+    draft, timing = for_timing(policy, proposal, k, context)  # maybe padded: a call size to time
+    drafted_at = time.perf_counter()
+    drafting.draft_ahead(context, draft, k, horizon)  # pre-drafting starts the next round now
+    # Verify: p_1..p_{k+1} from one call over [context[-1], x_1..x_k] (chunked at exact_batch).
+    logits = verify_logits(target, context, draft, sampler)
+    verified_at = time.perf_counter()
+    # Accept: the longest prefix the rejection rule keeps, plus the one token it emits.
+    verdict = verify_round(logits, cut(draft, len(logits) - 1), context, sampler, target.n_vocab)
+    # Truncate: the target's cache drops the rejected drafts (it holds all but the last token).
+    target.truncate(len(context) + verdict.accepted)
+    # Commit: the accepted drafts and the emitted token; the drafter rolls back to them.
+    tokens = [*draft.tokens[: verdict.accepted], verdict.token]
+    context.extend(tokens)
+    drafting.commit(context, verdict.accepted, len(draft.tokens))
+    times = (start, drafted_at, verified_at, time.perf_counter())
+    return Round(len(proposal.tokens), draft, timing, verdict.accepted, tokens, logits, times)
 
 
 def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | None = None, predraft: bool = False):
     """A strategy drafting with ``drafter``, draft lengths from ``policy``.
 
-    ``predraft`` (PEARL-style): while the target verifies a round, a background thread
-    already drafts the next one, assuming every draft is accepted and guessing the bonus
-    token; the next round uses it when that guess came true and drops it otherwise. It
-    pays when drafter and target run on different devices (drafter on a GPU, target on
-    CPU threads), and only where the acceptance outlook allows: each round asks
-    ``policy.predraft_pays(n)``. The output is the same either way.
+    ``predraft`` (PEARL-style, :class:`~tandem.runtime.speculative.drafting.PreDrafting`):
+    while the target verifies a round, a background thread already drafts the next one.
+    It pays when drafter and target run on different devices (drafter on a GPU, target
+    on CPU threads), and only where the acceptance outlook allows
+    (``policy.predraft_pays(n)``). The output is the same either way.
     """
 
     def strategy(target: Backend, prompt: list[int], sampler: Sampler, stats: DecodeStats,
                  budget: int | None = None) -> Iterator[Commit]:
         context = list(prompt)
+        # Drafts past what the caller takes would be verified for nothing: a round commits
+        # its drafts and one more token, so drafts may fill the context up to the horizon.
         horizon = target.n_ctx if budget is None else min(target.n_ctx, len(prompt) + budget - 1)
-        """The context length a round's drafts may fill: a round commits its drafts and one more
-        token, and drafts past what the caller takes would be verified for nothing."""
-        sources = draft_sources(drafter)
         _prefill_all_but_last(target, context)
         drafter.stop_threshold = policy.stop_threshold
-        calls0 = drafter.calls
-        extra = stats.extra
-        for key in ("draft_s", "verify_s", "round_s", "rounds_speculative", "predraft_hits", "predraft_misses"):
-            extra.setdefault(key, 0.0)
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-predraft") if predraft else None
-        pending: Future | None = None
-        caught_up = False
-        owed: tuple[list[int], int] | None = None
-        """A round whose ``drafter.commit`` waits until the background draft is done."""
+        drafting = (PreDrafting if predraft else SourceDrafting)(drafter, policy, sampler)
+        observe: RoundObserver = RoundStats(stats, policy, drafter, drafting)
         try:
             while len(context) <= target.n_ctx:
-                start = time.perf_counter()
-                k = max(0, min(policy.next_length(), horizon - len(context)))
-                draft = None
-                if pending is not None:
-                    assumed, ready = pending.result()
-                    pending = None
-                    if owed is not None:
-                        drafter.commit(*owed)
-                        owed = None
-                    if assumed == context and ready.tokens and k > 0:
-                        draft = _cut(ready, k)
-                        extra["predraft_hits"] += 1
-                    else:
-                        extra["predraft_misses"] += 1
-                if draft is None:
-                    draft = draft_round(sources, policy, context, k, sampler)
-                drafted = len(draft.tokens)  # the drafters' own; padding may follow
-                timing = min(policy.timing_length(), k)
-                draft = _padded(draft, timing, (draft.tokens or context)[-1])
-                source = draft.source or drafter.name
-                drafted_at = time.perf_counter()
-                n = len(draft.tokens)
-                room = horizon - len(context) - n - 1  # the next round's k if all n are accepted
-                if pool is not None and n and room > 0 and policy.predraft_pays(n):
-                    pending = pool.submit(_predraft, drafter, [*context, *draft.tokens], min(k, room), sampler)
-                logits = verify_logits(target, context, draft, sampler)
-                verified_at = time.perf_counter()
-                verdict = verify_round(logits, _cut(draft, len(logits) - 1), context, sampler, target.n_vocab)
-                accepted = draft.tokens[: verdict.accepted]
-                target.truncate(len(context) + verdict.accepted)
-                context.extend(accepted)
-                context.append(verdict.token)
-                if pending is not None and verdict.accepted < n:
-                    pending.result()  # presumed drafts that were rejected: unusable
-                    pending = None
-                    extra["predraft_misses"] += 1
-                if pending is None:
-                    drafter.commit(context, verdict.accepted)  # also on k = 0: caches stay in sync
-                else:
-                    owed = (list(context), verdict.accepted)
-                end = time.perf_counter()
-                stats.target_calls += 1
-                stats.rounds += 1
-                stats.drafted_tokens += n
-                stats.accepted_tokens += verdict.accepted
-                stats.draft_calls = drafter.calls - calls0
-                extra["draft_s"] += drafted_at - start
-                extra["verify_s"] += verified_at - drafted_at
-                extra["round_s"] += end - start
-                if n:
-                    extra["rounds_speculative"] += 1
-                    extra[f"drafted:{source}"] = extra.get(f"drafted:{source}", 0.0) + n
-                    extra[f"accepted:{source}"] = extra.get(f"accepted:{source}", 0.0) + verdict.accepted
-                policy.observe(drafted, min(verdict.accepted, drafted), drafted_at - start - draft.catch_up_s,
-                               verified_at - drafted_at, end - start - draft.catch_up_s, source,
-                               timed=caught_up or drafted == 0 or timing > 0, evaluated=len(logits))
-                caught_up = caught_up or drafted > 0  # the first drafting round also paid the catch-up
-                if hook is not None and pending is None:
+                done = speculative_round(target, drafting, policy, context, horizon, sampler)
+                observe(done)
+                if hook is not None and drafting.settled:
                     hook(target, drafter, context)
-                yield Commit([*accepted, verdict.token], verdict.accepted, logits[: verdict.accepted + 1])
+                yield Commit(done.tokens, done.accepted, done.logits[: done.accepted + 1])
         finally:
-            if pending is not None:
-                pending.result()
-            if owed is not None:
-                drafter.commit(*owed)
-            if pool is not None:
-                pool.shutdown(wait=True)
+            drafting.close()
 
     return strategy

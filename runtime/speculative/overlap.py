@@ -1,13 +1,11 @@
 """Drafter and target on different devices (or CPU-thread groups), working at once.
 
 Dovetail (algorithms.md §2) puts the drafter on one device and the target on another.
-Here the two overlap through **pre-drafting** (PEARL's post-verify idea): while the
-target verifies round r's draft ``d1..dk``, a background thread already drafts round
-r+1 assuming every draft is accepted — it proposes ``b, e1..ek`` after ``context + d``,
-where ``b`` is its guess of the target's bonus token. If the target accepts all k and
-emits ``b``, round r+1 starts with ``e1..ek`` ready and no drafting time; otherwise the
-pre-draft is dropped (the drafter's cache rolls back by common prefix, as it always
-does). The target verifies every draft, so the output is exactly the target's.
+Here the two overlap through **pre-drafting** (PEARL's post-verify idea,
+:class:`~tandem.runtime.speculative.drafting.PreDrafting`): while the target verifies a
+round's draft, a background thread already drafts the next round, assuming every draft
+is accepted; the next round uses it when that assumption came true. The target verifies
+every draft, so the output is exactly the target's.
 
 llama.cpp's ``llama_decode`` runs without the GIL (ctypes releases it), so the two
 threads really run in parallel. On a CPU-only machine the "devices" are thread groups:

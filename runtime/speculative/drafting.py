@@ -1,0 +1,162 @@
+"""Where a speculative round's draft comes from, and who hears what was committed.
+
+:class:`SourceDrafting` asks the drafters in order each round (model-free ones first)
+for what the length policy allots each, and tells the drafter what each round
+committed. :class:`PreDrafting` adds PEARL's pre-drafting on top: while the target
+verifies round r's draft ``d1..dk``, a background thread already drafts round r+1
+assuming every draft is accepted — it proposes ``b, e1..ek`` after ``context + d``,
+where ``b`` is its guess of the target's bonus token. When the target accepts all k
+and emits ``b``, round r+1 starts with ``e1..ek`` ready and no drafting time; otherwise
+the pre-draft is dropped. The target verifies every draft either way, so the output is
+the same with or without it.
+
+The loop (:func:`tandem.runtime.speculative.loop.speculative_round`) calls, per round,
+``draft`` (this round's draft), ``draft_ahead`` (just before the verify call) and
+``commit`` (after it); ``settled`` says whether the drafter has heard every commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from tandem.kernels.sampling import Sampler
+from tandem.runtime.speculative.drafters.base import Draft, Drafter
+from tandem.runtime.speculative.drafters.chain import ChainDrafter
+from tandem.runtime.speculative.policy import LengthPolicy
+
+
+def draft_sources(drafter: Drafter) -> list[Drafter]:
+    """The drafters a chain asks in turn (nested chains flattened), or just ``drafter``."""
+    if isinstance(drafter, ChainDrafter):
+        return [d for inner in drafter.drafters for d in draft_sources(inner)]
+    return [drafter]
+
+
+def cut(draft: Draft, n: int) -> Draft:
+    """The first ``n`` tokens of a draft, with their q rows and confidences."""
+    if len(draft.tokens) <= n:
+        return draft
+    return Draft(draft.tokens[:n], None if draft.q is None else draft.q[:n], draft.source,
+                 None if draft.confidence is None else draft.confidence[:n])
+
+
+def draft_round(sources: Sequence[Drafter], policy: LengthPolicy, context: list[int], k: int,
+                sampler: Sampler) -> Draft:
+    """This round's draft: ask the sources in order (model-free ones first) for what the
+    policy allots each out of ``k`` (its :meth:`~LengthPolicy.next_length`, capped by the
+    room left), and take the first draft the policy keeps any of (it may keep a prefix).
+    An empty draft makes a plain round."""
+    for source in sources:
+        n = policy.length_for(source.name, k)
+        if n <= 0:
+            continue
+        draft = source.propose(context, n, sampler)
+        if draft.tokens:
+            keep = policy.trim(draft.confidence, len(draft.tokens), draft.source or source.name)
+            if keep:
+                return cut(draft, keep)
+    return Draft([], None, "")
+
+
+class SourceDrafting:
+    """Each round's draft asked of the drafters in turn (:func:`draft_round`); every
+    commit passed on to the drafter at once."""
+
+    settled = True
+    """The drafter has heard every round's commit (always, without pre-drafting)."""
+    hits = misses = 0
+    """Rounds that started with a pre-drafted draft, pre-drafts dropped (none here)."""
+
+    def __init__(self, drafter: Drafter, policy: LengthPolicy, sampler: Sampler) -> None:
+        self.drafter, self.policy, self.sampler = drafter, policy, sampler
+        self.sources = draft_sources(drafter)
+
+    def draft(self, context: list[int], k: int) -> Draft:
+        return draft_round(self.sources, self.policy, context, k, self.sampler)
+
+    def draft_ahead(self, context: list[int], draft: Draft, k: int, horizon: int) -> None:
+        """Called with the draft about to be verified: nothing to do here."""
+
+    def commit(self, context: list[int], accepted: int, verified: int) -> None:
+        """The round committed ``context``'s tail, ``accepted`` of ``verified`` drafts."""
+        self.drafter.commit(context, accepted)  # also on k = 0: caches stay in sync
+
+    def close(self) -> None:
+        """Nothing runs in the background here."""
+
+
+def _predraft(drafter: Drafter, assumed: list[int], k: int, sampler: Sampler) -> tuple[list[int], Draft]:
+    """Draft a guess of the bonus token plus ``k`` after ``assumed`` (all drafts accepted);
+    return (the context that draft presumes, the draft after the guess)."""
+    d = drafter.propose(assumed, k + 1, sampler)
+    if not d.tokens:
+        return assumed, d
+    rest = Draft(d.tokens[1:], None if d.q is None else d.q[1:], d.source,
+                 None if d.confidence is None else d.confidence[1:])
+    return [*assumed, d.tokens[0]], rest
+
+
+class PreDrafting(SourceDrafting):
+    """:class:`SourceDrafting` that drafts the next round in a background thread while
+    the target verifies this one, where ``policy.predraft_pays`` says the acceptance
+    outlook allows. A round whose pre-draft is still running tells the drafter its
+    commit once that draft is done (``owed``): the drafter is not thread-safe.
+
+    ``hits`` / ``misses``: rounds that started with a ready draft, pre-drafts dropped."""
+
+    def __init__(self, drafter: Drafter, policy: LengthPolicy, sampler: Sampler) -> None:
+        super().__init__(drafter, policy, sampler)
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-predraft")
+        self.pending: Future | None = None
+        self.owed: tuple[list[int], int] | None = None
+        self.hits = self.misses = 0
+
+    @property
+    def settled(self) -> bool:  # type: ignore[override]
+        return self.pending is None
+
+    def _settle(self) -> tuple[list[int], Draft]:
+        """Wait for the pre-draft, then tell the drafter the commit it was owed."""
+        assert self.pending is not None
+        presumed = self.pending.result()
+        self.pending = None
+        if self.owed is not None:
+            self.drafter.commit(*self.owed)
+            self.owed = None
+        return presumed
+
+    def draft(self, context: list[int], k: int) -> Draft:
+        if self.pending is not None:
+            assumed, ready = self._settle()
+            if assumed == context and ready.tokens and k > 0:
+                self.hits += 1
+                return cut(ready, k)
+            self.misses += 1
+        return super().draft(context, k)
+
+    def draft_ahead(self, context: list[int], draft: Draft, k: int, horizon: int) -> None:
+        n = len(draft.tokens)
+        room = horizon - len(context) - n - 1  # the next round's k if all n are accepted
+        if n and room > 0 and self.policy.predraft_pays(n):
+            self.pending = self.pool.submit(_predraft, self.drafter, [*context, *draft.tokens], min(k, room),
+                                            self.sampler)
+
+    def commit(self, context: list[int], accepted: int, verified: int) -> None:
+        if self.pending is not None and accepted < verified:
+            self.pending.result()  # presumed drafts that were rejected: unusable
+            self.pending = None
+            self.misses += 1
+        if self.pending is None:
+            self.drafter.commit(context, accepted)
+        else:
+            self.owed = (list(context), accepted)
+
+    def close(self) -> None:
+        if self.pending is not None:
+            self.pending.result()
+            self.pending = None
+        if self.owed is not None:
+            self.drafter.commit(*self.owed)
+            self.owed = None
+        self.pool.shutdown(wait=True)

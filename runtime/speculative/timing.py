@@ -1,0 +1,38 @@
+"""Timing rounds: the length policy asks for a verify call of a size it still needs timed.
+
+The adaptive policy learns the target's verify cost c(k) from the run's own calls; a
+size it has not seen yet (a new target's first rounds, see
+:meth:`~tandem.runtime.speculative.cost.OnlineCost.wants_size`) is timed by padding
+that round's draft to it. Padding is verified like any draft token (a one-hot proposal
+in sampled verification), so the output is the same as without it: a timing round only
+costs what it verifies past the real draft.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tandem.runtime.speculative.drafters.base import Draft
+from tandem.runtime.speculative.policy import LengthPolicy
+
+
+def padded(draft: Draft, size: int, filler: int) -> Draft:
+    """``draft`` padded with ``filler`` to ``size`` tokens (one-hot q rows, confidence 0)."""
+    pad = size - len(draft.tokens)
+    if pad <= 0:
+        return draft
+    q = draft.q
+    if q is not None:
+        one_hot = np.zeros((pad, q.shape[1]), dtype=q.dtype)
+        one_hot[:, filler] = 1.0
+        q = np.concatenate([q, one_hot])
+    confidence = None if draft.confidence is None else [*draft.confidence, *[0.0] * pad]
+    return Draft([*draft.tokens, *[filler] * pad], q, draft.source or "timing", confidence, draft.catch_up_s)
+
+
+def for_timing(policy: LengthPolicy, draft: Draft, k: int, context: list[int]) -> tuple[Draft, bool]:
+    """The draft to verify this round and whether the round times a call size: ``draft``
+    padded to :meth:`~LengthPolicy.timing_length` (at most ``k``) with its last token
+    (or the context's), or as it is when the policy times nothing."""
+    size = min(policy.timing_length(), k)
+    return padded(draft, size, (draft.tokens or context)[-1]), size > 0
