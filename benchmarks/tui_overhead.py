@@ -15,9 +15,10 @@ from pathlib import Path
 
 from tandem.app.history.store import History
 from tandem.app.tui.app import AppConfig, TandemApp
-from tandem.app.tui.engine import ModelChoice, load_engine
+from tandem.app.tui.model_choice import ModelChoice, load_engine
 from tandem.app.tui.session import ChatSettings, run_reply
 from tandem.kernels.sampling import SamplingParams
+from tandem.runtime.engine import EngineSpec
 
 PROMPT = "Once upon a time"
 
@@ -55,7 +56,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     settings = ChatSettings(SamplingParams(temperature=0.0), args.tokens)
-    engine = load_engine(ModelChoice(args.model, n_threads=args.threads))
+    engine = load_engine(ModelChoice(EngineSpec(args.model, threads=args.threads)))
     rows: dict[str, list[dict]] = {"run_reply alone": [], "in the TUI": []}
     for _ in range(args.repeats):
         rows["run_reply alone"].append(plain(engine, settings))

@@ -28,25 +28,28 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from tandem.models.errors import TandemError
 from tandem.runtime.backends.opener import backend_kind, open_backend
 from tandem.runtime.backends.protocol import Backend
+from tandem.runtime.kv.config import KVCompressConfig
+from tandem.runtime.moe.config import MoeOffloadSpec
+from tandem.runtime.planning.calibration import place
+from tandem.runtime.planning.hardware import parse_size
+from tandem.runtime.planning.other_targets import plan_unplanned
+from tandem.runtime.planning.placement import Choice
+from tandem.runtime.planning.plan import Plan
+from tandem.runtime.planning.planner import plan_for_run
+from tandem.runtime.planning.torch_target import TorchPlan, plan_torch
 from tandem.runtime.speculative.drafters.suffix import SuffixMemory
 from tandem.runtime.speculative.factory import (
     MODES,
     SpecOptions,
     SpeculativeStrategy,
     build_strategy,
+    open_draft_backend,
 )
-
-if TYPE_CHECKING:
-    from tandem.runtime.kv.config import KVCompressConfig
-    from tandem.runtime.moe.config import MoeOffloadSpec
-    from tandem.runtime.planning.placement import Choice
-    from tandem.runtime.planning.plan import Plan
-    from tandem.runtime.planning.torch_target import TorchPlan
 
 ENGINES = ("auto", "llama.cpp", "torch")
 """``--engine``: where the target runs. ``auto``: by file type (GGUF: llama.cpp, a
@@ -135,6 +138,14 @@ class Engine:
     notes: list[str] = field(default_factory=list)
     extras: list[Any] = field(default_factory=list)
     """Other things to close with the engine (the MoE offload manager)."""
+    options: SpecOptions = field(default_factory=SpecOptions)
+    """The options :attr:`strategy` was built with, placement's settings included."""
+
+    def fresh_strategy(self, **changes: Any) -> SpeculativeStrategy:
+        """Another strategy like :attr:`strategy` (its options with ``changes``), starting
+        from nothing learnt in this process's earlier replies; the caller closes it.
+        ``tandem bench`` runs each reply with one, so replies do not depend on each other."""
+        return build_strategy(self.target, self.drafter_backend, replace(self.options, **changes))
 
     def describe(self) -> dict:
         """What runs where: target, engine, KV, drafting, placement (``--json``, ``/v1/models``)."""
@@ -261,14 +272,26 @@ def engine_for(target: Backend, spec: EngineSpec | None = None) -> Engine:
     built by hand): no planning or placement, the strategy ``spec`` asks for (default:
     model-free drafting, ``auto``). The engine owns the target from here on."""
     spec = spec or EngineSpec(Path(target.name))
-    kind = RUNTIMES.get(type(target).__name__, type(target).__name__)
-    engine = Engine(spec, target, SpeculativeStrategy(None, None), kind)
     try:
-        return on_passing_thread(lambda: _finish(engine, spec.drafter if _wants_model(spec) else None,
-                                                 spec_options(spec), None, None, _quiet))
+        drafter, strategy, options = on_passing_thread(
+            lambda: _strategy(target, spec.drafter if _wants_model(spec) else None, spec_options(spec), None, None,
+                              _quiet, threads=spec.threads))
     except BaseException:
-        engine.close()
+        target.close()
         raise
+    return Engine(spec, target, strategy, runtime_of(target), drafter_backend=drafter, options=options)
+
+
+def runtime_of(target: Backend) -> str:
+    """:attr:`Engine.kind` of an open target (:data:`RUNTIMES`, else its class name)."""
+    return RUNTIMES.get(type(target).__name__, type(target).__name__)
+
+
+def _close_all(*things: Any) -> None:
+    """Close what a failed open had opened (``None``s skipped), last opened first."""
+    for thing in reversed(things):
+        if thing is not None:
+            thing.close()
 
 
 def _wants_model(spec: EngineSpec) -> bool:
@@ -276,9 +299,6 @@ def _wants_model(spec: EngineSpec) -> bool:
 
 
 def _open_llama(spec: EngineSpec, say: Notify, on_load: Callable[[float], None] | None) -> Engine:
-    from tandem.runtime.planning.calibration import place
-    from tandem.runtime.planning.planner import plan_for_run
-
     if spec.rpc:
         return _open_rpc(spec, say, on_load)
     draft_path = spec.drafter if _wants_model(spec) else None
@@ -297,29 +317,29 @@ def _open_llama(spec: EngineSpec, say: Notify, on_load: Callable[[float], None] 
     target = open_backend(spec.target, llama_config=replace(plan.target.llama_config(), exact=not spec.fast_verify,
                                                                repack=spec.repack),
                           on_load=on_load)
-    engine = Engine(spec, target, SpeculativeStrategy(None, None), "llama.cpp", plan=plan, notes=notes)
+    placed = handed = None
     try:
         options = spec_options(spec, mode, plan.draft_max)
         llama_config = torch_config = None
         if plan.draft is not None:
             say("placing the drafter (measured on a pair's first run)")
             placed = place(target, plan, mode=mode, device=spec.placement, notify=say, keep_drafter=True)
-            engine.target = placed.target  # moved to the GPU when the target is placed there
-            if placed.target is not target:
-                engine.kind = "torch"
-            engine.placement = placed.choice
-            engine.drafter_backend = placed.draft_backend
+            target, handed = placed.target, placed.draft_backend  # moved to the GPU when the target is placed there
             draft_path = Path(placed.draft_path)  # the file the planner priced (maybe a quantized copy)
             llama_config, torch_config = placed.llama_config, placed.torch_config
             options = replace(options, draft_window=plan.draft.window, draft_device=placed.draft_device,
                               predraft=placed.predraft, draft_cost=placed.draft_cost)
             if placed.choice is not None:
-                engine.notes.append(f"placement: {placed.choice.option.name} (measured"
-                                    + (", cached)" if placed.choice.cached else ")"))
-        return _finish(engine, draft_path, options, llama_config, torch_config, say)
+                notes.append(f"placement: {placed.choice.option.name} (measured"
+                             + (", cached)" if placed.choice.cached else ")"))
+        given, handed = handed, None  # _strategy owns it from here (and closes it on failure)
+        drafter, strategy, options = _strategy(target, draft_path, options, llama_config, torch_config, say,
+                                               threads=spec.threads, drafter=given)
     except BaseException:
-        engine.close()
+        _close_all(target, handed)
         raise
+    return Engine(spec, target, strategy, runtime_of(target), plan=plan, placement=placed.choice if placed else None,
+                  drafter_backend=drafter, notes=notes, options=options)
 
 
 def _open_rpc(spec: EngineSpec, say: Notify, on_load: Callable[[float], None] | None) -> Engine:
@@ -327,9 +347,9 @@ def _open_rpc(spec: EngineSpec, say: Notify, on_load: Callable[[float], None] | 
     each server's share priced against the memory it reports, this machine's against the
     budget less the drafter's (:mod:`tandem.runtime.planning.rpc_devices`). The drafter
     runs here on the CPU: there is no placement to measure."""
+    # Local: llama_cpp and gguf load only when a GGUF target is opened.
     from tandem.runtime.backends.llama import LlamaConfig
-    from tandem.runtime.backends.rpc import plan_remote
-    from tandem.runtime.planning.hardware import parse_size
+    from tandem.runtime.planning.rpc_devices import plan_remote
 
     draft_path = spec.drafter if _wants_model(spec) else None
     kv = spec.kv_type or "f16"
@@ -340,13 +360,15 @@ def _open_rpc(spec: EngineSpec, say: Notify, on_load: Callable[[float], None] | 
     config = LlamaConfig(n_ctx=n_ctx, n_threads=spec.threads, type_k=kv, type_v=kv, exact=not spec.fast_verify,
                          repack=spec.repack, rpc=spec.rpc, rpc_layers=split.layers)
     target = open_backend(spec.target, llama_config=config, on_load=on_load)
-    engine = Engine(spec, target, SpeculativeStrategy(None, None), "llama.cpp", notes=[split.summary()])
     try:
-        return _finish(engine, draft_path, spec_options(spec), LlamaConfig(n_ctx=n_ctx, n_threads=spec.threads),
-                       None, say)
+        drafter, strategy, options = _strategy(target, draft_path, spec_options(spec),
+                                               LlamaConfig(n_ctx=n_ctx, n_threads=spec.threads), None, say,
+                                               threads=spec.threads)
     except BaseException:
-        engine.close()
+        target.close()
         raise
+    return Engine(spec, target, strategy, "llama.cpp", drafter_backend=drafter, notes=[split.summary()],
+                  options=options)
 
 
 def _open_other(spec: EngineSpec, kind: str, say: Notify, on_load: Callable[[float], None] | None) -> Engine:
@@ -355,48 +377,49 @@ def _open_other(spec: EngineSpec, kind: str, say: Notify, on_load: Callable[[flo
     say("planning memory")
     torch_plan = None
     if kind == "torch":
-        from tandem.runtime.planning.torch_target import plan_torch
-
         torch_plan = plan_torch(spec.target, budget=spec.budget, ctx=spec.n_ctx, device=spec.device,
                                 draft_max=spec.draft_max, kv_compress=spec.kv_compress, moe=spec.moe_offload)
         say("loading the model")
         target = _open_torch(spec, torch_plan)
     else:
-        from tandem.runtime.planning.other_targets import plan_unplanned
-
         plan_unplanned(spec.target, "onnx", spec.budget, spec.n_ctx)
         say("loading the model")
         target = open_backend(spec.target, n_ctx=spec.n_ctx, n_threads=spec.threads, on_load=on_load)
-    engine = Engine(spec, target, SpeculativeStrategy(None, None), kind, torch_plan=torch_plan,
-                    notes=torch_plan.notes() if torch_plan else [])
+    extras: list[Any] = []
     try:
         if torch_plan is not None:
-            _apply_torch_options(engine, torch_plan)
-        return _finish(engine, spec.drafter if _wants_model(spec) else None,
-                       spec_options(spec), None, None, say)
+            extras = _apply_torch_options(target, torch_plan)
+        drafter, strategy, options = _strategy(target, spec.drafter if _wants_model(spec) else None,
+                                               spec_options(spec), None, None, say, threads=spec.threads)
     except BaseException:
-        engine.close()
+        _close_all(target, *extras)
         raise
+    return Engine(spec, target, strategy, kind, torch_plan=torch_plan, drafter_backend=drafter,
+                  notes=torch_plan.notes() if torch_plan else [], extras=extras, options=options)
 
 
 def _open_torch(spec: EngineSpec, torch_plan: TorchPlan) -> Backend:
+    # Local: torch loads only when the torch engine runs (an optional extra).
     from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
 
     return TorchBackend(spec.target, TorchConfig(device=torch_plan.device, n_ctx=torch_plan.n_ctx,
                                                  n_threads=spec.threads, lazy_experts=torch_plan.offload is not None))
 
 
-def _apply_torch_options(engine: Engine, torch_plan: TorchPlan) -> None:
-    """Swap in the compressed KV cache and put the experts behind their cache, as priced."""
+def _apply_torch_options(target: Backend, torch_plan: TorchPlan) -> list[Any]:
+    """Swap in the compressed KV cache and put the experts behind their cache, as priced;
+    returns what the engine must close with the target (the expert cache)."""
+    # Local imports: torch loads only when the torch engine runs (an optional extra).
     if torch_plan.kv_compress is not None:
         from tandem.runtime.kv.compress import use_compressed_cache
 
-        use_compressed_cache(engine.target, torch_plan.kv_compress)
+        use_compressed_cache(target, torch_plan.kv_compress)
     if torch_plan.offload is not None:
         from tandem.runtime.moe.expert_cache import enable_offload
 
         # The experts were left in the file (TorchConfig.lazy_experts): the cache reads them from it.
-        engine.extras.append(enable_offload(engine.target, torch_plan.offload, source="gguf"))
+        return [enable_offload(target, torch_plan.offload, source="gguf")]
+    return []
 
 
 def spec_options(spec: EngineSpec, mode: str | None = None, draft_max: int | None = None) -> SpecOptions:
@@ -408,27 +431,32 @@ def spec_options(spec: EngineSpec, mode: str | None = None, draft_max: int | Non
                        suffix_memory=spec.suffix_memory)
 
 
-def _finish(engine: Engine, draft_path: Path | None, options: SpecOptions, llama_config, torch_config,
-            say: Notify) -> Engine:
-    """Open the drafter backend if placement did not hand one over, then the strategy."""
-    from tandem.runtime.speculative.factory import open_draft_backend
-
+def _strategy(target: Backend, draft_path: Path | None, options: SpecOptions, llama_config, torch_config,
+              say: Notify, *, threads: int | None,
+              drafter: Backend | None = None) -> tuple[Backend | None, SpeculativeStrategy, SpecOptions]:
+    """The drafter backend (``drafter``, handed over by placement, or opened here with
+    ``llama_config``, else the target's context and ``threads``), the strategy, and the
+    options it was built with. On failure the drafter backend is closed."""
     if options.mode == "off" or options.mode == "ngram":
         draft_path = None
-    if draft_path is not None and engine.drafter_backend is None:
-        say("loading the drafter")
-        if llama_config is None and backend_kind(draft_path) == "gguf":  # not planned: the target's context
-            from tandem.runtime.backends.llama import LlamaConfig
+    try:
+        if draft_path is None and drafter is not None:
+            drafter.close()
+            drafter = None
+        if draft_path is not None and drafter is None:
+            say("loading the drafter")
+            if llama_config is None and backend_kind(draft_path) == "gguf":  # not planned: the target's context
+                # Local: llama_cpp loads only when a GGUF model is opened.
+                from tandem.runtime.backends.llama import LlamaConfig
 
-            llama_config = LlamaConfig(n_ctx=engine.target.n_ctx, n_threads=engine.spec.threads)
-        engine.drafter_backend = open_draft_backend(engine.target, draft_path, llama_config=llama_config,
-                                                    device=options.draft_device, torch_config=torch_config)
-    if engine.drafter_backend is not None and draft_path is None:
-        engine.drafter_backend.close()
-        engine.drafter_backend = None
-    say("preparing speculative decoding")
-    engine.strategy = build_strategy(engine.target, engine.drafter_backend, options)
-    return engine
+                llama_config = LlamaConfig(n_ctx=target.n_ctx, n_threads=threads)
+            drafter = open_draft_backend(target, draft_path, llama_config=llama_config,
+                                         device=options.draft_device, torch_config=torch_config)
+        say("preparing speculative decoding")
+        return drafter, build_strategy(target, drafter, options), options
+    except BaseException:
+        _close_all(drafter)
+        raise
 
 
 def plan_notes(plan: Plan, drafter_named: bool) -> list[str]:

@@ -1,11 +1,13 @@
 """`tandem bench`: plain Tandem vs every drafting mode vs llama-cpp-python, same prompts.
 
-Everything runs in one process on one target file, opened by the engine builder every
-front end uses (:func:`tandem.runtime.engine.open_engine`: planned, exact configuration,
-``--kv-type`` and ``--budget`` as in ``tandem run``). Each Tandem configuration is built
-through :func:`~tandem.runtime.speculative.factory.build_strategy` with the options the
-engine derives from its spec (:func:`tandem.runtime.engine.spec_options`), so the bench
-measures exactly what ``tandem run``, the chat app and the server run:
+Everything runs in one process on one target file. Every Tandem configuration is an
+engine opened by the builder every front end uses
+(:func:`tandem.runtime.engine.open_engine`: planned, placed, exact configuration,
+``--kv-type`` and ``--budget`` as in ``tandem run``), from the :class:`EngineSpec` a user
+would give for it, so the bench measures exactly what ``tandem run``, the chat app and
+the server run. Each reply starts a fresh strategy from its engine
+(:meth:`~tandem.runtime.engine.Engine.fresh_strategy`), so replies do not depend on the
+order they ran in:
 
 * ``plain``: ``mode="off"``, the baseline every ratio is taken against;
 * ``ngram``: model-free drafting (suffix tree + prompt lookup), adaptive length;
@@ -37,12 +39,10 @@ from tandem.app.bench.peers import PEER_NOTE, PEERS, LlamaPeer, RunResult, decod
 from tandem.app.bench.workloads import DEFAULT_WORKLOADS, Workload, workload
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.models.errors import TandemError
-from tandem.runtime.backends.llama import LlamaConfig
 from tandem.runtime.backends.protocol import Backend
-from tandem.runtime.engine import Engine, EngineSpec, open_engine, spec_options
+from tandem.runtime.engine import Engine, EngineSpec, open_engine
 from tandem.runtime.generate import DoneEvent, generate
 from tandem.runtime.machine import cpu_cores
-from tandem.runtime.speculative.factory import build_strategy, open_draft_backend
 
 
 @dataclass
@@ -85,12 +85,10 @@ class BenchConfig:
 
 @dataclass(frozen=True)
 class TandemConfig:
-    """A Tandem configuration: the SpecOptions it is built with and its drafter's label."""
+    """A model-free Tandem configuration: its name and draft mode."""
 
     name: str
     mode: str
-    drafter: str | None = None
-    draft_length: int | None = None
 
 
 @dataclass
@@ -104,20 +102,12 @@ class Run:
 
 @dataclass
 class Drafter:
+    """A drafter model of the bench: its configurations' label (``model``, ``xvocab``,
+    ``oracle``) and whether it shares the target's vocabulary."""
+
     label: str
     path: Path
-    backend: Backend
     same_vocab: bool
-
-
-def tandem_configs(drafters: Sequence[Drafter], lengths: Sequence[int]) -> list[TandemConfig]:
-    """Every Tandem configuration the drafters allow, ``plain`` first."""
-    configs = [TandemConfig("plain", "off"), TandemConfig("ngram", "ngram")]
-    for d in drafters:
-        configs.append(TandemConfig(f"auto+{d.label}", "auto", d.label))
-        fixed_mode = "model" if d.same_vocab else "xvocab"
-        configs += [TandemConfig(f"{d.label}@{k}", fixed_mode, d.label, k) for k in lengths]
-    return configs
 
 
 def select(names: list[str], wanted: Sequence[str] | None) -> list[str]:
@@ -147,18 +137,16 @@ def rotated(names: list[str], shift: int) -> list[str]:
     return names[shift:] + names[:shift]
 
 
-def run_tandem(target: Backend, prompt: list[int], config: TandemConfig, draft: Backend | None, n: int, *,
-               spec: EngineSpec, shared_suffix_cache: bool) -> RunResult:
-    """One greedy generation of ``n`` tokens with a freshly built strategy (``spec``'s
-    options, with this configuration's mode and draft length)."""
+def run_tandem(engine: Engine, prompt: list[int], n: int, *, shared_suffix_cache: bool) -> RunResult:
+    """One greedy generation of ``n`` tokens with a fresh strategy from ``engine`` (what
+    model-free drafting learns from: the process's earlier requests when
+    ``shared_suffix_cache``, else this request alone)."""
     started = time.perf_counter()
-    run_spec = replace(spec, draft_mode=config.mode, draft_len=config.draft_length,
-                       suffix_memory="process" if shared_suffix_cache else "request")
-    strategy = build_strategy(target, draft if config.drafter else None, spec_options(run_spec))
+    strategy = engine.fresh_strategy(suffix_memory="process" if shared_suffix_cache else "request")
     setup_s = time.perf_counter() - started
     try:
         done, cpu_first = None, None
-        for event in generate(target, prompt, Sampler(SamplingParams.greedy_params()), strategy=strategy,
+        for event in generate(engine.target, prompt, Sampler(SamplingParams.greedy_params()), strategy=strategy,
                               max_tokens=n, stop_at_eog=False):
             if cpu_first is None:
                 cpu_first = time.process_time()
@@ -173,23 +161,53 @@ def run_tandem(target: Backend, prompt: list[int], config: TandemConfig, draft: 
                      s.drafted_tokens, s.accepted_tokens, setup_s, describe)
 
 
-def open_drafters(target: Backend, cfg: BenchConfig, threads: int, opened: list[Backend | Engine]) -> list[Drafter]:
-    """Open each drafter once (shared by its configurations) and label it by vocabulary."""
+def wanted(cfg: BenchConfig, name: str) -> bool:
+    """Whether ``--configs`` and ``--drafters`` leave configuration ``name`` in."""
+    return bool(select_families([name], cfg.families)) and (cfg.configs is None or name in ("plain", *cfg.configs))
+
+
+def open_configs(base: EngineSpec, cfg: BenchConfig, log: Callable[[str], None]) -> tuple[dict[str, Engine], list[Drafter]]:
+    """An engine per Tandem configuration asked for, opened as a user's spec for it would
+    be (``plain`` first), and the drafters labelled by vocabulary (each one's ``auto``
+    engine tells). On failure every engine opened so far is closed."""
     from tandem.runtime.speculative.drafters.model import same_vocabulary
 
+    engines: dict[str, Engine] = {}
     drafters: list[Drafter] = []
-    for path, role in ((cfg.draft, "draft"), (cfg.draft2, "draft"), (cfg.oracle, "oracle")):
-        if path is None:
-            continue
-        backend = open_draft_backend(target, path, llama_config=LlamaConfig(n_ctx=target.n_ctx, n_threads=threads))
-        opened.append(backend)
-        same = same_vocabulary(target, backend)
-        label = "oracle" if role == "oracle" else ("model" if same else "xvocab")
-        taken = {d.label for d in drafters}
-        if label in taken:
-            label = next(f"{label}{i}" for i in range(2, 10) if f"{label}{i}" not in taken)
-        drafters.append(Drafter(label, path, backend, same))
-    return drafters
+    try:
+        for config in (TandemConfig("plain", "off"), TandemConfig("ngram", "ngram")):
+            if wanted(cfg, config.name):
+                engines[config.name] = open_engine(replace(base, draft_mode=config.mode))
+        for path, role in ((cfg.draft, "draft"), (cfg.draft2, "draft"), (cfg.oracle, "oracle")):
+            if path is None:
+                continue
+            auto = open_engine(replace(base, drafter=path, draft_mode="auto"))
+            if auto.drafter_backend is None:
+                auto.close()
+                raise TandemError(f"The memory planner left the drafter {path.name} out: "
+                                  + "; ".join(auto.notes or ["raise --budget"]))
+            same = same_vocabulary(auto.target, auto.drafter_backend)
+            label = "oracle" if role == "oracle" else ("model" if same else "xvocab")
+            taken = {d.label for d in drafters}
+            if label in taken:
+                label = next(f"{label}{i}" for i in range(2, 10) if f"{label}{i}" not in taken)
+            drafters.append(Drafter(label, path, same))
+            if wanted(cfg, f"auto+{label}"):
+                engines[f"auto+{label}"] = auto
+            else:
+                auto.close()
+            for k in cfg.lengths:
+                if wanted(cfg, f"{label}@{k}"):
+                    fixed = replace(base, drafter=path, draft_mode="model" if same else "xvocab", draft_len=k)
+                    engines[f"{label}@{k}"] = open_engine(fixed)
+        for name, engine in engines.items():
+            for note in engine.notes:
+                log(f"{name}: {note}")
+        return engines, drafters
+    except BaseException:
+        for engine in reversed(engines.values()):
+            engine.close()
+        raise
 
 
 def machine() -> dict:
@@ -236,17 +254,14 @@ def run_bench(cfg: BenchConfig) -> dict:
     threads = cfg.threads or cpu_cores()
     spec = EngineSpec(cfg.target, draft_mode="off", draft_max=cfg.draft_max, budget=cfg.budget, threads=threads,
                       n_ctx=cfg.ctx, kv_type=cfg.kv_type, engine="llama.cpp", repack=cfg.repack)
-    engine = open_engine(spec)
+    engines, drafters = open_configs(spec, cfg, cfg.log)
+    engine = engines["plain"]
     target = engine.target
-    opened: list[Backend | Engine] = [engine]
     peers: dict[str, LlamaPeer] = {}
     try:
         work = {name: workload(target, name, cfg.prompts) for name in cfg.workloads}
         check_room(target, work, cfg.n_tokens)
-        drafters = open_drafters(target, cfg, threads, opened)
-        by_label = {d.label: d.backend for d in drafters}
-        configs = {c.name: c for c in tandem_configs(drafters, cfg.lengths)}
-        offered = select_families(list(configs) + (list(PEERS) if cfg.peers else []), cfg.families)
+        offered = select_families(list(engines) + (list(PEERS) if cfg.peers else []), cfg.families)
         names = select(offered, cfg.configs)
         for name in names:
             if name in PEERS:
@@ -257,9 +272,7 @@ def run_bench(cfg: BenchConfig) -> dict:
             n = n or cfg.n_tokens
             if name in peers:
                 return peers[name].run(prompt, n)
-            c = configs[name]
-            return run_tandem(target, prompt, c, by_label.get(c.drafter or ""), n, spec=spec,
-                              shared_suffix_cache=shared)
+            return run_tandem(engines[name], prompt, n, shared_suffix_cache=shared)
 
         info = machine()
         cfg.log(f"{target.name}: {len(names)} configurations, {threads} thread(s), context {target.n_ctx}, "
@@ -301,5 +314,5 @@ def run_bench(cfg: BenchConfig) -> dict:
     finally:
         for peer in peers.values():
             peer.close()
-        for b in reversed(opened):
-            b.close()
+        for opened in reversed(engines.values()):
+            opened.close()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from textual.app import App
@@ -11,8 +11,8 @@ from textual.binding import Binding
 
 from tandem.app.history.store import History, HistoryDamaged, default_path
 from tandem.app.tui.chat_screen import ChatScreen
-from tandem.app.tui.engine import ModelChoice, restored_choice
 from tandem.app.tui.modals import NoModelScreen
+from tandem.app.tui.model_choice import ModelChoice, restored_choice
 from tandem.app.tui.session import ChatSettings
 from tandem.models.paths import models_dir
 from tandem.models.store import list_models
@@ -65,9 +65,12 @@ class AppConfig:
     """The command line's other engine settings (``tandem chat --kv-type ...``)."""
 
     def choice(self, model: Path) -> ModelChoice:
-        return ModelChoice(model, self.drafter, self.n_ctx, self.threads, self.draft_mode,
-                           self.draft_max, self.draft_len, self.measure_cost, self.budget,
-                           placement=self.placement, fast_verify=self.fast_verify, base=self.engine)
+        """What opens ``model`` with these settings (``engine``'s others kept)."""
+        return ModelChoice(replace(self.engine or EngineSpec(model), target=model, drafter=self.drafter,
+                                   draft_mode=self.draft_mode or "auto", draft_max=self.draft_max,
+                                   draft_len=self.draft_len, budget=self.budget, placement=self.placement,
+                                   threads=self.threads, n_ctx=self.n_ctx, fast_verify=self.fast_verify,
+                                   measure_cost=self.measure_cost))
 
 
 class TandemApp(App):
@@ -127,7 +130,7 @@ class TandemApp(App):
         self._close_messages_no_wait()
 
     def on_unmount(self) -> None:
-        from tandem.app.tui.engine import close_engine
+        from tandem.app.tui.model_choice import close_engine
 
         screen = self.chat_screen()
         if screen is not None and screen.cancel is not None:

@@ -6,14 +6,13 @@ every method here runs on the UI thread and only touches the history and dialogs
 
 from __future__ import annotations
 
-import importlib
 import re
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textual.binding import Binding
 
+from tandem.app.tui.autocomplete import open_autocomplete
 from tandem.app.tui.modals import Confirm, HelpScreen, ModelPicker, SettingsScreen, TextPrompt
 from tandem.app.tui.session import ChatSettings
 from tandem.app.tui.widgets import NEWLINE_KEYS, MessageView
@@ -21,10 +20,6 @@ from tandem.models.store import ModelEntry, file_identity, list_models
 
 if TYPE_CHECKING:
     from tandem.app.tui.chat_screen import ChatScreen
-
-AUTOCOMPLETE_MODULE = "tandem.app.tui.autocomplete"
-"""Issue 5's pane: if this module exists, F9 / Ctrl+Space call its ``open_autocomplete(screen)``."""
-
 
 def with_current(entries: list[ModelEntry], current: list[Path | None]) -> list[ModelEntry]:
     """The store's models plus the ones in use that it does not hold (given by path with
@@ -66,8 +61,7 @@ class ChatActions:
 
         def done(result: tuple[Path, Path | None] | None) -> None:
             if result is not None:
-                self.load_model(replace(self.choice, target=result[0], drafter=result[1],
-                                        draft_mode=None))
+                self.load_model(self.choice.with_models(result[0], result[1]))
 
         # the speculative runtime is always installed now (runtime/engine.py builds every engine)
         self.app.push_screen(ModelPicker(entries, self.choice.target, self.choice.drafter, True), done)
@@ -133,12 +127,8 @@ class ChatActions:
         sidebar.display = not sidebar.display
 
     def action_autocomplete(self: ChatScreen) -> None:
-        try:
-            module = importlib.import_module(AUTOCOMPLETE_MODULE)
-        except ModuleNotFoundError:
-            self.notify("Autocomplete is not available in this build.", severity="warning")
-            return
-        module.open_autocomplete(self)
+        """F9 / Ctrl+Space: the autocomplete pane (:mod:`tandem.app.tui.autocomplete`)."""
+        open_autocomplete(self)
 
     def action_help(self: ChatScreen) -> None:
         rows = [f"| `{b.key.replace(',', ' / ')}` | {b.tooltip or b.description} |"

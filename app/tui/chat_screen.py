@@ -26,7 +26,7 @@ from textual.worker import Worker
 
 from tandem.app.history.store import INTERRUPTED, ChatRecord, MessageRecord
 from tandem.app.tui.chat_actions import ChatActions
-from tandem.app.tui.engine import LoadProgress, ModelChoice, engine_record
+from tandem.app.tui.model_choice import LoadProgress, ModelChoice, engine_record
 from tandem.app.tui.model_loading import ModelLoading
 from tandem.app.tui.reply_actions import ReplyActions
 from tandem.app.tui.session import ReplyBuffer, run_reply, title_from

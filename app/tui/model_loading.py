@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from textual import work
 from textual.message import Message
 
-from tandem.app.tui.engine import (
+from tandem.app.tui.model_choice import (
     LoadProgress,
     ModelChoice,
     close_engine,

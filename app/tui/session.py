@@ -2,7 +2,7 @@
 
 Kept apart from Textual so the same code path the app's worker runs can be driven by a
 plain process (the kill -9 durability test) and unit-tested without a screen. Loading
-the models is :mod:`tandem.app.tui.engine`.
+the models is :mod:`tandem.app.tui.model_choice`.
 """
 
 from __future__ import annotations

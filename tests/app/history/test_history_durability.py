@@ -19,13 +19,14 @@ CHILD = r"""
 import sys, time
 from pathlib import Path
 from tandem.app.history.store import History
-from tandem.app.tui.engine import ModelChoice, load_engine
+from tandem.app.tui.model_choice import ModelChoice, load_engine
+from tandem.runtime.engine import EngineSpec
 from tandem.app.tui.session import ChatSettings, run_reply
 from tandem.kernels.sampling import SamplingParams
 from tandem.runtime.generate import TokenEvent
 
 model, db, delay, max_tokens = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
-engine = load_engine(ModelChoice(Path(model), n_threads=1))
+engine = load_engine(ModelChoice(EngineSpec(Path(model), threads=1)))
 
 
 class Paced:

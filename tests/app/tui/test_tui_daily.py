@@ -302,11 +302,12 @@ async def test_continue_refuses_a_complete_reply(stories260k: Path, tmp_path: Pa
 
 # -- progress -----------------------------------------------------------------------------
 def test_loading_reports_its_stages(stories260k: Path) -> None:
-    from tandem.app.tui.engine import LoadProgress, ModelChoice, close_engine, load_engine
+    from tandem.app.tui.model_choice import LoadProgress, ModelChoice, close_engine, load_engine
+    from tandem.runtime.engine import EngineSpec
 
     stages: list[str] = []
     loaded: list[float] = []
-    close_engine(load_engine(ModelChoice(stories260k, draft_mode="ngram", measure_cost=False),
+    close_engine(load_engine(ModelChoice(EngineSpec(stories260k, draft_mode="ngram", measure_cost=False)),
                              progress=stages.append, on_load=loaded.append))
     assert stages[:2] == ["planning memory", "loading the model"]
     assert any("speculative" in s for s in stages)

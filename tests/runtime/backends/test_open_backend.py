@@ -54,7 +54,7 @@ def test_run_on_a_hugging_face_folder(tinystories656k_dir: Path) -> None:
 
 def test_chat_and_server_engines_open_onnx_targets(stories260k: Path, stories_onnx: Path) -> None:
     from tandem.app.server.models import load_model
-    from tandem.app.tui.engine import ModelChoice, load_engine
+    from tandem.app.tui.model_choice import ModelChoice, load_engine
     from tandem.kernels.sampling import SamplingParams
     from tandem.runtime.engine import EngineSpec
     from tandem.runtime.generate import DoneEvent
@@ -65,13 +65,13 @@ def test_chat_and_server_engines_open_onnx_targets(stories260k: Path, stories_on
     def reply(engine) -> list[int]:
         return [e for e in engine.stream(messages, greedy, 16) if isinstance(e, DoneEvent)][0].tokens
 
-    engine = load_engine(ModelChoice(stories260k, n_ctx=256, n_threads=1, measure_cost=False))
+    engine = load_engine(ModelChoice(EngineSpec(stories260k, n_ctx=256, threads=1, measure_cost=False)))
     try:
         expected = reply(engine)
     finally:
         engine.close()
-    engine = load_engine(ModelChoice(stories_onnx, stories260k, n_ctx=256, n_threads=1, draft_mode="model",
-                                     measure_cost=False))
+    engine = load_engine(ModelChoice(EngineSpec(stories_onnx, stories260k, draft_mode="model", n_ctx=256, threads=1,
+                                                measure_cost=False)))
     try:
         assert type(engine.target).__name__ == "OnnxBackend" and engine.drafter is not None
         assert reply(engine) == expected

@@ -20,43 +20,25 @@ from tandem.runtime.engine import EngineSpec, open_engine
 
 @dataclass
 class ModelChoice:
-    """A target model and an optional drafter, as paths (names come from the file stems)."""
+    """The engine a chat opens (its :class:`EngineSpec`: target, drafter, draft mode and
+    the command line's other engine settings, kept when the model changes), and what the
+    builder said about it. Names come from the file stems."""
 
-    target: Path
-    drafter: Path | None = None
-    n_ctx: int | None = None
-    """``None``: the model's context, at most 4096, shrunk by the planner to fit."""
-    n_threads: int | None = None
-    """llama.cpp threads; ``None`` is every core. One thread is best for tiny models and
-    on a machine busy with other work (ggml's thread barriers spin)."""
-    draft_mode: str | None = None
-    """``runtime.speculative`` mode; ``None`` means ``auto`` (model-free drafting always,
-    the drafter when there is one), as in every front end."""
-    draft_max: int = 8
-    draft_len: int | None = None
-    measure_cost: bool = True
-    """Measure the target's verify-cost curve (cached) for the adaptive draft length."""
-    budget: str | None = None
-    """Host memory the chat may use (``6GiB``); ``None``: the planner's default share of RAM."""
+    spec: EngineSpec
     notes: list[str] = field(default_factory=list)
     """What the memory planner changed (e.g. a drafter it dropped), for the UI to show."""
-    placement: str = "auto"
-    """Where drafter and target run: ``auto`` (measured once per pair and machine, cached),
-    ``gpu``/``cpu`` (the drafter there) or ``target-gpu`` (see runtime.placement)."""
-    fast_verify: bool = False
-    """llama.cpp's fastest kernels and long verify calls instead of the exact
-    configuration (``LlamaConfig.exact``): greedy replies may differ at near-ties."""
-    base: EngineSpec | None = None
-    """The command line's other engine settings (``--engine``, ``--kv-type``,
-    ``--kv-compress``, ``--moe-offload``, ``--vram``...), kept when the model changes."""
 
-    def spec(self) -> EngineSpec:
-        """The :class:`EngineSpec` that opens this choice."""
-        base = self.base or EngineSpec(self.target)
-        return replace(base, target=self.target, drafter=self.drafter, draft_mode=self.mode,
-                       draft_max=self.draft_max, draft_len=self.draft_len, budget=self.budget,
-                       placement=self.placement, threads=self.n_threads, n_ctx=self.n_ctx,
-                       fast_verify=self.fast_verify, measure_cost=self.measure_cost)
+    @property
+    def target(self) -> Path:
+        return self.spec.target
+
+    @property
+    def drafter(self) -> Path | None:
+        return self.spec.drafter
+
+    @property
+    def mode(self) -> str:
+        return self.spec.draft_mode
 
     @property
     def target_name(self) -> str:
@@ -68,16 +50,16 @@ class ModelChoice:
             return self.drafter.stem
         return "model-free" if self.mode not in ("off", "model", "xvocab") else None
 
-    @property
-    def mode(self) -> str:
-        return self.draft_mode or "auto"
+    def with_models(self, target: Path, drafter: Path | None, draft_mode: str = "auto") -> ModelChoice:
+        """The same settings with other models (and no notes yet)."""
+        return ModelChoice(replace(self.spec, target=target, drafter=drafter, draft_mode=draft_mode))
 
 
 def engine_record(choice: ModelChoice) -> dict[str, Any]:
     """What a chat stores to get its models back: file paths, not names (a model given
     with ``-m FILE`` has no name in the store)."""
     return {"target": str(choice.target), "drafter": str(choice.drafter) if choice.drafter else None,
-            "draft_mode": choice.draft_mode}
+            "draft_mode": choice.mode}
 
 
 def restored_choice(current: ModelChoice, record: dict[str, Any]) -> ModelChoice | None:
@@ -86,7 +68,7 @@ def restored_choice(current: ModelChoice, record: dict[str, Any]) -> ModelChoice
     drafter = Path(record["drafter"]) if record.get("drafter") else None
     if not record.get("target") or not target.exists() or (drafter is not None and not drafter.exists()):
         return None
-    return replace(current, target=target, drafter=drafter, draft_mode=record.get("draft_mode"), notes=[])
+    return current.with_models(target, drafter, record.get("draft_mode") or "auto")
 
 
 @dataclass
@@ -116,7 +98,7 @@ def load_engine(choice: ModelChoice, progress: Callable[[str], None] | None = No
     changed or chose (a drafter the planner dropped, a KV type, a placement) goes to
     ``choice.notes`` for the UI to show.
     """
-    engine = open_engine(choice.spec(), notify=progress, on_load=on_load)
+    engine = open_engine(choice.spec, notify=progress, on_load=on_load)
     choice.notes.extend(engine.notes)
     return ChatEngine(engine.target, engine.strategy, drafter=engine.drafter_backend, owner=engine)
 
