@@ -1,4 +1,5 @@
-"""Dependencies point one way: app -> runtime -> kernels/models; kernels stay pure."""
+"""Dependencies point one way: app -> runtime -> kernels/models, and inside runtime down
+its parts (:data:`RUNTIME_LAYERS`); kernels stay pure."""
 
 from __future__ import annotations
 
@@ -33,6 +34,50 @@ def test_layer_imports_point_one_way(layer: str) -> None:
         for name in imports_of(path):
             if any(name == f or name.startswith(f + ".") for f in FORBIDDEN[layer]):
                 bad.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+RUNTIME_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("engine", "chat"),
+    ("autocomplete",),
+    ("planning",),
+    ("speculative",),
+    ("generate",),
+    ("kv", "moe"),
+    ("backends",),
+    ("logprobs", "text", "machine"),
+)
+"""The runtime's parts, top to bottom: a module may import its own part and the parts
+of lower rows, never a part of its own row or above. The engine builder opens and plans
+everything; the planner prices drafters and strategies (speculative) and the torch
+engine's KV compression and expert offload (kv, moe); speculation runs on the
+generation loop (generate); kv and moe extend the torch engine's backend; backends sit
+on the machine facts and text helpers. Names are sub-packages or top-level modules of
+``runtime``."""
+
+
+def runtime_part(module: str) -> str | None:
+    """``tandem.runtime.X...`` -> ``X`` (a sub-package or top-level module)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["tandem", "runtime"] else None
+
+
+def test_runtime_parts_import_downward_only() -> None:
+    """Every import between runtime parts points down :data:`RUNTIME_LAYERS`, counting
+    imports inside functions and under ``TYPE_CHECKING``."""
+    row = {name: i for i, names in enumerate(RUNTIME_LAYERS) for name in names}
+    here = {p.stem if p.suffix == ".py" else p.name for p in (ROOT / "runtime").iterdir()
+            if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").exists())}
+    assert here == set(row), f"parts missing from RUNTIME_LAYERS or gone: {sorted(here ^ set(row))}"
+    bad = []
+    for path in (ROOT / "runtime").rglob("*.py"):
+        part = path.relative_to(ROOT / "runtime").parts[0].removesuffix(".py")
+        if part == "__init__":
+            continue
+        for name in imports_of(path):
+            other = runtime_part(name)
+            if other is not None and other != part and row[other] <= row[part]:
+                bad.append(f"{path.relative_to(ROOT)} ({part}) imports {name} ({other})")
     assert not bad, "\n".join(bad)
 
 

@@ -43,7 +43,7 @@ class MoefyReport:
 @contextlib.contextmanager
 def _record_ffn_inputs(n_layer: int) -> Iterator[list[list[torch.Tensor]]]:
     """Capture each dense layer's FFN input (post-norm hidden state) during forward passes."""
-    import tandem.runtime.backends.torch_engine.llama as llama
+    import tandem.runtime.backends.torch_engine.decoder as llama
 
     seen: list[list[torch.Tensor]] = [[] for _ in range(n_layer)]
     original = llama.swiglu

@@ -66,8 +66,9 @@ class LlamaConfig:
     """``HOST:PORT`` of llama.cpp RPC servers that hold a share of the blocks (see
     :mod:`tandem.runtime.backends.rpc`); the output head and the first blocks stay here."""
     rpc_layers: tuple[int, ...] = ()
-    """Blocks for this machine, then for each RPC device; empty: planned from the memory
-    each server reports (:func:`tandem.runtime.planning.rpc_devices.plan_split`)."""
+    """Blocks for this machine, then for each RPC device, as the planner split them from
+    the memory each server reports (:func:`tandem.runtime.planning.rpc_devices.plan_remote`);
+    needed with :attr:`rpc`."""
 
 
 EXACT_BATCH = 7
@@ -171,8 +172,7 @@ class LlamaCppBackend(TokenizerDelegate, TokenCache):
         if progress is not None:
             params.progress_callback = progress  # referenced by ``progress`` until __init__ ends
         if cfg.rpc:
-            self._rpc, split = open_link(cfg.rpc, self.info, n_ctx=n_ctx, n_batch=min(cfg.n_batch, n_ctx),
-                                         type_k=cfg.type_k, type_v=cfg.type_v, layers=cfg.rpc_layers)
+            self._rpc, split = open_link(cfg.rpc, self.info, cfg.rpc_layers)
             self._rpc.apply(params, split)
         native = self._rpc.call if self._rpc else direct
         self._llama_decode = self._rpc.decode if self._rpc else llama_cpp.llama_decode

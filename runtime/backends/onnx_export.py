@@ -34,7 +34,7 @@ from tandem.models.errors import UnsupportedModel
 from tandem.runtime.backends.onnx_meta import OnnxMeta
 from tandem.runtime.backends.torch_engine.cache import PastCache
 from tandem.runtime.backends.torch_engine.config import ModelConfig
-from tandem.runtime.backends.torch_engine.llama import LlamaModel, rope_tables
+from tandem.runtime.backends.torch_engine.decoder import LlamaModel, rope_tables
 from tandem.runtime.backends.torch_engine.loader import load_weights
 
 FP32_FILE = "model.onnx"

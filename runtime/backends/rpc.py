@@ -6,7 +6,7 @@ another machine) offers its CPU or GPUs as devices over TCP. llama-cpp-python's
 (abetlen/llama-cpp-python#1914), so this module does what llama.cpp's own ``--rpc`` does,
 through ctypes: ``ggml_backend_rpc_add_server`` for each server, then the devices it
 reports go into ``llama_model_params.devices`` with a ``tensor_split`` that puts the
-planned number of blocks on each (:mod:`tandem.runtime.planning.rpc_devices`). The
+planned number of blocks on each (priced by :mod:`tandem.runtime.planning.rpc_devices`). The
 token embedding, the first blocks and the output head stay on this machine (a
 buffer-type override pins the head here), so a decode step sends one hidden-state row
 per server, never a row of logits. The drafter is an ordinary local model.
@@ -42,7 +42,7 @@ from typing import Any
 
 import llama_cpp
 
-from tandem.models.gguf_file import GGUFInfo, inspect_gguf
+from tandem.models.gguf_file import GGUFInfo
 from tandem.runtime.backends.rpc_probe import (
     RpcError,
     RpcPeerLost,
@@ -50,16 +50,7 @@ from tandem.runtime.backends.rpc_probe import (
     query_server,
     reachable,
 )
-from tandem.runtime.planning.rpc_devices import (
-    LOCAL_HEADROOM,
-    RemoteDevice,
-    RpcSplit,
-    available_here,
-    drafter_reserve,
-    pinned_split,
-    plan_split,
-)
-from tandem.runtime.planning.shapes import shape_from_gguf
+from tandem.runtime.backends.rpc_split import RemoteDevice, RpcSplit, pinned_split
 
 
 # -- ggml's C API ------------------------------------------------------------------------
@@ -289,33 +280,12 @@ class RpcLink:
         model.model = None
 
 
-def open_link(endpoints: Sequence[str], info: GGUFInfo, *, n_ctx: int, n_batch: int, type_k: str = "f16",
-              type_v: str = "f16", layers: Sequence[int] = ()) -> tuple[RpcLink, RpcSplit]:
-    """Connect to the servers and split the model over them: ``layers`` (this machine
-    first, then each RPC device) when given, else planned from the memory each reports
-    and this machine's budget."""
+def open_link(endpoints: Sequence[str], info: GGUFInfo, layers: Sequence[int]) -> tuple[RpcLink, RpcSplit]:
+    """Connect to the servers and split the model over them: ``layers`` blocks on this
+    machine, then on each RPC device (the planner's split:
+    :func:`tandem.runtime.planning.rpc_devices.plan_remote`)."""
+    if not layers:
+        raise RpcError("An RPC split needs its layers per device (LlamaConfig.rpc_layers): "
+                       "plan them with tandem.runtime.planning.rpc_devices.plan_remote.")
     link = RpcLink(parse_endpoints(endpoints))
-    shape = shape_from_gguf(info)
-    if layers:
-        return link, pinned_split(shape, layers, link.remote)
-    local = int(available_here() * LOCAL_HEADROOM)
-    return link, plan_split(shape, link.remote, local_available=local, n_ctx=n_ctx, n_batch=n_batch,
-                            type_k=type_k, type_v=type_v)
-
-
-def plan_remote(target: str | os.PathLike[str], endpoints: Sequence[str], *, local_budget: int | None = None,
-                n_ctx: int | None = None, n_batch: int = 512, kv_type: str = "f16",
-                drafter: str | os.PathLike[str] | None = None) -> tuple[RpcSplit, int]:
-    """The split a front end opens ``target`` with (and its context): each server's
-    share priced against the memory it reports, this machine's against ``local_budget``
-    (default: its share of available memory) less what a local ``drafter`` takes."""
-    info = inspect_gguf(target)
-    trained = int(info.arch_value("context_length", 2048) or 2048)
-    ctx = n_ctx or min(trained, 4096)
-    remote = tuple(d for e in parse_endpoints(endpoints) for d in query_server(e))
-    local = local_budget if local_budget is not None else int(available_here() * LOCAL_HEADROOM)
-    if drafter is not None and Path(drafter).is_file():
-        local -= drafter_reserve(shape_from_gguf(drafter), ctx, n_batch)
-    split = plan_split(shape_from_gguf(info), remote, local_available=local, n_ctx=ctx, n_batch=n_batch,
-                       type_k=kv_type, type_v=kv_type)
-    return split, ctx
+    return link, pinned_split(int(info.arch_value("block_count", 0) or 0), layers, link.remote)

@@ -16,7 +16,7 @@ import struct
 from collections.abc import Sequence
 
 from tandem.models.errors import TandemError
-from tandem.runtime.planning.rpc_devices import RemoteDevice
+from tandem.runtime.backends.rpc_split import RemoteDevice
 
 DEFAULT_PORT = 50052
 RPC_PROTO_MAJOR = 7

@@ -26,7 +26,7 @@ from tandem.kernels.kv_quant import (
     quantize,
     quantize_channels,
 )
-from tandem.runtime.backends.torch_engine.llama import apply_rope, rope_tables
+from tandem.runtime.backends.torch_engine.decoder import apply_rope, rope_tables
 
 if TYPE_CHECKING:
     from tandem.runtime.backends.torch_engine.backend import TorchBackend

@@ -36,6 +36,12 @@ import torch
 from torch import nn
 
 from tandem.models.errors import UnsupportedModel
+from tandem.runtime.backends.torch_engine.moe_layer import (
+    MoEFeedForward,
+    expert_batches,
+    linear,
+    mix,
+)
 from tandem.runtime.moe.config import OffloadConfig
 from tandem.runtime.moe.expert_store import (
     ExpertSource,
@@ -44,7 +50,6 @@ from tandem.runtime.moe.expert_store import (
     LowBitExperts,
     RamExpertSource,
 )
-from tandem.runtime.moe.layer import MoEFeedForward, expert_batches, linear, mix
 
 if TYPE_CHECKING:
     from tandem.runtime.backends.torch_engine.backend import TorchBackend

@@ -20,11 +20,13 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.models.errors import TandemError
-from tandem.runtime.planning.shapes import KV_PAD, ModelShape
+from tandem.models.gguf_file import inspect_gguf
+from tandem.runtime.backends.rpc_probe import parse_endpoints, query_server
+from tandem.runtime.backends.rpc_split import DeviceShare, RemoteDevice, RpcSplit, format_size
+from tandem.runtime.planning.shapes import KV_PAD, ModelShape, shape_from_gguf
 
 REMOTE_HEADROOM = 0.9
 """Share of a server's reported free memory a plan may use: the server process itself
@@ -32,12 +34,6 @@ and the allocator's rounding take some, and its machine keeps running other thin
 LOCAL_HEADROOM = 0.85
 """Share of this machine's available memory a default split may use (as the planner's
 host budget; a front end passes its own budget instead)."""
-
-
-def format_size(n: int) -> str:
-    """Bytes in MiB, or GiB from 10 GiB on (this module stays below the planner's
-    hardware module, which the backends may not import)."""
-    return f"{n / 2**30:.1f} GiB" if n >= 10 * 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def available_here() -> int:
@@ -49,68 +45,6 @@ def available_here() -> int:
     except (OSError, ValueError, IndexError):
         pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-@dataclass(frozen=True)
-class RemoteDevice:
-    """One device an RPC server offers, with the memory it reported."""
-
-    endpoint: str
-    """``host:port`` of the server."""
-    index: int
-    """The device's index on that server (a server may offer several GPUs)."""
-    free: int
-    total: int
-
-    @property
-    def label(self) -> str:
-        return self.endpoint if self.index == 0 else f"{self.endpoint}#{self.index}"
-
-
-@dataclass(frozen=True)
-class DeviceShare:
-    """What one device holds of the split model and what it has for it."""
-
-    label: str
-    layers: int
-    weights: int
-    kv: int
-    compute: int
-    available: int
-
-    @property
-    def need(self) -> int:
-        return self.weights + self.kv + self.compute
-
-    @property
-    def fits(self) -> bool:
-        return self.need <= self.available
-
-
-@dataclass(frozen=True)
-class RpcSplit:
-    """Blocks per device, local first, then each remote device in the order given."""
-
-    local_layers: int
-    remote_layers: tuple[int, ...]
-    shares: tuple[DeviceShare, ...]
-
-    @property
-    def layers(self) -> tuple[int, ...]:
-        """``LlamaConfig.rpc_layers``: this machine's blocks, then each RPC device's."""
-        return (self.local_layers, *self.remote_layers)
-
-    def summary(self) -> str:
-        """One line for a front end's notes."""
-        if not self.shares:
-            return f"RPC split: this machine {self.local_layers} layers, the servers {list(self.remote_layers)}"
-        return "RPC split: " + ", ".join(f"{s.label} {s.layers} layers" for s in self.shares)
-
-    def describe(self) -> str:
-        return "\n".join(
-            f"  {s.label}: {s.layers} layers, {format_size(s.need)} (weights {format_size(s.weights)}, "
-            f"KV {format_size(s.kv)}, compute {format_size(s.compute)}) of {format_size(s.available)}"
-            for s in self.shares)
 
 
 def kv_per_layer(shape: ModelShape, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> int:
@@ -220,10 +154,19 @@ def plan_split(shape: ModelShape, remote: Sequence[RemoteDevice], *, local_avail
         "or quantize the KV cache.")
 
 
-def pinned_split(shape: ModelShape, layers: Sequence[int], remote: Sequence[RemoteDevice]) -> RpcSplit:
-    """A split the caller chose: ``layers`` blocks for this machine, then each RPC device
-    (not priced: for tests and benchmarks that place blocks on purpose)."""
-    if len(layers) != len(remote) + 1 or sum(layers) != shape.n_layer or min(layers) < 0:
-        raise TandemError(f"A pinned split lists blocks for this machine and each of the {len(remote)} RPC "
-                          f"device(s), {len(remote) + 1} numbers adding up to {shape.n_layer}; got {list(layers)}.")
-    return RpcSplit(layers[0], tuple(layers[1:]), ())
+def plan_remote(target: str | os.PathLike[str], endpoints: Sequence[str], *, local_budget: int | None = None,
+                n_ctx: int | None = None, n_batch: int = 512, kv_type: str = "f16",
+                drafter: str | os.PathLike[str] | None = None) -> tuple[RpcSplit, int]:
+    """The split a front end opens ``target`` with (and its context): each server's
+    share priced against the memory it reports, this machine's against ``local_budget``
+    (default: its share of available memory) less what a local ``drafter`` takes."""
+    info = inspect_gguf(target)
+    trained = int(info.arch_value("context_length", 2048) or 2048)
+    ctx = n_ctx or min(trained, 4096)
+    remote = tuple(d for e in parse_endpoints(endpoints) for d in query_server(e))
+    local = local_budget if local_budget is not None else int(available_here() * LOCAL_HEADROOM)
+    if drafter is not None and Path(drafter).is_file():
+        local -= drafter_reserve(shape_from_gguf(drafter), ctx, n_batch)
+    split = plan_split(shape_from_gguf(info), remote, local_available=local, n_ctx=ctx, n_batch=n_batch,
+                       type_k=kv_type, type_v=kv_type)
+    return split, ctx

@@ -30,7 +30,7 @@ from tandem.runtime.backends.protocol import (
 from tandem.runtime.backends.token_cache import FixedTokenCache, new_tokens
 from tandem.runtime.backends.torch_engine.cache import KVCache
 from tandem.runtime.backends.torch_engine.config import ModelConfig
-from tandem.runtime.backends.torch_engine.llama import LlamaModel
+from tandem.runtime.backends.torch_engine.decoder import LlamaModel
 from tandem.runtime.backends.torch_engine.loader import load_weights
 from tandem.runtime.backends.torch_engine.tokenizer import load_tokenizer
 

@@ -28,7 +28,7 @@ from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.models.errors import TandemError
 from tandem.runtime.backends.torch_engine.cache import PastCache
 from tandem.runtime.backends.torch_engine.config import ModelConfig
-from tandem.runtime.backends.torch_engine.llama import LlamaModel
+from tandem.runtime.backends.torch_engine.decoder import LlamaModel
 from tandem.runtime.generate import DoneEvent, generate
 
 

@@ -19,7 +19,6 @@ from benchmarks.rpc import SERVER, DelayProxy, free_port, wait_listening
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.models.errors import TandemError
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
-from tandem.runtime.backends.rpc import plan_remote
 from tandem.runtime.backends.rpc_probe import (
     RPC_PROTO_MAJOR,
     RpcError,
@@ -28,6 +27,7 @@ from tandem.runtime.backends.rpc_probe import (
     query_server,
 )
 from tandem.runtime.generate import TokenEvent, generate
+from tandem.runtime.planning.rpc_devices import plan_remote
 from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 
 MiB = 2**20

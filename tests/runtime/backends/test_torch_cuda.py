@@ -17,7 +17,7 @@ from greedy_runs import greedy_rows
 
 from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
 from tandem.runtime.backends.torch_engine.cache import KVCache
-from tandem.runtime.backends.torch_engine.llama import LlamaModel
+from tandem.runtime.backends.torch_engine.decoder import LlamaModel
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
 TOL = 1e-3
