@@ -249,7 +249,7 @@ def on_passing_thread(fn: Callable[[], T]) -> T:
     team would outlive the load beside the generation thread's own, and with more OpenMP
     threads than cores libgomp stops spinning at barriers and sleeps instead: ~100
     context switches per token and 25 % slower decoding when every core is used
-    (BENCHMARKS.md, "Editor autocomplete"). A passing thread takes its team with it."""
+    (measured on the editor-autocomplete server). A passing thread takes its team with it."""
     result: list[T] = []
     error: list[BaseException] = []
 

@@ -11,7 +11,7 @@ How the chunks must be written depends on what the model was trained on:
   the FIM block as plain files, each after a ``# filename`` line, as in its
   repository-level pretraining;
 * otherwise the chunks are **left out**: pasted into the prefix they read as part of
-  the current file and the model continues *them* (issue 15).
+  the current file and the model continues *them*.
 
 The token budget follows llama-server's ``format_infill``: the prefix keeps its last
 3/4 of a batch, the suffix its first 1/4 (less the prompt), and the chunks get what the

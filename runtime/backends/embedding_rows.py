@@ -4,7 +4,7 @@ Superposed decoding feeds ``Σ w_i E[tok_i]`` instead of a token id, so it needs
 input embeddings of at most k tokens per step. llama.cpp keeps ``E`` inside ggml buffers
 it does not expose; reading and dequantizing the whole matrix from the file took 15 s
 (10 s of it parsing the file's metadata with gguf-py) and 545 MB for Qwen2.5's
-151,936 x 896 table: a cold start on the first request (issue 15). Here the tensor's
+151,936 x 896 table: a cold start on the first request. Here the tensor's
 bytes are memory-mapped at the offset the tensor table already gives
 (:func:`tandem.models.gguf_file.inspect_gguf`), and a row is dequantized when it is
 first mixed and kept in a bounded cache.

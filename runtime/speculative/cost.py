@@ -42,7 +42,7 @@ class CostCurve:
 
 
 CPU_COST_CURVE = CostCurve((1.0, 1.7, 1.9, 2.1, 2.4, 2.55, 2.7, 2.85, 3.0), 0.0)
-"""c(k) assumed where nothing was measured (a 2-core CPU on a toy model, issue 3): the
+"""c(k) assumed where nothing was measured (as timed on a 2-core CPU on a toy model): the
 planner's prediction before any model is open, and the adaptive policy's prior when
 measuring is switched off (``SpecOptions.measure_cost=False``)."""
 
