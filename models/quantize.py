@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tandem.models.errors import ModelFormatError, ModelNotFound, TandemError
 from tandem.models.gguf_file import inspect_gguf
+from tandem.models.paths import cache_dir
 
 FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2, "q4_1": 3, "q4_k_m": 15}
 """GGUF output types by name -> ``llama_ftype`` (see llama_cpp.LLAMA_FTYPE_*)."""
@@ -79,8 +80,6 @@ def cached_copy_path(src: str | os.PathLike[str], qtype: str) -> Path:
     named by the source's resolved path, size and modification time, so an edited or
     replaced source gets a fresh copy and nothing is ever re-quantized needlessly."""
     import hashlib
-
-    from tandem.models.paths import cache_dir
 
     src = Path(src).resolve()
     st = src.stat()

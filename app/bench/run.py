@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tandem.app.bench.peers import PEER_NOTE, PEERS, LlamaPeer, RunResult, decode_rate
+from tandem.app.bench.report import summarize
 from tandem.app.bench.workloads import DEFAULT_WORKLOADS, Workload, workload
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.models.errors import TandemError
@@ -43,6 +44,7 @@ from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.engine import Engine, EngineSpec, open_engine
 from tandem.runtime.generate import DoneEvent, generate
 from tandem.runtime.machine import cpu_cores
+from tandem.runtime.speculative.drafters.model import same_vocabulary
 
 
 @dataclass
@@ -170,8 +172,6 @@ def open_configs(base: EngineSpec, cfg: BenchConfig, log: Callable[[str], None])
     """An engine per Tandem configuration asked for, opened as a user's spec for it would
     be (``plain`` first), and the drafters labelled by vocabulary (each one's ``auto``
     engine tells). On failure every engine opened so far is closed."""
-    from tandem.runtime.speculative.drafters.model import same_vocabulary
-
     engines: dict[str, Engine] = {}
     drafters: list[Drafter] = []
     try:
@@ -249,8 +249,6 @@ def warm_up(target: Backend, work: dict[str, Workload], names: list[str], run_on
 
 
 def run_bench(cfg: BenchConfig) -> dict:
-    from tandem.app.bench.report import summarize
-
     threads = cfg.threads or cpu_cores()
     spec = EngineSpec(cfg.target, draft_mode="off", draft_max=cfg.draft_max, budget=cfg.budget, threads=threads,
                       n_ctx=cfg.ctx, kv_type=cfg.kv_type, engine="llama.cpp", repack=cfg.repack)

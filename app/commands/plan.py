@@ -10,8 +10,10 @@ from pathlib import Path
 from tandem.app.commands.engine_flags import add_technique_flags, moe_spec
 from tandem.models.errors import BudgetError, TandemError
 from tandem.models.store import resolve_model
+from tandem.runtime.backends.opener import open_backend
 from tandem.runtime.engine import EngineSpec, check_spec, target_engine
 from tandem.runtime.kv.config import PRESETS
+from tandem.runtime.planning.baseline import machine_baseline
 from tandem.runtime.planning.calibration import calibrate
 from tandem.runtime.planning.hardware import PROFILES, format_size, resolve_machine
 from tandem.runtime.planning.options import TechniqueOption, llama_kv_options, torch_options
@@ -172,15 +174,11 @@ def run_baseline(machine) -> int | None:
     identical plans; ``None`` (the profile's) when planning another machine."""
     if machine.source != "detected":
         return None
-    from tandem.runtime.planning.baseline import machine_baseline
-
     return machine_baseline().total
 
 
 def calibrated(plan: Plan) -> Choice:
     """Open the planned target and measure the drafter's placement options."""
-    from tandem.runtime.backends.opener import open_backend
-
     target = open_backend(plan.target.path, llama_config=plan.target.llama_config())
     try:
         return calibrate(target, plan, plan_options(plan))

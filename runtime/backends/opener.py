@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from tandem.models.errors import ModelFormatError
 from tandem.runtime.backends.protocol import Backend
 
 
@@ -52,8 +53,6 @@ def check_finite_logits(backend: Backend) -> None:
     a quantized block) give NaN or infinite logits, which would otherwise be "generated"
     as garbage. Reports them as a corrupted file instead; the cache is left empty."""
     import numpy as np
-
-    from tandem.models.errors import ModelFormatError
 
     bos = backend.special.bos
     ids = ([] if bos is None else [bos]) + backend.tokenize(PROBE_TEXT)[: max(1, min(16, backend.n_ctx - 2))]

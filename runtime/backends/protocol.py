@@ -18,6 +18,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from tandem.models.errors import PromptError
+
 
 @dataclass(frozen=True)
 class MemoryReport:
@@ -218,8 +220,6 @@ def check_room(cached: int, n: int, n_ctx: int) -> None:
     """Raise :class:`~tandem.models.errors.PromptError` when ``n`` new positions do not fit
     after ``cached`` ones in a context of ``n_ctx``."""
     if cached + n > n_ctx:
-        from tandem.models.errors import PromptError
-
         raise PromptError(f"Context full: {cached} + {n} tokens exceed the context of {n_ctx}.")
 
 

@@ -41,6 +41,7 @@ from tandem.runtime.planning.placement import (
     target_key,
 )
 from tandem.runtime.speculative.drafters.base import Drafter
+from tandem.runtime.speculative.factory import open_draft_backend, open_model_drafter
 
 
 def _median_time(fn: Callable[[], object], reps: int) -> float:
@@ -154,8 +155,6 @@ def calibrate(target: Backend, plan, opts: Sequence[Option], *, mode: str = "aut
     the GPU is opened in the torch engine for the measurement. With ``keep`` the backends
     opened for measuring are handed over in it (``draft:cpu``, ``draft:cuda``,
     ``target:cuda``) instead of being closed, so the caller does not open them again."""
-    from tandem.runtime.speculative.factory import open_draft_backend, open_model_drafter
-
     draft = plan.draft
     key = calibration_key(plan.target.path, draft.path, opts, mode)
     cache = _cache_file()

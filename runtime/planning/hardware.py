@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tandem.models.errors import TandemError
 from tandem.runtime.machine import cpu_cores
+from tandem.runtime.planning.baseline import machine_baseline
 
 _UNITS = {
     "": 1, "b": 1,
@@ -208,8 +209,6 @@ def _cached_bandwidth() -> float:
     """This machine's memory bandwidth, measured once and cached with its process
     baseline (:mod:`tandem.runtime.planning.baseline`): a fresh measurement moves by
     10-20 % between calls, and so would every predicted speed."""
-    from tandem.runtime.planning.baseline import machine_baseline
-
     return machine_baseline().bandwidth_gbs
 
 

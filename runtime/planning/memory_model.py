@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from tandem.models.errors import TandemError
+from tandem.runtime.planning.baseline import machine_baseline
 from tandem.runtime.planning.costs import (
     COSTS,
     TORCH,
@@ -37,6 +38,7 @@ from tandem.runtime.planning.costs import (
     TORCH_SCORE_MATRICES,
     TORCH_WORK_FIXED,
 )
+from tandem.runtime.planning.llama_sizes import ContextSetup, sizes_for, work_buffer
 from tandem.runtime.planning.shapes import (
     ModelShape,
     padded_ctx,
@@ -148,8 +150,6 @@ def llama_cpu_items(shape: ModelShape, setup: Setup, role: str = "target") -> li
     * **context overhead**: context structures, the thread pool, first-decode
       allocations, measured once per machine with a tiny model (:func:`llama_context_overhead`).
     """
-    from tandem.runtime.planning.llama_sizes import ContextSetup, sizes_for, work_buffer
-
     sizes = sizes_for(shape.path)
     t = min(setup.n_batch, setup.n_ctx)
     flash = setup.flash_attn or setup.type_v not in ("f16", "f32", "bf16")
@@ -175,8 +175,6 @@ def llama_cpu_items(shape: ModelShape, setup: Setup, role: str = "target") -> li
 def llama_context_overhead() -> int:
     """What a llama.cpp context takes beyond its priced buffers, measured on this machine
     with a tiny model (:mod:`tandem.runtime.planning.baseline`, cached)."""
-    from tandem.runtime.planning.baseline import machine_baseline
-
     return machine_baseline().llama_context
 
 

@@ -20,7 +20,7 @@ from tandem.runtime.backends.onnx_meta import META_FILE, read_onnx_meta
 from tandem.runtime.planning.devices import SAFETY
 from tandem.runtime.planning.hardware import format_size, resolve_machine
 from tandem.runtime.planning.memory_model import Setup, estimate
-from tandem.runtime.planning.memprobe import process_rss
+from tandem.runtime.planning.memprobe import process_rss, unresident_code
 from tandem.runtime.planning.shapes import ModelShape, shape_from_gguf, shape_from_hf
 
 MEMORY_KINDS = {"onnx": "onnxruntime", "torch": "torch"}
@@ -104,8 +104,6 @@ def plan_unplanned(path: str | Path, kind: str, budget: int | str | None = None,
     machine = resolve_machine(None, budget, None, measure_bandwidth=False)
     if baseline is None:
         _import_runtime(kind)
-        from tandem.runtime.planning.memprobe import unresident_code
-
         baseline = process_rss() + unresident_code()
     if ctx is not None and ctx > shape.n_ctx_train:
         raise TandemError(f"--ctx {ctx} is longer than {shape.name} was trained for ({shape.n_ctx_train} tokens); "

@@ -30,8 +30,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from tandem.kernels.acceptance import expected_tokens
+from tandem.models.errors import TandemError
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.machine import cpu_cores
+from tandem.runtime.planning.costs import TORCH_CUDA_DEVICE, TORCH_CUDA_HOST
+from tandem.runtime.planning.memory_model import Setup, torch_gpu_items
+from tandem.runtime.planning.shapes import shape_from_gguf
 
 CALIBRATION_K = 4
 """Draft length the options are compared at (the adaptive policy still picks k later)."""
@@ -149,10 +153,6 @@ def target_gpu_fits(plan) -> bool:
 
     if not torch.cuda.is_available():
         return False
-    from tandem.runtime.planning.costs import TORCH_CUDA_DEVICE, TORCH_CUDA_HOST
-    from tandem.runtime.planning.memory_model import Setup, torch_gpu_items
-    from tandem.runtime.planning.shapes import shape_from_gguf
-
     shape = shape_from_gguf(plan.target.path)
     cfg = plan.target
     items = torch_gpu_items(shape, Setup(cfg.n_ctx, cfg.n_batch, output_rows=plan.draft_max + 1), role="target")
@@ -192,8 +192,6 @@ def plan_options(plan, device: str = "auto") -> list[Option]:
     """The options for ``plan`` (a :class:`~tandem.runtime.planning.planner.Plan` with a drafter) on
     this machine, restricted by ``device`` (see :data:`DEVICE_CHOICES`); a
     :class:`~tandem.models.errors.TandemError` when the restriction leaves none."""
-    from tandem.models.errors import TandemError
-
     draft = plan.draft
     target_gpu = device in ("auto", "target-gpu") and target_gpu_fits(plan)
     if device == "target-gpu" and not target_gpu:

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from tandem.kernels.acceptance import expected_tokens
 from tandem.models.errors import TandemError
+from tandem.runtime.planning.baseline import machine_baseline
 from tandem.runtime.planning.devices import (
     SAFETY,
     fits,
@@ -45,9 +46,10 @@ from tandem.runtime.planning.devices import (
     place_draft,
     torch_cuda_ok,
 )
-from tandem.runtime.planning.hardware import Machine, format_size
+from tandem.runtime.planning.hardware import Machine, format_size, resolve_machine
+from tandem.runtime.planning.llama_sizes import close_all
 from tandem.runtime.planning.memory_model import Estimate, Item, Setup, estimate
-from tandem.runtime.planning.memprobe import process_rss
+from tandem.runtime.planning.memprobe import process_rss, unresident_code
 from tandem.runtime.planning.plan import (
     ACCEPTANCE_PRIOR,
     KV_QUALITY,
@@ -161,16 +163,11 @@ def detected_baseline() -> int:
     measured, cached baseline (:mod:`tandem.runtime.planning.baseline`), or this process's
     own resident size plus the llama.cpp code it will still fault in when that is
     larger (the chat app imports Textual; a test process holds much more)."""
-    from tandem.runtime.planning.baseline import machine_baseline
-    from tandem.runtime.planning.memprobe import unresident_code
-
     return max(machine_baseline().total, process_rss() + unresident_code())
 
 
 def make_plan(req: PlanRequest) -> Plan:
     """The fastest plan that fits ``req.machine``'s budgets (see the module docstring)."""
-    from tandem.runtime.planning.llama_sizes import close_all
-
     try:
         return _make_plan(req)
     finally:
@@ -180,8 +177,6 @@ def make_plan(req: PlanRequest) -> Plan:
 def _make_plan(req: PlanRequest) -> Plan:
     machine = req.machine
     if machine is None:
-        from tandem.runtime.planning.hardware import resolve_machine
-
         machine = resolve_machine()
     if req.baseline is not None:
         baseline = req.baseline
@@ -244,8 +239,6 @@ this machine it is measured (:mod:`tandem.runtime.planning.baseline`)."""
 def draft_index_per_token(machine: Machine) -> float:
     if machine.source != "detected":
         return MODEL_FREE_PER_TOKEN
-    from tandem.runtime.planning.baseline import machine_baseline
-
     return machine_baseline().draft_index_per_token
 
 
@@ -365,8 +358,6 @@ def plan_for_run(target_path: str | Path, draft_path: str | Path | None = None, 
     context (wrap it in :class:`tandem.runtime.speculative.overlap.WindowedDrafter`).
     """
     import tandem.runtime.backends.llama  # noqa: F401  (resident before the baseline is read)
-    from tandem.runtime.planning.hardware import resolve_machine
-
     machine = resolve_machine(profile, budget, vram, measure_bandwidth=False)
     req = PlanRequest(Path(target_path), Path(draft_path) if draft_path else None, ctx, machine,
                       draft_max=draft_max, threads=threads, acceptance=acceptance,

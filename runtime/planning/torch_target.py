@@ -29,7 +29,8 @@ from tandem.runtime.moe.config import SPEED_NOTE, MoeOffloadSpec, OffloadConfig
 from tandem.runtime.planning.devices import SAFETY
 from tandem.runtime.planning.hardware import format_size, parse_size, resolve_machine
 from tandem.runtime.planning.memory_model import Estimate, Item, Setup, estimate, torch_gpu_items
-from tandem.runtime.planning.memprobe import process_rss
+from tandem.runtime.planning.memprobe import process_rss, unresident_code
+from tandem.runtime.planning.planner import PROFILE_BASELINE
 from tandem.runtime.planning.shapes import ModelShape, shape_from_gguf, shape_from_hf
 
 TORCH_BATCH = 512
@@ -242,10 +243,6 @@ def _baseline(machine) -> int:
     """This process's resident bytes with torch imported (``import torch`` is hundreds of
     MB, in the baseline as the memory model expects), or the profile's."""
     if machine.source != "detected":
-        from tandem.runtime.planning.planner import PROFILE_BASELINE
-
         return PROFILE_BASELINE
     import tandem.runtime.backends.torch_engine.backend  # noqa: F401
-    from tandem.runtime.planning.memprobe import unresident_code
-
     return process_rss() + unresident_code()

@@ -15,6 +15,7 @@ from pathlib import Path
 from tandem.kernels.sampling import Sampler
 from tandem.models.errors import TandemError
 from tandem.models.paths import data_dir
+from tandem.runtime.backends.opener import open_backend
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.generate import Commit, DecodeStats, autoregressive
 from tandem.runtime.speculative.cost import CPU_COST_CURVE, OnlineCost
@@ -26,8 +27,13 @@ from tandem.runtime.speculative.cost_cache import (
 )
 from tandem.runtime.speculative.drafters.base import Drafter
 from tandem.runtime.speculative.drafters.chain import ChainDrafter
+from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter
+from tandem.runtime.speculative.drafters.model import ModelDrafter, same_vocabulary
 from tandem.runtime.speculative.drafters.suffix import SuffixDrafter, SuffixMemory, global_cache
+from tandem.runtime.speculative.drafters.xvocab.drafter import CrossVocabDrafter
+from tandem.runtime.speculative.drafters.xvocab.translation_cache import vocab_fingerprint
 from tandem.runtime.speculative.loop import RoundHook, speculative
+from tandem.runtime.speculative.overlap import WindowedDrafter
 from tandem.runtime.speculative.policy import (
     AdaptiveConfig,
     AdaptivePolicy,
@@ -138,8 +144,6 @@ class SpeculativeStrategy:
 def model_free_drafter(target: Backend, *, memory: SuffixMemory = "process") -> Drafter:
     """Suffix-tree drafting ahead of prompt lookup; the suffix tree learns from what
     ``memory`` says (:data:`~tandem.runtime.speculative.drafters.suffix.SuffixMemory`)."""
-    from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter
-
     shared = None
     if memory != "request":
         key = sampled_vocab_key(target)
@@ -153,8 +157,6 @@ def sampled_vocab_key(target: Backend, samples: int = 2048) -> str:
     (~2 ms where all 151,936 take 0.2 s): two models share a suffix tree when their
     tokenizers agree on these. A collision could only make drafts that verification
     rejects, never change the output."""
-    from tandem.runtime.speculative.drafters.xvocab.translation_cache import vocab_fingerprint
-
     step = max(1, target.n_vocab // samples)
     return vocab_fingerprint((target.token_bytes(i) for i in range(0, target.n_vocab, step)), extra=str(target.n_vocab))
 
@@ -163,13 +165,15 @@ def open_draft_backend(target: Backend, draft: str | Path, *, llama_config=None,
                        torch_config=None) -> Backend:
     """The drafter model's backend: on ``cuda`` the torch engine (warmed up), else what
     its file type implies (``llama_config`` for a GGUF, the target's context otherwise)."""
-    from tandem.models.store import resolve_model
-    from tandem.runtime.backends.opener import open_backend
+    from tandem.models.store import resolve_model  # local: gguf loads only when a drafter is opened
 
     path = resolve_model(str(draft))
     if device != "cuda":
         return open_backend(path, n_ctx=target.n_ctx, llama_config=llama_config)
-    from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
+    from tandem.runtime.backends.torch_engine.backend import (  # local: torch, an extra
+        TorchBackend,
+        TorchConfig,
+    )
 
     backend = TorchBackend(path, torch_config or TorchConfig(device="cuda", n_ctx=target.n_ctx + 16))
     backend.evaluate([backend.special.bos or 0])  # first CUDA launches (kernels, cuBLAS) are slow:
@@ -182,8 +186,6 @@ def open_model_drafter(target: Backend, draft: str | Path | Backend, mode: str, 
     """A model drafter for ``draft`` (a GGUF path, a store name or an open backend, which
     stays the caller's): same-vocabulary when the vocabularies match, cross-vocabulary
     otherwise (``auto``), or as ``mode`` demands."""
-    from tandem.runtime.speculative.drafters.model import ModelDrafter, same_vocabulary
-
     owns = not isinstance(draft, Backend)
     backend = (open_draft_backend(target, draft, llama_config=llama_config, device=device, torch_config=torch_config)
                if owns else draft)
@@ -196,8 +198,6 @@ def open_model_drafter(target: Backend, draft: str | Path | Backend, mode: str, 
             )
         if mode == "model" or (mode == "auto" and same):
             return ModelDrafter(backend, owns_backend=owns)
-        from tandem.runtime.speculative.drafters.xvocab.drafter import CrossVocabDrafter
-
         return CrossVocabDrafter(backend, target, owns_backend=owns)
     except BaseException:
         if owns:
@@ -259,8 +259,6 @@ def build_strategy(
         model_drafter = open_model_drafter(target, draft, opts.mode, llama_config=llama_config,
                                            device=opts.draft_device, torch_config=torch_config)
         if opts.draft_window:
-            from tandem.runtime.speculative.overlap import WindowedDrafter
-
             model_drafter = WindowedDrafter(model_drafter, opts.draft_window)
         drafters.append(model_drafter)
     drafter = drafters[0] if len(drafters) == 1 else ChainDrafter(drafters)
