@@ -424,8 +424,7 @@ def _apply_torch_options(target: Backend, torch_plan: TorchPlan) -> list[Any]:
 
 def spec_options(spec: EngineSpec, mode: str | None = None, draft_max: int | None = None) -> SpecOptions:
     """The strategy options ``spec`` asks for (``mode``/``draft_max``: as the plan settled
-    them). ``tandem bench`` builds its per-run strategies from these too, so it measures
-    what the other front ends run."""
+    them; placement adds its own settings to these)."""
     return SpecOptions(mode=mode or spec.draft_mode, draft_max=draft_max or spec.draft_max,
                        draft_length=spec.draft_len, measure_cost=spec.measure_cost,
                        suffix_memory=spec.suffix_memory)
