@@ -16,26 +16,33 @@ REGEX = "[ab]cab[ab]{0,2}d"
 LANGUAGE = {f"{x}cab{m}d" for x in "ab" for m in ["", "a", "b", "aa", "ab", "ba", "bb"]}
 
 
-class GrammarToy(ToyBackend):
-    """A Markov toy whose tokens spell :data:`PIECES` (the last one ends generation)."""
+BYTES = [bytes([i]) for i in range(256)] + [b""]
+"""A vocabulary that spells anything: every byte, then end-of-generation."""
 
-    def __init__(self, table: np.ndarray, name: str = "toy") -> None:
+
+class GrammarToy(ToyBackend):
+    """A Markov toy whose tokens spell ``pieces`` (the last one, empty, ends generation)."""
+
+    def __init__(self, table: np.ndarray, name: str = "toy", pieces: list[bytes] = PIECES) -> None:
         super().__init__(table, name)
+        self.pieces = pieces
 
     @property
     def special(self) -> SpecialTokens:
-        return SpecialTokens(bos=None, eos=EOS, eog=frozenset({EOS}))
+        eos = len(self.pieces) - 1
+        return SpecialTokens(bos=None, eos=eos, eog=frozenset({eos}))
 
     def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
         data, out = text.encode(), []
         while data:
-            best = max((i for i, p in enumerate(PIECES) if p and data.startswith(p)), key=lambda i: len(PIECES[i]))
+            best = max((i for i, p in enumerate(self.pieces) if p and data.startswith(p)),
+                       key=lambda i: len(self.pieces[i]))
             out.append(best)
-            data = data[len(PIECES[best]):]
+            data = data[len(self.pieces[best]):]
         return out
 
     def token_bytes(self, token: int) -> bytes:
-        return PIECES[token]
+        return self.pieces[token]
 
 
 def exact_replies(table: np.ndarray, last: int, max_tokens: int, state: GrammarState) -> dict[tuple[int, ...], float]:
