@@ -77,6 +77,8 @@ def run_summary(stats: GenerationStats, speculation: dict | None = None) -> list
                   f"({(stats.acceptance_rate or 0) * 100:.1f} %)" if stats.drafted_tokens else "nothing drafted")
         lines.append(f"tandem: drafter {drafter or '?'}: {accept}, {stats.tokens_per_call:.2f} tokens per "
                      f"target call ({stats.target_calls} calls)")
+    if stats.forced_tokens:
+        lines.append(f"tandem: grammar: {stats.forced_tokens} tokens forced, committed without asking the model")
     return lines
 
 
