@@ -69,7 +69,8 @@ def _generate(slot: ModelSlot, ids: list[int], req: GenRequest, stops: list[str]
         cache.cached_tokens = cached
     try:
         yield from generate(slot.target, ids, Sampler(req.params), strategy=slot.engine.strategy,
-                            max_tokens=req.max_tokens, stop=stops, cancel=cancel, logprobs=req.logprobs)
+                            max_tokens=req.max_tokens, stop=stops, cancel=cancel, logprobs=req.logprobs,
+                            **({"grammar": req.grammar} if req.grammar is not None else {}))
     finally:
         cache_owner.release(slot, client)
 

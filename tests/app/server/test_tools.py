@@ -1,0 +1,171 @@
+"""Tool requests and replies without a model: parsing ``tools``/``tool_choice``, the
+call schema, and cutting reply text into content and ``tool_calls`` as it streams."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tandem.app.server.openai import ApiError, parse_messages
+from tandem.app.server.structured import parse_output_format
+from tandem.app.server.tools import (
+    CallDelta,
+    ToolCallParser,
+    call_schema,
+    collect,
+    parse_reply,
+    parse_tools,
+    plain_messages,
+)
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time"}}
+
+
+def test_tools_and_choices_parse() -> None:
+    req = parse_tools({"tools": [WEATHER, TIME]})
+    assert req is not None and req.choice == "auto" and req.parallel
+    assert [t.name for t in req.offered] == ["get_weather", "get_time"]
+    assert req.tools[1].parameters == {"type": "object", "properties": {}}
+    named = parse_tools({"tools": [WEATHER, TIME], "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+                         "parallel_tool_calls": False})
+    assert named is not None and named.forced and [t.name for t in named.offered] == ["get_time"]
+    assert not named.parallel
+    none = parse_tools({"tools": [WEATHER], "tool_choice": "none"})
+    assert none is not None and none.offered == ()
+    required = parse_tools({"tools": [WEATHER], "tool_choice": "required"})
+    assert required is not None and required.forced
+    assert parse_tools({"messages": []}) is None
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"tools": "get_weather"}, "tools"),
+    ({"tools": [{"type": "function"}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}, "tools"),
+    ({"tools": [WEATHER, WEATHER]}, "tools"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+])
+def test_malformed_tools_are_400s_naming_the_field(body: dict, param: str) -> None:
+    with pytest.raises(ApiError) as err:
+        parse_tools(body)
+    assert err.value.status == 400 and err.value.param == param and err.value.message
+
+
+def test_call_schema_names_the_tool_before_its_arguments() -> None:
+    req = parse_tools({"tools": [WEATHER, TIME]})
+    assert req is not None
+    schema = call_schema(req.offered)
+    assert [v["properties"]["name"] for v in schema["anyOf"]] == [{"const": "get_weather"}, {"const": "get_time"}]
+    assert list(schema["anyOf"][0]["properties"]) == ["name", "arguments"]
+    one = call_schema(req.offered[:1])
+    assert one["properties"]["arguments"] == WEATHER["function"]["parameters"]
+
+
+def test_tool_messages_keep_their_calls_for_the_template() -> None:
+    msgs = parse_messages({"messages": [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12 C"},
+    ]})
+    assert msgs[1] == {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]}
+    assert msgs[2] == {"role": "tool", "content": "12 C", "tool_call_id": "call_1"}
+    with pytest.raises(ApiError):
+        parse_messages({"messages": [{"role": "tool", "content": "12 C"}]})  # no tool_call_id
+    with pytest.raises(ApiError):
+        parse_messages({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"function": 3}]}]})
+
+
+def test_plain_template_gets_tools_in_the_system_message() -> None:
+    req = parse_tools({"tools": [WEATHER]})
+    assert req is not None
+    msgs = plain_messages([
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+        {"role": "tool", "content": "12 C", "tool_call_id": "c"},
+    ], req.offered)
+    assert msgs[0]["role"] == "system" and "get_weather" in msgs[0]["content"]
+    assert msgs[2] == {"role": "assistant", "content":
+                       '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'}
+    assert msgs[3] == {"role": "user", "content": "<tool_response>\n12 C\n</tool_response>"}
+    assert all(set(m) == {"role", "content"} for m in msgs)
+
+
+REPLY = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": [1, 2]}}\n'
+         '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+
+
+def test_reply_with_text_and_two_calls() -> None:
+    reply = parse_reply(REPLY)
+    assert reply.content == "Let me check."
+    assert [c["function"]["name"] for c in reply.calls] == ["get_weather", "get_time"]
+    assert json.loads(reply.calls[0]["function"]["arguments"]) == {"city": "Oslo", "days": [1, 2]}
+    assert reply.calls[1]["function"]["arguments"] == "{}"
+    assert all(c["id"].startswith("call_") and c["type"] == "function" for c in reply.calls)
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 5, 7, 11])
+def test_streamed_pieces_reassemble_to_the_whole_reply(step: int) -> None:
+    parser = ToolCallParser()
+    deltas = []
+    for i in range(0, len(REPLY), step):
+        deltas += parser.feed(REPLY[i:i + step])
+    deltas += parser.finish()
+    streamed, whole = collect(deltas), parse_reply(REPLY)
+    assert streamed.content == whole.content
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in streamed.calls] == \
+        [(c["function"]["name"], c["function"]["arguments"]) for c in whole.calls]
+    calls = [d for d in deltas if isinstance(d, CallDelta)]
+    firsts = [d for d in calls if d.id is not None]
+    assert [d.index for d in firsts] == [0, 1]  # each call opens with its id and name, then fragments
+    assert calls.index(firsts[1]) > max(i for i, d in enumerate(calls) if d.index == 0)
+
+
+def test_constrained_call_without_closing_tag_and_plain_text() -> None:
+    reply = parse_reply('<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}')
+    assert reply.content is None and reply.calls[0]["function"]["arguments"] == '{"tz": "UTC"}'
+    assert parse_reply("Just text, with a { brace }.\n").content == "Just text, with a { brace }.\n"
+    assert parse_reply("<tool_call>not json</tool_call>").content == "<tool_call>not json</tool_call>"
+    swapped = parse_reply('<tool_call>{"arguments": {"a": 1}, "name": "f"}</tool_call>')
+    assert swapped.calls[0]["function"] == {"name": "f", "arguments": '{"a": 1}'}
+
+
+def test_output_formats() -> None:
+    assert parse_output_format({}, chat=True) is None
+    assert parse_output_format({"response_format": {"type": "text"}}, chat=True) is None
+    obj = parse_output_format({"response_format": {"type": "json_object"}}, chat=True)
+    assert obj is not None and obj.source == {"type": "object"} and obj.field == "response_format"
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    named = parse_output_format({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "A", "schema": schema, "strict": True}}}, chat=True)
+    assert named is not None and named.source == schema and named.field == "response_format.json_schema.schema"
+    gbnf = parse_output_format({"grammar": 'root ::= "yes" | "no"'}, chat=False)
+    assert gbnf is not None and gbnf.kind == "gbnf"
+    raw = parse_output_format({"json_schema": schema}, chat=False)
+    assert raw is not None and raw.field == "json_schema"
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"response_format": "json"}, "response_format"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": [1]}}}, "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}},
+     "response_format.json_schema.strict"),
+    ({"grammar": 42}, "grammar"),
+    ({"json_schema": "object"}, "json_schema"),
+    ({"grammar": "root ::= \"a\"", "json_schema": {}}, "grammar"),
+])
+def test_bad_formats_are_400s_naming_the_field(body: dict, param: str) -> None:
+    with pytest.raises(ApiError) as err:
+        parse_output_format(body, chat=True)
+    assert err.value.status == 400 and err.value.param == param
