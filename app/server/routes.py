@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from tandem.app.server import infill as infill_api
-from tandem.app.server import jobs
+from tandem.app.server import jobs, llama_completion
 from tandem.app.server.cache_owner import client_identity
 from tandem.app.server.logprobs import parse_logprobs, shape
 from tandem.app.server.models import ModelSlot
@@ -172,6 +172,27 @@ class Routes:
         cache = jobs.PromptCache()
         return await self.generation(request, slot, req, shaper, jobs.completion_job(slot, ids, req, client, cache),
                                      cache, text_start=len(prompt))
+
+    async def completion(self, request: Request):
+        """llama-server's ``/completion`` (see :mod:`.llama_completion`)."""
+        body = await self.body(request)
+        req = parse_common(body, max_tokens_default=256, max_tokens_key="n_predict")
+        prompt = parse_prompt(body)
+        fmt = parse_output_format(body, chat=False)
+        slot = self.slot(req.model)
+        request.state.model = slot.name
+        req.grammar = await _compiled(slot, fmt, req)
+        ids = await asyncio.to_thread(slot.target.tokenize, prompt, add_bos=True)
+        self.check_fits(slot, ids)
+        job, items, first, watcher = await self.start(request, slot,
+                                                      jobs.completion_job(slot, ids, req, _client(request)))
+        if req.stream:
+            watcher.cancel()
+            return llama_completion.completion_stream(first, items, job, req=req, model=slot.name,
+                                                      config=self.stream_config, streams=self.streams)
+        done = await _final(first, items, watcher)
+        request.state.stats = done.stats
+        return JSONResponse(llama_completion.done_body(done, req, slot.name))
 
     async def infill(self, request: Request):
         """llama-server's /infill (see :mod:`.infill`)."""
