@@ -16,6 +16,8 @@ from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.models.chat_template import Message, prompt_ids, render_chat
 from tandem.models.errors import PromptError
 from tandem.runtime.backends.protocol import Backend
+from tandem.runtime.constrained import Grammar
+from tandem.runtime.constrained.strategy import constrained
 from tandem.runtime.generate import Event, Strategy, autoregressive, generate
 
 
@@ -92,16 +94,21 @@ class ChatEngine:
         cancel: threading.Event | None = None,
         logprobs: int | None = None,
         reply_prefix: str = "",
+        grammar: Grammar | None = None,
     ) -> Iterator[Event]:
         """Stream the assistant's reply to ``messages`` (the last one is the user's).
 
         ``reply_prefix`` is the start of that reply, already shown (one cut off earlier):
-        the model writes on from its end, and the events carry only the new text."""
+        the model writes on from its end, and the events carry only the new text.
+        ``grammar`` (from :func:`~tandem.runtime.constrained.compile_grammar` on this
+        engine's target) constrains the reply: every token legal, end only where the
+        grammar is complete."""
+        strategy = self.strategy if grammar is None else constrained(self.strategy, grammar)
         with self.lock:
             ids, stops = self.fit(messages, max_tokens)
             if reply_prefix:
                 ids += self.target.tokenize(reply_prefix, add_bos=False)
-            yield from generate(self.target, ids, Sampler(params), strategy=self.strategy, max_tokens=max_tokens,
+            yield from generate(self.target, ids, Sampler(params), strategy=strategy, max_tokens=max_tokens,
                                 stop=[*stops, *stop], cancel=cancel, logprobs=logprobs)
 
     def stats_memory(self) -> dict[str, int]:

@@ -44,6 +44,8 @@ class DecodeStats:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     rounds: int = 0
+    forced_tokens: int = 0
+    """Tokens a grammar forced, verified in forced rounds (not counted as drafted)."""
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -90,6 +92,8 @@ class GenerationStats:
     acceptance_rate: float | None
     finish_reason: str
     memory_bytes: int
+    forced_tokens: int = 0
+    """Tokens a grammar forced and the target confirmed outside its drafters' drafts."""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -217,5 +221,6 @@ def generate(
         acceptance_rate=(stats.accepted_tokens / stats.drafted_tokens) if stats.drafted_tokens else None,
         finish_reason=finish,
         memory_bytes=target.memory().total,
+        forced_tokens=stats.forced_tokens,
     )
     yield DoneEvent("".join(out_text), out_tokens, stats_out)

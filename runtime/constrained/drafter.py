@@ -1,0 +1,95 @@
+"""Drafts under a grammar: cut at the first illegal token, forced runs added for free.
+
+:class:`GrammarDrafter` wraps one draft source. A token the grammar forbids would be
+rejected by verification anyway (the masked target gives it probability 0), so verifying
+it and everything after it is wasted width: the draft is cut before it. When the legal
+draft ends where the grammar forces a run (the ``", "age": `` after a string value), the
+run is appended: if the draft is accepted the run is too, for no more than the width of
+the verify call. Appended tokens are one-hot proposals, like any model-free draft, so
+sampled acceptance stays exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from tandem.kernels.sampling import Sampler
+from tandem.runtime.backends.protocol import Backend
+from tandem.runtime.constrained.grammar import Grammar
+from tandem.runtime.constrained.state import GrammarState
+from tandem.runtime.speculative.drafters.base import Draft, Drafter
+
+
+def with_forced(draft: Draft, forced: Sequence[int]) -> Draft:
+    """``draft`` followed by ``forced`` (one-hot q rows, full confidence)."""
+    if not forced:
+        return draft
+    q = draft.q
+    if q is not None:
+        one_hot = np.zeros((len(forced), q.shape[1]), dtype=q.dtype)
+        one_hot[np.arange(len(forced)), list(forced)] = 1.0
+        q = np.concatenate([q, one_hot])
+    confidence = None if draft.confidence is None else [*draft.confidence, *[1.0] * len(forced)]
+    return Draft([*draft.tokens, *forced], q, draft.source, confidence, draft.catch_up_s)
+
+
+def cut(draft: Draft, n: int) -> Draft:
+    """The first ``n`` tokens of ``draft``."""
+    if n >= len(draft.tokens):
+        return draft
+    return Draft(draft.tokens[:n], None if draft.q is None else draft.q[:n], draft.source,
+                 None if draft.confidence is None else draft.confidence[:n], draft.catch_up_s)
+
+
+class GrammarDrafter:
+    """``inner``'s drafts made legal under ``grammar`` for a reply after ``prompt_len``
+    tokens of context. It keeps its own grammar state, brought to each context it is
+    asked about, so it is right whoever calls it and when."""
+
+    def __init__(self, inner: Drafter, grammar: Grammar, prompt_len: int) -> None:
+        self.inner = inner
+        self.state = GrammarState(grammar)
+        self.prompt_len = prompt_len
+        self.name = inner.name
+
+    @property
+    def calls(self) -> int:
+        return self.inner.calls
+
+    @property
+    def stop_threshold(self) -> float | None:
+        return self.inner.stop_threshold
+
+    @stop_threshold.setter
+    def stop_threshold(self, value: float | None) -> None:
+        self.inner.stop_threshold = value
+
+    def propose(self, context: Sequence[int], max_tokens: int, sampler: Sampler) -> Draft:
+        draft = self.inner.propose(context, max_tokens, sampler)
+        reply = list(context[self.prompt_len:])
+        if self.state.follow(reply) < len(reply) or self.state.done:
+            return cut(draft, 0)
+        legal = cut(draft, self.state.legal_prefix(draft.tokens))
+        if not legal.tokens or len(legal.tokens) >= max_tokens:
+            return legal
+        self.state.consume(legal.tokens)
+        forced = self.state.forced()[: max_tokens - len(legal.tokens)]
+        self.state.rollback(len(legal.tokens))
+        return with_forced(legal, forced)
+
+    def commit(self, context: Sequence[int], n_accepted: int) -> None:
+        self.inner.commit(context, n_accepted)
+
+    def weight_bytes(self) -> int:
+        return self.inner.weight_bytes()
+
+    def prime(self, tokens: Sequence[int]) -> None:
+        self.inner.prime(tokens)
+
+    def model_backend(self) -> Backend | None:
+        return self.inner.model_backend()
+
+    def close(self) -> None:
+        """The inner drafter belongs to the engine's strategy, which closes it."""

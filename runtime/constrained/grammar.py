@@ -1,0 +1,176 @@
+"""What a caller asks the output to follow, compiled for one model's vocabulary.
+
+The grammars and token masks come from **llguidance** (the library llama.cpp itself
+links for its ``--grammar`` alternative). It was chosen over xgrammar, outlines-core and
+llama.cpp's own GBNF sampler, measured on Qwen2.5's 151,936-token vocabulary (one CPU
+thread, a six-field extraction schema):
+
+* speed: a schema compiles in ~1 ms and a token mask takes ~14 µs (median, 62 µs at the
+  90th percentile); xgrammar is as fast per mask (4 µs median, 97 µs at the 90th) but
+  outlines-core builds a regex index per schema (0.8 s) and answers a step in ~1.5 ms,
+  and llama.cpp's sampler checks every candidate token against the grammar stacks;
+* drafts: ``validate_tokens`` says in one call how long a draft's legal prefix is,
+  ``rollback(n)`` undoes any number of tokens (xgrammar keeps a bounded history, set
+  when the matcher is made), and ``compute_ff_tokens`` returns the forced continuation
+  as *tokens* of this vocabulary (xgrammar's jump-forward gives a string to re-tokenize);
+* inputs: JSON schema (with options for separators and lenient/strict keywords), GBNF
+  (converted to its Lark dialect), regex and Lark, from one compiler;
+* the tokenizer is built from the backend itself (each token's bytes and its
+  ``tokenize``), so it works offline for every backend (GGUF, ONNX, torch) with no
+  tokenizer files from the hub, and its masks need numpy only (no torch).
+
+Building the tokenizer takes ~1.5 s for a 152k vocabulary, so it is built once per
+backend and kept while the backend lives.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import llguidance
+from llguidance import LLMatcher, LLTokenizer
+
+from tandem.models.errors import TandemError
+from tandem.runtime.backends.protocol import Backend
+
+GrammarKind = Literal["json_schema", "json_object", "gbnf", "regex", "lark"]
+KINDS: tuple[str, ...] = ("json_schema", "json_object", "gbnf", "regex", "lark")
+
+JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+"""JSON is written with one fixed layout (``{"a": 1, "b": [2, 3]}``, as ``json.dumps``
+writes it): every brace, quote, key and separator of a schema is then forced, so it is
+committed without asking the model (free whitespace would leave each one to the model)."""
+
+
+class GrammarError(TandemError):
+    """A schema or grammar that cannot be compiled (the server answers 400)."""
+
+    exit_code = 8
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """A constraint on the output, as the user gave it.
+
+    ``kind``: ``json_schema`` (``source``: the schema, a dict or its JSON text),
+    ``json_object`` (any JSON object; ``source`` unused), ``gbnf`` (llama.cpp's grammar
+    format, rule ``root`` first), ``regex`` or ``lark``. ``strict`` (JSON schema only):
+    a keyword the compiler cannot enforce is an error; otherwise it is ignored and the
+    rest of the schema still holds (OpenAI's ``strict: false``).
+    """
+
+    kind: GrammarKind
+    source: str | dict | None = None
+    strict: bool = True
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A :class:`GrammarSpec` compiled for one vocabulary: make a
+    :class:`~tandem.runtime.constrained.state.GrammarState` per request from it."""
+
+    spec: GrammarSpec
+    definition: str
+    """The grammar in llguidance's own form."""
+    tokenizer: LLTokenizer
+    n_vocab: int
+    eog: tuple[int, ...]
+    """End-of-generation tokens: legal where the grammar is complete."""
+
+    def matcher(self) -> LLMatcher:
+        m = LLMatcher(self.tokenizer, self.definition, log_level=0)
+        if m.is_error():  # compile_grammar validated it; a limit hit on this vocabulary
+            raise GrammarError(f"The {_what(self.spec)} cannot be used: {_clean(m.get_error())}")
+        return m
+
+
+def _what(spec: GrammarSpec) -> str:
+    return {"json_schema": "JSON schema", "json_object": "JSON object grammar", "gbnf": "GBNF grammar",
+            "regex": "regular expression", "lark": "Lark grammar"}.get(spec.kind, "grammar")
+
+
+def _clean(message: str) -> str:
+    """llguidance's message on one line, without its internal prefixes."""
+    return " ".join(message.replace("Error: ", "").split())
+
+
+def definition(spec: GrammarSpec) -> str:
+    """``spec`` in llguidance's form (syntax not yet checked against a vocabulary)."""
+    if spec.kind not in KINDS:
+        raise GrammarError(f"Unknown grammar kind {spec.kind!r}: use one of {', '.join(KINDS)}.")
+    if spec.kind == "json_object":
+        return LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
+    source = spec.source
+    if spec.kind == "json_schema":
+        if isinstance(source, str):
+            try:
+                source = json.loads(source)
+            except json.JSONDecodeError as exc:
+                raise GrammarError(f"The JSON schema is not valid JSON: {exc}.") from None
+        if isinstance(source, bool):
+            source = {} if source else {"not": {}}
+        if not isinstance(source, dict):
+            raise GrammarError("A JSON schema must be a JSON object.")
+        options = {**JSON_OPTIONS, "lenient": not spec.strict}
+        try:
+            return LLMatcher.grammar_from_json_schema(source, defaults=options)
+        except (ValueError, TypeError) as exc:
+            raise GrammarError(f"The JSON schema cannot be used: {_clean(str(exc))}") from None
+    if not isinstance(source, str) or not source.strip():
+        raise GrammarError(f"The {_what(spec)} is empty.")
+    try:
+        return llguidance.grammar_from(spec.kind, source)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise GrammarError(f"The {_what(spec)} cannot be used: {_clean(str(exc))}") from None
+
+
+class _VocabTokens:
+    """A backend's vocabulary as llguidance's tokenizer wrapper reads it."""
+
+    def __init__(self, target: Backend) -> None:
+        special = target.special
+        self.eos_token_id = special.eos if special.eos is not None else min(special.eog, default=0)
+        self.bos_token_id = special.bos
+        pieces = [target.token_bytes(t) for t in range(target.n_vocab)]
+        # Control tokens write no bytes; llguidance marks special tokens with a 0xFF prefix.
+        self.special_token_ids = [t for t, b in enumerate(pieces) if not b]
+        self.tokens = [b or b"\xff<|%d|>" % t for t, b in enumerate(pieces)]
+        self._tokenize = target.tokenize
+
+    def __call__(self, text: str) -> list[int]:
+        if isinstance(text, bytes):  # tells llguidance to pass str
+            raise TypeError("text, not bytes")
+        return self._tokenize(text, add_bos=False, special=False)
+
+
+_tokenizers: weakref.WeakKeyDictionary[Backend, LLTokenizer] = weakref.WeakKeyDictionary()
+_tokenizers_lock = threading.Lock()
+
+
+def vocab_tokenizer(target: Backend) -> LLTokenizer:
+    """llguidance's tokenizer for ``target``'s vocabulary, built once per backend."""
+    with _tokenizers_lock:
+        tok = _tokenizers.get(target)
+        if tok is None:
+            eog = sorted(target.special.eog) or None
+            wrapped = llguidance.TokenizerWrapper(_VocabTokens(target))
+            tok = LLTokenizer(wrapped, n_vocab=target.n_vocab, eos_token=eog)
+            _tokenizers[target] = tok
+        return tok
+
+
+def compile_grammar(spec: GrammarSpec, target: Backend) -> Grammar:
+    """Compile ``spec`` for ``target``'s vocabulary, or raise :class:`GrammarError` with a
+    readable message (bad JSON, an unknown keyword in a strict schema, a GBNF syntax error...)."""
+    text = definition(spec)
+    tokenizer = vocab_tokenizer(target)
+    message = LLMatcher.validate_grammar(text, tokenizer)
+    if message:
+        raise GrammarError(f"The {_what(spec)} cannot be used: {_clean(message)}")
+    grammar = Grammar(spec, text, tokenizer, target.n_vocab, tuple(sorted(target.special.eog)))
+    grammar.matcher()  # limits that only show on this vocabulary
+    return grammar

@@ -1,0 +1,90 @@
+"""One request's place in its grammar, with the moves speculative decoding needs.
+
+A :class:`GrammarState` follows a token sequence (the reply so far): it says which
+tokens may come next (:meth:`allowed`, :meth:`mask`), how long a draft's legal prefix is
+(:meth:`legal_prefix`), which tokens the grammar forces next (:meth:`forced`), and it
+moves forward (:meth:`consume`) and back (:meth:`rollback`) as drafts are accepted or
+rejected. :meth:`follow` brings it to any sequence at once (the longest common prefix is
+kept, the rest consumed), which is how every user of a state stays in step with a cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from llguidance import LLMatcher
+
+from tandem.runtime.backends.protocol import common_prefix_len
+from tandem.runtime.constrained.grammar import Grammar, GrammarError
+
+
+class GrammarState:
+    def __init__(self, grammar: Grammar) -> None:
+        self.grammar = grammar
+        self._matcher: LLMatcher = grammar.matcher()
+        self.n_vocab = grammar.n_vocab
+        self._bits = np.zeros(((self.n_vocab + 31) // 32,), dtype=np.int32)
+        self.tokens: list[int] = []
+        """The tokens consumed so far (the legal reply this state stands after)."""
+
+    # -- where we are -------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        """The grammar is complete: nothing but end-of-generation may follow."""
+        return self._matcher.is_stopped()
+
+    @property
+    def accepting(self) -> bool:
+        """The reply so far is a whole sentence of the grammar (it may end here)."""
+        return self._matcher.is_accepting()
+
+    def allowed(self) -> np.ndarray:
+        """Boolean row over the vocabulary: the tokens legal next (end-of-generation
+        alone once the grammar is complete, so a row is never empty)."""
+        self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        row = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.n_vocab].view(bool)
+        if not row.any():
+            row[self.grammar.eog] = True
+        return row
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        """``logits`` with every illegal token at -inf (a new array): softmax over it is
+        the model's distribution renormalised to the legal tokens, its argmax the most
+        likely legal token."""
+        return np.where(self.allowed(), logits, np.float32(-np.inf)).astype(np.float32, copy=False)
+
+    def forced(self) -> list[int]:
+        """Tokens the grammar forces next (one legal continuation), possibly none."""
+        return list(self._matcher.compute_ff_tokens())
+
+    def legal_prefix(self, tokens: Sequence[int]) -> int:
+        """How many leading ``tokens`` are legal from here (the state does not move)."""
+        return int(self._matcher.validate_tokens(list(tokens))) if tokens else 0
+
+    # -- moving -------------------------------------------------------------------------
+    def consume(self, tokens: Sequence[int]) -> None:
+        """Move past ``tokens``, which must be legal."""
+        if not tokens:
+            return
+        if self.legal_prefix(tokens) < len(tokens) or not self._matcher.consume_tokens(list(tokens)):
+            raise GrammarError(f"A token the grammar does not allow was committed: {self._matcher.get_error()}")
+        self.tokens.extend(tokens)
+
+    def rollback(self, n: int) -> None:
+        """Undo the last ``n`` consumed tokens."""
+        if n <= 0:
+            return
+        if not self._matcher.rollback(n):
+            raise GrammarError(f"The grammar state could not be rolled back: {self._matcher.get_error()}")
+        del self.tokens[-n:]
+
+    def follow(self, tokens: Sequence[int]) -> int:
+        """Stand after the longest legal prefix of ``tokens`` (rolling back what differs);
+        returns its length."""
+        keep = common_prefix_len(self.tokens, tokens)
+        self.rollback(len(self.tokens) - keep)
+        rest = list(tokens[keep:])
+        n = self.legal_prefix(rest)
+        self.consume(rest[:n])
+        return keep + n
