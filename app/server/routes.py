@@ -137,7 +137,8 @@ class Routes:
         if tool_req is not None:
             if req.n > 1 or req.logprobs is not None:
                 raise ApiError(400, "'tools' is not available with n > 1 or 'logprobs'.", "invalid_value", "tools")
-            call = OutputFormat("json_schema", call_schema(tool_req.offered), "tools") if tool_req.offered else None
+            call = (OutputFormat("json_schema", call_schema(tool_req.offered), "tools", strict=False)
+                    if tool_req.offered else None)
             call_grammar = await _compiled(slot, call, req)
             cache = jobs.PromptCache()
             return await self.generation(

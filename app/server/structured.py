@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tandem.app.server.openai import ApiError
+from tandem.runtime.backends.protocol import Backend
+from tandem.runtime.constrained import Grammar, GrammarError, GrammarSpec, compile_grammar
 
 MAX_GRAMMAR_CHARS = 64 * 1024
 
@@ -27,6 +29,9 @@ class OutputFormat:
     """The request field it came from, named in a 400 when it cannot compile."""
     name: str | None = None
     """``response_format.json_schema.name``, when given."""
+    strict: bool = True
+    """A schema keyword the runtime cannot enforce is a 400 (``strict``); with
+    ``response_format``'s ``strict: false`` it is ignored and the rest still holds."""
 
 
 def parse_output_format(body: dict, *, chat: bool) -> OutputFormat | None:
@@ -78,7 +83,7 @@ def _response_format(rf: Any) -> OutputFormat | None:
                            f"{where}.json_schema.strict")
         schema = spec.get("schema", {"type": "object"})
         return OutputFormat("json_schema", _schema(schema, f"{where}.json_schema.schema"),
-                            f"{where}.json_schema.schema", name)
+                            f"{where}.json_schema.schema", name, strict=strict is not False)
     raise ApiError(400, f"'response_format.type' must be text, json_object or json_schema, not {kind!r}.",
                    "invalid_value", f"{where}.type")
 
@@ -91,7 +96,11 @@ def _schema(schema: Any, where: str) -> dict[str, Any]:
     return schema
 
 
-def compile_format(target: Any, fmt: OutputFormat) -> Any:
+def compile_format(target: Backend, fmt: OutputFormat) -> Grammar:
     """``fmt`` compiled for ``target``'s vocabulary by the runtime; a 400 naming the
     field when the schema or grammar cannot compile."""
-    raise ApiError(501, f"'{fmt.field}' is not available in this build yet.", "not_implemented", fmt.field)
+    try:
+        return compile_grammar(GrammarSpec(fmt.kind, fmt.source, strict=fmt.strict), target)
+    except GrammarError as exc:
+        raise ApiError(400, f"'{fmt.field}': {exc}", "invalid_grammar" if fmt.kind == "gbnf" else "invalid_schema",
+                       fmt.field) from None
