@@ -45,7 +45,13 @@ from tandem.app.server.streams import (
 )
 from tandem.app.server.structured import OutputFormat, compile_format, parse_output_format
 from tandem.app.server.tool_jobs import tool_chat_job
-from tandem.app.server.tools import ToolCallParser, call_schema, parse_reply, parse_tools
+from tandem.app.server.tools import (
+    ToolCallParser,
+    ToolRequest,
+    call_schema,
+    parse_reply,
+    parse_tools,
+)
 from tandem.app.server.worker import Job, QueueFull
 from tandem.models.errors import PromptError, TandemError
 from tandem.runtime.autocomplete.infill import InfillDone
@@ -143,7 +149,7 @@ class Routes:
             cache = jobs.PromptCache()
             return await self.generation(
                 request, slot, req, Shaper(slot.name, chat=True),
-                tool_chat_job(slot, messages, req, tool_req, call_grammar, client, cache), cache, tools=True)
+                tool_chat_job(slot, messages, req, tool_req, call_grammar, client, cache), cache, tools=tool_req)
         if req.n > 1:
             return await self.drafts(request, slot, req, Shaper(slot.name, chat=True),
                                      jobs.drafts_job(slot, req, messages=messages, client=client))
@@ -234,10 +240,11 @@ class Routes:
         return JSONResponse(final_body(done))
 
     async def generation(self, request: Request, slot: ModelSlot, req: GenRequest, shaper: Shaper, fn,
-                         cache: jobs.PromptCache, text_start: int = 0, tools: bool = False):
+                         cache: jobs.PromptCache, text_start: int = 0, tools: ToolRequest | None = None):
         """``text_start``: where the reply's text begins for legacy ``text_offset`` (after the
         prompt, as OpenAI and llama-cpp-python count without ``echo``). ``tools``: the
         request offered tools, so the reply's calls become ``tool_calls``."""
+        names = frozenset(t.name for t in tools.offered) if tools is not None else frozenset()
         job, items, first, watcher = await self.start(request, slot, fn)
         if req.stream:
             watcher.cancel()
@@ -248,15 +255,15 @@ class Routes:
             return generation_stream(first, items, job, shaper=shaper, token_bytes=slot.target.token_bytes,
                                      include_usage=req.include_usage, cache=cache, on_stats=on_stats,
                                      config=self.stream_config, streams=self.streams, text_start=text_start,
-                                     tool_calls=ToolCallParser() if tools else None)
+                                     tool_calls=ToolCallParser(names) if tools is not None else None)
         lps: list | None = [] if req.logprobs is not None else None
         done = await _final(first, items, watcher, lps)
         st = request.state.stats = done.stats
         body = shaper.full([(done.text, finish_reason(st.finish_reason))],
                            usage(st.prompt_tokens, st.generated_tokens, cache.cached_tokens),
                            {"tandem": {"stats": st.as_dict()}})
-        if tools:
-            reply = parse_reply(done.text)
+        if tools is not None:
+            reply = parse_reply(done.text, names)
             choice = body["choices"][0]
             choice["message"]["content"] = reply.content
             if reply.calls:

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from tandem.app.server.openai import ApiError, new_call_id
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
+FENCE = "```"
 MAX_TOOLS = 128
 NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 """OpenAI's rule for a function's name."""
@@ -221,38 +222,71 @@ class ToolCallParser:
     name are given, then its arguments as they arrive, holding back only what may be the
     closing ``}`` of the call's object (or the start of ``</tool_call>``). A block that
     does not read as a call stays content, as written.
+
+    Some models (Qwen2.5-Coder) call in their own way, without the tags: a fenced
+    ```` ```json ```` block holding ``{"name", "arguments"}``, or a reply that is only
+    such objects. With ``names`` (the offered tools) those are calls too when they name
+    one of them; a fenced block is held back until it closes, a reply that opens with
+    ``{`` until it ends, then given as calls or as the content it was.
     """
 
+    names: frozenset[str] = frozenset()
     calls: int = 0
-    state: Literal["text", "header", "args"] = "text"
+    state: Literal["text", "header", "args", "fence", "bare"] = "text"
     buf: str = ""
     after_call: bool = False
-    _deltas: list[Delta] = field(default_factory=list)
+    started: bool = False
+    """Content has been given (a reply that opens with ``{`` no longer can)."""
+    blank: str = ""
+    """The whitespace before an open fence."""
 
     def feed(self, text: str) -> list[Delta]:
         self.buf += text
         out: list[Delta] = []
         while True:
             if self.state == "text":
-                if self.after_call:
-                    self.buf = self.buf.lstrip()
-                    if not self.buf:
+                if self.after_call or not self.started:
+                    rest = self.buf.lstrip()
+                    if self.after_call:
+                        self.buf = rest
+                    if not rest:
                         break
                     self.after_call = False
-                at = self.buf.find(CALL_OPEN)
-                if at < 0:
-                    keep = _partial_suffix(self.buf, CALL_OPEN)
+                    if not self.started and self.names and rest.startswith("{") and not self.calls:
+                        self.state = "bare"
+                        break
+                tag, fence = self.buf.find(CALL_OPEN), self.buf.find(FENCE) if self.names else -1
+                at = min(i for i in (tag, fence, len(self.buf)) if i >= 0)
+                if at == len(self.buf):
+                    keep = max(_partial_suffix(self.buf, CALL_OPEN), _partial_suffix(self.buf, FENCE) if self.names else 0)
                     emit = self.buf[: len(self.buf) - keep]
                     held = emit[len(emit.rstrip()):] + self.buf[len(emit):]
-                    emit = emit.rstrip()
-                    if emit:
-                        out.append(emit)
+                    self._content(out, emit.rstrip())
                     self.buf = held
                     break
-                if self.buf[:at].strip():
-                    out.append(self.buf[:at].rstrip())
-                self.buf = self.buf[at + len(CALL_OPEN):]
-                self.state = "header"
+                before = self.buf[:at].rstrip()
+                self._content(out, before)
+                self.blank = self.buf[len(before):at]  # kept if a fence turns out to be content
+                if at == tag:
+                    self.buf = self.buf[at + len(CALL_OPEN):]
+                    self.state = "header"
+                else:
+                    self.buf = self.buf[at:]
+                    self.state = "fence"
+            elif self.state == "fence":
+                end = self.buf.find(FENCE, len(FENCE))
+                if end < 0:
+                    break
+                block, self.buf = self.buf[: end + len(FENCE)], self.buf[end + len(FENCE):]
+                calls = self._calls_in(block[len(FENCE):-len(FENCE)].removeprefix("json"))
+                if calls:
+                    out.extend(calls)
+                    self.after_call = True
+                else:
+                    self._content(out, self.blank + block)
+                self.state = "text"
+            elif self.state == "bare":
+                break
             elif self.state == "header":
                 m = HEADER.match(self.buf)
                 if m is None or m.end() == len(self.buf):  # (more blank may come before the arguments)
@@ -284,14 +318,41 @@ class ToolCallParser:
         constrained call ends with its JSON)."""
         out: list[Delta] = []
         if self.state == "text":
-            text = self.buf.strip() if self.calls else self.buf
-            if text:
-                out.append(text)
+            self._content(out, self.buf.strip() if self.calls else self.buf)
         elif self.state == "header":
             out.extend(self._block(self.buf))
-        else:
+        elif self.state == "args":
             out.extend(self._close(self.buf))
+        else:  # an unclosed fence, or a reply that opened with "{"
+            calls = self._calls_in(self.buf) if self.state == "bare" else []
+            out.extend(calls or [self.blank + self.buf if self.state == "fence" else self.buf])
         self.buf, self.state = "", "text"
+        return out
+
+    def _content(self, out: list[Delta], text: str) -> None:
+        if text:
+            out.append(text)
+            self.started = True
+
+    def _calls_in(self, text: str) -> list[Delta]:
+        """``text`` as calls to the offered tools, one JSON object (or one list of them, or
+        one a line); none if any part is not such a call."""
+        try:
+            found = json.loads(text)
+            objs = found if isinstance(found, list) else [found]
+        except json.JSONDecodeError:
+            try:
+                objs = [json.loads(line) for line in text.splitlines() if line.strip()]
+            except json.JSONDecodeError:
+                return []
+        if not objs or not all(isinstance(o, dict) and o.get("name") in self.names
+                                and isinstance(o.get("arguments", {}), dict) for o in objs):
+            return []
+        out: list[Delta] = []
+        for o in objs:
+            out.append(CallDelta(self.calls, json.dumps(o.get("arguments", {}), ensure_ascii=False),
+                                 id=new_call_id(), name=o["name"]))
+            self.calls += 1
         return out
 
     def _close(self, rest: str) -> list[Delta]:
@@ -363,6 +424,6 @@ def collect(deltas: list[Delta]) -> ParsedReply:
     return ParsedReply(content if content or not calls else None, calls)
 
 
-def parse_reply(text: str) -> ParsedReply:
-    parser = ToolCallParser()
+def parse_reply(text: str, names: frozenset[str] = frozenset()) -> ParsedReply:
+    parser = ToolCallParser(names)
     return collect([*parser.feed(text), *parser.finish()])
