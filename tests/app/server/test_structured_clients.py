@@ -137,7 +137,8 @@ def test_a_hundred_schema_constrained_replies_are_valid(client) -> None:
 def test_json_object_and_the_legacy_completion_fields(client, server) -> None:
     r = client.chat.completions.create(model=SMALL, max_tokens=60, temperature=0,
                                        response_format={"type": "json_object"},
-                                       messages=[{"role": "user", "content": "Give a user record."}])
+                                       messages=[{"role": "user", "content": "A JSON object with a name and an age."}])
+    assert r.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(r.choices[0].message.content), dict)
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
     c = client.completions.create(model=SMALL, prompt="Is water wet? Answer in JSON:", max_tokens=20, temperature=0,
