@@ -1,7 +1,8 @@
 """`tandem bench`: speed benchmarks that run baseline and candidate alternately in one process.
 
 Default: plain decoding vs each speculative mode. ``--autocomplete``: k superposed drafts
-vs k sampled runs vs one k-sequence batch. ``--ar-overhead``: Tandem's plain decoding loop
+vs k sampled runs vs one k-sequence batch. ``--structured``: schema-constrained
+extraction, plain constrained decoding vs forced runs and speculation. ``--ar-overhead``: Tandem's plain decoding loop
 vs llama-cpp-python's own ``Llama.generate``.
 """
 
@@ -69,6 +70,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="k autocomplete drafts: superposed vs k sampled runs vs one k-sequence batch")
     modes.add_argument("--ar-overhead", action="store_true",
                        help="Tandem's plain decoding vs llama.cpp's own decode and llama-cpp-python's Llama.generate")
+    modes.add_argument("--structured", action="store_true",
+                       help="schema-constrained extraction: plain constrained decoding vs forced runs vs speculation "
+                            "(with --draft) + forced runs vs llama-cpp-python's grammar decoding")
     modes.add_argument("--cost-curve", action="store_true",
                        help="the target's verify-cost curve c(k) (exact vs fast llama.cpp) and each drafter's cost per token")
     p.add_argument("--k", type=_ints, default=(2, 3, 5), help="with --autocomplete: draft counts (default 2,3,5)")
@@ -82,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         return run_ar_overhead(args)
     if args.cost_curve:
         return run_cost_curve(args)
+    if args.structured:
+        return run_structured_bench(args)
     from tandem.app.bench.report import format_report, markdown_table, plot_report
     from tandem.app.bench.run import BenchConfig, run_bench
 
@@ -128,6 +134,40 @@ def _check_writable(path: Path) -> None:
     """Fail before a long run, not after it, when an output file cannot be written."""
     if not path.parent.is_dir():
         raise TandemError(f"Cannot write {path}: the folder {path.parent} does not exist.")
+
+
+def run_structured_bench(args: argparse.Namespace) -> int:
+    from tandem.app.bench.structured import (
+        CONFIGS,
+        PROMPTS,
+        StructuredConfig,
+        markdown_table,
+        run_structured,
+    )
+    from tandem.runtime.machine import cpu_cores
+
+    prompts = len(PROMPTS) if args.prompts is None else args.prompts
+    if args.reps < 1 or not 1 <= prompts <= len(PROMPTS):
+        raise TandemError(f"--reps must be at least 1, --prompts 1..{len(PROMPTS)}.")
+    configs = [c for c in CONFIGS if c != "llama-grammar" or not args.no_peers]
+    if args.configs:
+        unknown = [c for c in args.configs if c not in CONFIGS]
+        if unknown:
+            raise TandemError(f"Unknown configuration {unknown[0]!r}; choose from {', '.join(CONFIGS)}.")
+        configs = ["plain", *[c for c in configs if c in args.configs and c != "plain"]]
+    if args.json_file:
+        _check_writable(Path(args.json_file))
+    cfg = StructuredConfig(resolve_model(args.model), resolve_model(args.draft) if args.draft else None,
+                           threads=args.threads or cpu_cores(), ctx=args.ctx or 1024, prompts=prompts,
+                           reps=args.reps, configs=configs, log=lambda s: print(s, file=sys.stderr, flush=True))
+    report = run_structured(cfg)
+    print(f"model {Path(report['target']).name}, drafter {Path(report['draft']).name if report['draft'] else 'none'}, "
+          f"{report['threads']} threads, {report['prompts']} prompts x {report['reps']} reps, load average "
+          f"{report['load_start'][0]:.1f} -> {report['load_end'][0]:.1f}")
+    print(markdown_table(report))
+    if args.json_file:
+        _write_json(Path(args.json_file), report)
+    return 0
 
 
 def run_autocomplete(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from tandem.app.commands.engine_flags import add_engine_flags, spec_from_args
 from tandem.app.progress import Progress
@@ -12,6 +13,9 @@ from tandem.app.terminal_text import StreamCleaner
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.chat import chat_prompt
+from tandem.runtime.constrained import GrammarError, GrammarSpec, compile_grammar
+from tandem.runtime.constrained.grammar import definition
+from tandem.runtime.constrained.strategy import constrained
 from tandem.runtime.engine import open_engine
 from tandem.runtime.generate import DoneEvent, GenerationStats, generate
 
@@ -47,6 +51,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="continue the prompt as plain text (default: a user turn in the model's chat template, "
                         "when it has one)")
     p.add_argument("--json", action="store_true", help="print one JSON object with text, ids and stats")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE", default=None,
+                       help="the reply is JSON valid under the JSON schema in FILE")
+    shape.add_argument("--grammar", metavar="FILE", default=None,
+                       help="the reply follows the GBNF grammar in FILE (llama.cpp's format)")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="nothing on standard error but errors: no loading progress, no summary at the end")
     add_engine_flags(p)
@@ -68,6 +77,8 @@ def run_summary(stats: GenerationStats, speculation: dict | None = None) -> list
                   f"({(stats.acceptance_rate or 0) * 100:.1f} %)" if stats.drafted_tokens else "nothing drafted")
         lines.append(f"tandem: drafter {drafter or '?'}: {accept}, {stats.tokens_per_call:.2f} tokens per "
                      f"target call ({stats.target_calls} calls)")
+    if stats.forced_tokens:
+        lines.append(f"tandem: grammar: {stats.forced_tokens} tokens forced, committed without asking the model")
     return lines
 
 
@@ -85,7 +96,28 @@ def run_prompt(target: Backend, prompt: str, *, raw: bool) -> tuple[list[int], l
     return ids, []
 
 
+def grammar_from_args(args: argparse.Namespace) -> GrammarSpec | None:
+    """The ``--json-schema`` / ``--grammar`` file as a spec, read (and a schema parsed)
+    before any model loads, so a wrong path or bad JSON fails at once in one line."""
+    path, kind = (args.json_schema, "json_schema") if args.json_schema else (args.grammar, "gbnf")
+    if path is None:
+        return None
+    flag = "--json-schema" if kind == "json_schema" else "--grammar"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise GrammarError(f"{flag} {path}: cannot read the file ({reason}).") from None
+    spec = GrammarSpec(kind, text)
+    try:
+        definition(spec)
+    except GrammarError as exc:
+        raise GrammarError(f"{flag} {path}: {exc}") from None
+    return spec
+
+
 def run(args: argparse.Namespace) -> int:
+    spec = grammar_from_args(args)
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     with Progress(f"loading {args.model}", enabled=False if args.quiet else None) as progress:
         engine = open_engine(spec_from_args(args), notify=progress.stage, on_load=progress.fraction)
@@ -95,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
         target, strategy = engine.target, engine.strategy
         ids, template_stops = run_prompt(target, prompt, raw=args.raw)
         sampler = Sampler(sampling_from_args(args))
-        events = generate(target, ids, sampler, strategy=strategy, max_tokens=args.max_tokens,
+        decoding = strategy if spec is None else constrained(strategy, compile_grammar(spec, target))
+        events = generate(target, ids, sampler, strategy=decoding, max_tokens=args.max_tokens,
                           stop=[*template_stops, *args.stop])
         cleaner = StreamCleaner()  # model text may hold escape sequences: never pass them to the terminal
         for event in events:

@@ -27,6 +27,10 @@ class GrammarState:
         self._bits = np.zeros(((self.n_vocab + 31) // 32,), dtype=np.int32)
         self.tokens: list[int] = []
         """The tokens consumed so far (the legal reply this state stands after)."""
+        self._allowed: np.ndarray | None = None
+        self._after_end = 0
+        """End-of-generation tokens taken after the grammar was complete (the matcher
+        takes none then; they count for rollback only)."""
 
     # -- where we are -------------------------------------------------------------------
     @property
@@ -41,12 +45,16 @@ class GrammarState:
 
     def allowed(self) -> np.ndarray:
         """Boolean row over the vocabulary: the tokens legal next (end-of-generation
-        alone once the grammar is complete, so a row is never empty)."""
-        self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        row = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.n_vocab].view(bool)
-        if not row.any():
-            row[self.grammar.eog] = True
-        return row
+        alone once the grammar is complete, so a row is never empty). Read-only; kept
+        until the state moves."""
+        if self._allowed is None:
+            self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+            row = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.n_vocab].view(bool)
+            if not row.any():
+                row[list(self.grammar.eog)] = True
+            row.flags.writeable = False
+            self._allowed = row
+        return self._allowed
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """``logits`` with every illegal token at -inf (a new array): softmax over it is
@@ -54,30 +62,62 @@ class GrammarState:
         likely legal token."""
         return np.where(self.allowed(), logits, np.float32(-np.inf)).astype(np.float32, copy=False)
 
-    def forced(self) -> list[int]:
-        """Tokens the grammar forces next (one legal continuation), possibly none."""
-        return list(self._matcher.compute_ff_tokens())
+    def forced(self, limit: int | None = None) -> list[int]:
+        """The tokens the grammar forces next: each the only legal token at its step
+        (where the grammar forces text, llguidance allows only its canonical
+        tokenization, so a schema's keys and separators are runs of these). At most
+        ``limit``; the state does not move."""
+        run: list[int] = []
+        for token in self._matcher.compute_ff_tokens():
+            if limit is not None and len(run) >= limit:
+                break
+            allowed = self.allowed()
+            if not allowed[token] or np.count_nonzero(allowed) != 1:
+                break
+            self.consume([token])
+            run.append(token)
+        self.rollback(len(run))
+        return run
 
     def legal_prefix(self, tokens: Sequence[int]) -> int:
-        """How many leading ``tokens`` are legal from here (the state does not move)."""
-        return int(self._matcher.validate_tokens(list(tokens))) if tokens else 0
+        """How many leading ``tokens`` the masks allow, one after another (the state does
+        not move)."""
+        n = 0
+        for token in tokens:
+            if not self.allowed()[token]:
+                break
+            self.consume([token])
+            n += 1
+        self.rollback(n)
+        return n
 
     # -- moving -------------------------------------------------------------------------
     def consume(self, tokens: Sequence[int]) -> None:
         """Move past ``tokens``, which must be legal."""
         if not tokens:
             return
-        if self.legal_prefix(tokens) < len(tokens) or not self._matcher.consume_tokens(list(tokens)):
+        if self._after_end or self.done:  # end-of-generation after a complete reply
+            if any(t not in self.grammar.eog for t in tokens):
+                raise GrammarError("A token was committed after the grammar was complete.")
+            self._after_end += len(tokens)
+            self.tokens.extend(tokens)
+            self._allowed = None
+            return
+        if not self._matcher.consume_tokens(list(tokens)):
             raise GrammarError(f"A token the grammar does not allow was committed: {self._matcher.get_error()}")
         self.tokens.extend(tokens)
+        self._allowed = None
 
     def rollback(self, n: int) -> None:
         """Undo the last ``n`` consumed tokens."""
         if n <= 0:
             return
-        if not self._matcher.rollback(n):
+        virtual = min(n, self._after_end)
+        self._after_end -= virtual
+        if n > virtual and not self._matcher.rollback(n - virtual):
             raise GrammarError(f"The grammar state could not be rolled back: {self._matcher.get_error()}")
         del self.tokens[-n:]
+        self._allowed = None
 
     def follow(self, tokens: Sequence[int]) -> int:
         """Stand after the longest legal prefix of ``tokens`` (rolling back what differs);

@@ -2,40 +2,43 @@
 
 ``generate(target, prompt, sampler, strategy=constrained(strategy, grammar))`` decodes
 with ``strategy`` (plain or speculative, any drafter) on the masked target
-(:class:`~tandem.runtime.constrained.target.MaskedTarget`), with its drafts made legal
-(:class:`~tandem.runtime.constrained.drafter.GrammarDrafter`), and adds two things a
+(:class:`~tandem.runtime.constrained.target.MaskedTarget`), with its drafts cut to legal
+ones (:class:`~tandem.runtime.constrained.drafter.GrammarDrafter`), and adds what a
 grammar knows before the model runs:
 
-* **Forced runs.** Where the grammar allows one continuation (the ``", "age": `` between
-  two fields of a schema), its tokens are a draft that is right unless the model prefers
-  another tokenization of the same text. A *forced round* verifies that draft in one
-  target call, exactly as a speculative round verifies any draft (same verification
-  code, so greedy output and seeded and sampled distributions are unchanged), and the
-  strategy carries on after it. These rounds do not depend on the draft-length policy
-  and are not counted as the drafters' drafts: the policy learns from its drafters only.
+* **Forced runs.** Where the grammar forces text (the ``", "age": `` between two fields
+  of a schema), llguidance allows only its canonical tokenization, so each of those
+  tokens is the only legal one at its step: the masked target gives it probability 1,
+  and greedy, seeded and sampled decoding all pick it. A *forced round* commits the run
+  without asking the target, and feeds it to the target's cache together with the last
+  committed token in one call whose last row gives the token after the run. A run of m
+  forced tokens costs one call instead of m + 1; the draft-length policy never sees them.
 * **The end.** Once the grammar is complete, end-of-generation is committed without a
   target call.
 
 The inner strategy runs from the committed context until a forced run appears, then is
-closed and started again after the forced round: both strategies keep the cache holding
-every committed token but the last between commits, so a restart costs no call.
+closed, and started again after the forced round. Both strategies keep the cache holding
+every committed token but the last between commits, which is where a forced round
+starts and ends, so a restart costs no call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator, Sequence
 
+import numpy as np
+
 from tandem.kernels.sampling import Sampler
 from tandem.runtime.backends.protocol import Backend, common_prefix_len
-from tandem.runtime.constrained.drafter import GrammarDrafter, cut
+from tandem.runtime.constrained.drafter import GrammarDrafter
 from tandem.runtime.constrained.grammar import Grammar
 from tandem.runtime.constrained.state import GrammarState
 from tandem.runtime.constrained.target import MaskedTarget
 from tandem.runtime.generate import Commit, DecodeStats, Strategy
-from tandem.runtime.speculative.drafters.base import Draft, Drafter
+from tandem.runtime.speculative.drafters.base import Drafter
 from tandem.runtime.speculative.drafters.chain import ChainDrafter
 from tandem.runtime.speculative.factory import SpeculativeStrategy
-from tandem.runtime.speculative.loop import draft_sources, speculative, verify_logits, verify_round
+from tandem.runtime.speculative.loop import draft_sources, speculative
 
 
 def _cache_all_but_last(target: Backend, context: Sequence[int]) -> None:
@@ -46,19 +49,30 @@ def _cache_all_but_last(target: Backend, context: Sequence[int]) -> None:
         target.evaluate(list(context[reuse:-1]))
 
 
+def _one_hot_rows(tokens: Sequence[int], n_vocab: int) -> np.ndarray:
+    """Logits rows of a distribution certain of each token (log-probability 0)."""
+    rows = np.full((len(tokens), n_vocab), -np.inf, dtype=np.float32)
+    rows[np.arange(len(tokens)), list(tokens)] = 0.0
+    return rows
+
+
 def forced_round(target: Backend, context: list[int], run: list[int], sampler: Sampler,
                  stats: DecodeStats) -> Commit:
-    """Verify the forced ``run`` after ``context`` in one call; commit what holds and the
-    token after it. The cache holds ``context[:-1]`` before and the new context but its
-    last token after."""
+    """Commit the forced ``run`` after ``context`` and the target's token after it, from
+    one evaluation of ``[context[-1], *run]`` (in pieces of at most ``exact_batch``
+    tokens, so the cache holds what one-token steps would have computed). The cache
+    holds ``context[:-1]`` before and the new context but its last token after."""
     _cache_all_but_last(target, context)
-    draft = Draft(list(run), None, "grammar")
-    logits = verify_logits(target, context, draft, sampler)
-    verdict = verify_round(logits, cut(draft, len(logits) - 1), context, sampler, target.n_vocab)
-    target.truncate(len(context) + verdict.accepted)
-    stats.target_calls += 1
-    stats.forced_tokens += verdict.accepted
-    return Commit([*run[: verdict.accepted], verdict.token], verdict.accepted, logits[: verdict.accepted + 1])
+    feed = [context[-1], *run]
+    step = target.exact_batch or len(feed)
+    for start in range(0, len(feed), step):
+        logits = target.evaluate(feed[start:start + step])
+        stats.target_calls += 1
+    history = [*context, *run] if sampler.params.repetition_penalty != 1.0 else ()
+    token = sampler.sample_at(logits[-1], len(context) + len(run), history)
+    stats.forced_tokens += len(run)
+    rows = np.concatenate([_one_hot_rows(run, target.n_vocab), logits[-1:]])
+    return Commit([*run, token], 0, rows)
 
 
 def grammar_drafts(strategy: Strategy, grammar: Grammar, prompt_len: int) -> tuple[Strategy, Drafter | None]:
@@ -103,8 +117,8 @@ def constrained(strategy: Strategy, grammar: Grammar, *, forced_rounds: bool = T
                 eos = target.special.eos
                 yield Commit([eos if eos in grammar.eog else grammar.eog[0]])
                 return
-            run_ahead = committed.forced()[: left - 1] if forced_rounds else []
-            if run_ahead and len(context) + len(run_ahead) < target.n_ctx:
+            run_ahead = committed.forced(min(left, target.n_ctx - len(context)) - 1) if forced_rounds else []
+            if run_ahead:
                 yield accept(forced_round(masked, context, run_ahead, sampler, stats))
                 continue
             commits = inner(masked, context, sampler, stats, left)

@@ -52,7 +52,7 @@ class MaskedTarget:
             j = wanted[r]
             while fed <= j and not broken:  # move the state past tokens[j]
                 if start + fed >= self.prompt_len:
-                    if self.state.legal_prefix(tokens[fed:fed + 1]) == 0:
+                    if not self.state.allowed()[tokens[fed]]:
                         broken = True
                         break
                     self.state.consume(tokens[fed:fed + 1])

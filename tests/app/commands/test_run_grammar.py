@@ -1,0 +1,57 @@
+"""`tandem run --json-schema FILE` / `--grammar FILE`: replies that follow them, and one
+line and a non-zero exit for a file that is missing or does not compile."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tandem.runtime.constrained import GrammarError
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tandem.app.cli", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode == GrammarError.exit_code, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tandem: error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_a_missing_or_invalid_file_fails_before_loading_in_one_line(tmp_path: Path) -> None:
+    model = str(tmp_path / "never-opened.gguf")  # the file is read before any model is looked up
+    one_line_error(run_cli("run", "-m", model, "-p", "x", "--json-schema", str(tmp_path / "nope.json")),
+                   "--json-schema", "nope.json", "cannot read")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"type": "object", ')
+    one_line_error(run_cli("run", "-m", model, "-p", "x", "--json-schema", str(bad)), "not valid JSON")
+    gbnf = tmp_path / "bad.gbnf"
+    gbnf.write_text('root ::= "a" (')
+    one_line_error(run_cli("run", "-m", model, "-p", "x", "--grammar", str(gbnf)), "--grammar", "GBNF")
+
+
+def test_run_follows_a_json_schema_and_a_gbnf_grammar(real_models, tmp_path: Path) -> None:
+    schema = tmp_path / "city.json"
+    schema.write_text(json.dumps({
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "country": {"type": "string"},
+                       "population_millions": {"type": "number"}},
+        "required": ["city", "country", "population_millions"], "additionalProperties": False}))
+    common = ["run", "-m", str(real_models.smollm2), "-n", "48", "--threads", "1", "--json", "--draft-mode", "ngram"]
+    out = run_cli(*common, "-p", "Describe Paris as JSON.", "--json-schema", str(schema))
+    assert out.returncode == 0, out.stderr
+    record = json.loads(json.loads(out.stdout)["text"])
+    assert set(record) == {"city", "country", "population_millions"}
+    grammar = tmp_path / "yesno.gbnf"
+    grammar.write_text('root ::= ("yes" | "no") ", because " [a-z ]+ "."\n')
+    out = run_cli(*common, "-p", "Is the sky blue?", "--grammar", str(grammar))
+    assert out.returncode == 0, out.stderr
+    text = json.loads(out.stdout)["text"]
+    assert re.fullmatch(r"(yes|no), because [a-z ]+\.?", text), text
