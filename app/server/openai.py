@@ -286,7 +286,7 @@ class Shaper:
 
     def reply_chunk(self, index: int, delta: Any) -> dict:
         """A chat chunk for a piece of a reply that may call tools: content text, or a
-        :class:`~tandem.app.server.tools.CallDelta` (OpenAI's ``tool_calls`` delta)."""
+        :class:`~tandem.app.server.tool_calls.CallDelta` (OpenAI's ``tool_calls`` delta)."""
         if isinstance(delta, str):
             return self.chunk(index, delta)
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,

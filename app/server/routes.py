@@ -44,14 +44,9 @@ from tandem.app.server.streams import (
     infill_stream,
 )
 from tandem.app.server.structured import OutputFormat, compile_format, parse_output_format
+from tandem.app.server.tool_calls import ToolCallParser, parse_reply
 from tandem.app.server.tool_jobs import tool_chat_job
-from tandem.app.server.tools import (
-    ToolCallParser,
-    ToolRequest,
-    call_schema,
-    parse_reply,
-    parse_tools,
-)
+from tandem.app.server.tools import ToolRequest, call_schema, parse_tools
 from tandem.app.server.worker import Job, QueueFull
 from tandem.models.errors import PromptError, TandemError
 from tandem.runtime.autocomplete.infill import InfillDone

@@ -25,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 from tandem.app.server.jobs import PromptCache
 from tandem.app.server.logprobs import shape
 from tandem.app.server.openai import ApiError, Shaper, finish_reason, usage
-from tandem.app.server.tools import ToolCallParser
+from tandem.app.server.tool_calls import ToolCallParser
 from tandem.app.server.worker import Job
 from tandem.models.errors import TandemError
 from tandem.runtime.autocomplete.infill import InfillChunk, InfillDone

@@ -12,7 +12,7 @@ grammar, so its name is one of the tools' and its arguments fit that tool's sche
 
 Each phase is one :func:`~tandem.runtime.generate.generate` run over the tokens so far,
 so the KV cache of the previous phase is reused. The events carry the whole reply text,
-the written tags included, for :class:`~tandem.app.server.tools.ToolCallParser`; one
+the written tags included, for :class:`~tandem.app.server.tool_calls.ToolCallParser`; one
 :class:`DoneEvent` ends the job with the phases' tokens and stats added up.
 """
 
@@ -26,13 +26,8 @@ from typing import Any
 from tandem.app.server.jobs import PromptCache, _generate
 from tandem.app.server.models import ModelSlot
 from tandem.app.server.openai import GenRequest
-from tandem.app.server.tools import (
-    CALL_CLOSE,
-    CALL_OPEN,
-    ToolRequest,
-    plain_messages,
-    template_has_tools,
-)
+from tandem.app.server.tool_calls import CALL_CLOSE, CALL_OPEN
+from tandem.app.server.tools import ToolRequest, plain_messages, template_has_tools
 from tandem.runtime.generate import DoneEvent, Event, TokenEvent
 
 MAX_CALLS = 8
@@ -101,7 +96,8 @@ def _phases(slot: ModelSlot, prompt: list[int], req: GenRequest, tools: ToolRequ
                     total_s=sum(p.stats.total_s for p in phases),
                     target_calls=sum(p.stats.target_calls for p in phases),
                     drafted_tokens=sum(p.stats.drafted_tokens for p in phases),
-                    accepted_tokens=sum(p.stats.accepted_tokens for p in phases))
+                    accepted_tokens=sum(p.stats.accepted_tokens for p in phases),
+                    forced_tokens=sum(p.stats.forced_tokens for p in phases))
     yield DoneEvent("".join(texts), ids[len(prompt):], stats)
 
 

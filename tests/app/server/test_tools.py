@@ -9,15 +9,8 @@ import pytest
 
 from tandem.app.server.openai import ApiError, parse_messages
 from tandem.app.server.structured import parse_output_format
-from tandem.app.server.tools import (
-    CallDelta,
-    ToolCallParser,
-    call_schema,
-    collect,
-    parse_reply,
-    parse_tools,
-    plain_messages,
-)
+from tandem.app.server.tool_calls import CallDelta, ToolCallParser, collect, parse_reply
+from tandem.app.server.tools import call_schema, parse_tools, plain_messages
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather now",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
