@@ -4,6 +4,7 @@ call schema, and cutting reply text into content and ``tool_calls`` as it stream
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
@@ -223,3 +224,58 @@ def test_a_reply_of_bare_call_objects() -> None:
     assert [c["function"]["name"] for c in reply.calls] == ["get_time", "get_weather"] and reply.content is None
     assert parse_reply('{"name": "unknown", "arguments": {}}', NAMES).calls == []
     assert parse_reply('{"a": 1}', NAMES).content == '{"a": 1}'
+
+
+def test_auto_phases_constrain_a_call_once_the_model_opens_it(monkeypatch) -> None:
+    """Under ``auto`` the reply runs free until the model writes ``<tool_call>``; the call's
+    JSON then runs under the call grammar, after ``</tool_call>`` free again (parallel
+    calls). Generation is scripted here: what is checked is each phase's prompt, grammar
+    and stops, and the one reply the phases add up to."""
+    from types import SimpleNamespace
+
+    from tandem.app.server import tool_jobs
+    from tandem.app.server.openai import parse_common
+    from tandem.runtime.generate import DoneEvent, GenerationStats, TokenEvent
+
+    vocab = ["Sure.", "<tool_call>", "\n", '{"name": "get_time", "arguments": {}}', "</tool_call>", "x"]
+
+    class Target:
+        def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
+            out, rest = [], text
+            while rest:
+                i = next(i for i, p in enumerate(vocab) if rest.startswith(p))
+                out.append(i)
+                rest = rest[len(vocab[i]):]
+            return out
+
+        def token_bytes(self, t: int) -> bytes:
+            return vocab[t].encode()
+
+    def stats(n: int) -> GenerationStats:
+        return GenerationStats(3, n, 0.1, 0.2, 5.0, n, 1.0, 0, 0, None, "stop", 0)
+
+    script = [([0, 1, 5], "Sure."), ([3], vocab[3]), ([], "")]  # a token past the tag is dropped
+    seen = []
+
+    def fake_generate(slot, ids, req, stops, cancel, client, cache):
+        tokens, text = script[len(seen)]
+        seen.append((list(ids), req.grammar, list(stops)))
+        yield TokenEvent(text, tokens)
+        yield DoneEvent(text, tokens, stats(len(tokens)))
+
+    monkeypatch.setattr(tool_jobs, "_generate", fake_generate)
+    slot = SimpleNamespace(target=Target())
+    req = parse_common({"max_tokens": 50})
+    tools = parse_tools({"tools": [TIME]})
+    assert tools is not None
+    events = list(tool_jobs._phases(slot, [5, 5, 5], req, tools, "GRAMMAR", ["<|im_end|>"], threading.Event(),
+                                    "", None))
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert [g for _, g, _ in seen] == [None, "GRAMMAR", None]
+    assert seen[0][2] == ["<|im_end|>", "<tool_call>"] and seen[1][2] == []
+    assert seen[1][0] == [5, 5, 5, 0, 1, 2]  # the tag the model wrote, then "\n", then the JSON
+    assert seen[2][0] == [5, 5, 5, 0, 1, 2, 3, 2, 4]
+    reply = parse_reply(done.text, NAMES)
+    assert reply.content == "Sure." and [c["function"]["name"] for c in reply.calls] == ["get_time"]
+    assert done.stats.generated_tokens == 3 and done.stats.prompt_tokens == 3
