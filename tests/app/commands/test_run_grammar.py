@@ -41,13 +41,16 @@ def test_run_follows_a_json_schema_and_a_gbnf_grammar(real_models, tmp_path: Pat
     schema = tmp_path / "city.json"
     schema.write_text(json.dumps({
         "type": "object",
-        "properties": {"city": {"type": "string"}, "country": {"type": "string"},
-                       "population_millions": {"type": "number"}},
+        "properties": {"city": {"type": "string", "maxLength": 24}, "country": {"type": "string", "maxLength": 24},
+                       "population_millions": {"type": "integer", "minimum": 0, "maximum": 99}},
         "required": ["city", "country", "population_millions"], "additionalProperties": False}))
-    common = ["run", "-m", str(real_models.smollm2), "-n", "48", "--threads", "1", "--json", "--draft-mode", "ngram"]
+    common = ["run", "-m", str(real_models.smollm2), "-n", "96", "--threads", "1", "--json", "--draft-mode", "ngram"]
     out = run_cli(*common, "-p", "Describe Paris as JSON.", "--json-schema", str(schema))
     assert out.returncode == 0, out.stderr
-    record = json.loads(json.loads(out.stdout)["text"])
+    reply = json.loads(out.stdout)
+    assert reply["stats"]["finish_reason"] == "stop", reply["text"]
+    assert reply["stats"]["forced_tokens"] > 0
+    record = json.loads(reply["text"])
     assert set(record) == {"city", "country", "population_millions"}
     grammar = tmp_path / "yesno.gbnf"
     grammar.write_text('root ::= ("yes" | "no") ", because " [a-z ]+ "."\n')
