@@ -12,18 +12,22 @@ message's content, the result is cut into template pieces and content pieces, an
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from tandem.models.errors import TandemError
 
-Message = dict[str, str]
+Message = dict[str, Any]
+"""``{"role", "content"}`` (text), and for tool use an assistant's ``tool_calls`` or a
+tool result's ``tool_call_id``, as Hugging Face templates read them."""
 
 FALLBACK_STOPS = ["\nUser:", "\nSystem:"]
 
@@ -40,6 +44,9 @@ class RenderedChat:
     the placeholders so content could not be located (see :func:`prompt_ids`)."""
     contents: tuple[str, ...] = ()
     """The messages' contents (outer whitespace stripped)."""
+    markup: tuple[str, ...] = ()
+    """Request text the template writes among its own markup (tool definitions, earlier
+    tool calls): it cannot be kept apart, so it must hold no control-token text."""
 
 
 Tokenize = Callable[..., list[int]]
@@ -53,6 +60,10 @@ def prompt_ids(rendered: RenderedChat, tokenize: Tokenize, *, add_bos: bool) -> 
     (exactly as before, so BPE merges at piece boundaries cannot change). Otherwise the
     template pieces are tokenized with control tokens and the content pieces without.
     """
+    for text in rendered.markup:
+        if tokenize(text, special=True) != tokenize(text, special=False):
+            raise TandemError("A tool definition or tool call contains control-token text (such as <|im_end|>); "
+                              "remove it.")
     segments = rendered.segments
     if segments is not None and all(is_content for _, is_content in segments):
         return tokenize(rendered.text, add_bos=add_bos, special=False)  # no template: all plain text
@@ -89,7 +100,10 @@ def render_chat(
     bos_token: str = "",
     eos_token: str = "",
     add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
 ) -> RenderedChat:
+    """``tools``: the functions the model may call (OpenAI's ``tools`` list), for
+    templates that describe them (Qwen2.5's); ``None`` renders the template without."""
     if not template:
         text = render_fallback(messages)
         return RenderedChat(text, list(FALLBACK_STOPS), has_bos=False, segments=((text, True),),
@@ -97,6 +111,7 @@ def render_chat(
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.filters["tojson"] = _tojson
 
     def render(msgs: list[Message]) -> str:
         return env.from_string(template).render(
@@ -104,6 +119,7 @@ def render_chat(
             bos_token=bos_token,
             eos_token=eos_token,
             add_generation_prompt=add_generation_prompt,
+            tools=tools,
         )
 
     nonce = secrets.token_hex(6)
@@ -117,12 +133,28 @@ def render_chat(
         raise TandemError(f"The model's chat template failed to render ({type(exc).__name__}: {exc}).") from None
     return RenderedChat(text, [], has_bos=bool(bos_token) and text.startswith(bos_token),
                         segments=None if segments is None else tuple(segments),
-                        contents=tuple(m.get("content", "").strip() for m in messages))
+                        contents=tuple(m.get("content", "").strip() for m in messages),
+                        markup=_markup(messages, tools))
+
+
+def _markup(messages: list[Message], tools: list[dict[str, Any]] | None) -> tuple[str, ...]:
+    texts = [json.dumps(t, ensure_ascii=False) for t in tools or ()]
+    texts += [json.dumps(m["tool_calls"], ensure_ascii=False) for m in messages if m.get("tool_calls")]
+    return tuple(texts)
+
+
+def _tojson(value: Any, indent: int | None = None, **_: Any) -> str:
+    """Templates' ``tojson`` as Hugging Face defines it (keys in their order, text not
+    HTML-escaped); Jinja's own sorts keys and escapes ``<``, which models never saw."""
+    return json.dumps(value, ensure_ascii=False, indent=indent)
 
 
 def _placeholder(content: str, i: int, nonce: str) -> str:
     """A marker that keeps the content's outer whitespace, so a template that trims
-    the content trims the marker's padding the same way."""
+    the content trims the marker's padding the same way. Empty content stays empty: a
+    template may test it (an assistant turn that only called tools)."""
+    if not content:
+        return content
     core = content.strip()
     start = content.find(core) if core else len(content)
     return f"{content[:start]}\ue000{nonce}:{i}\ue001{content[start + len(core):]}"

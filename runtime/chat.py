@@ -29,12 +29,14 @@ class Closable(Protocol):
     def close(self) -> None: ...
 
 
-def chat_prompt(target: Backend, messages: Sequence[Message]) -> tuple[list[int], list[str]]:
+def chat_prompt(target: Backend, messages: Sequence[Message],
+                tools: list[dict] | None = None) -> tuple[list[int], list[str]]:
     """Prompt ids for ``messages`` rendered with the target's chat template (ready for
-    the assistant's reply), and the template's stop strings."""
+    the assistant's reply), and the template's stop strings. ``tools``: the functions
+    the model may call, for a template that describes them."""
     special = target.special
     rendered = render_chat(
-        list(messages), target.chat_template(), bos_token=special.bos_text, eos_token=special.eos_text
+        list(messages), target.chat_template(), bos_token=special.bos_text, eos_token=special.eos_text, tools=tools
     )
     # message content is tokenized as text: typed control tokens cannot open a new turn
     ids = prompt_ids(rendered, target.tokenize, add_bos=not rendered.has_bos)
@@ -61,17 +63,18 @@ class ChatEngine:
         :meth:`close` closes it instead of them."""
         self.lock = threading.Lock()
 
-    def render(self, messages: Sequence[Message]) -> tuple[list[int], list[str]]:
+    def render(self, messages: Sequence[Message], tools: list[dict] | None = None) -> tuple[list[int], list[str]]:
         """Prompt ids for ``messages`` (ready for the assistant's reply) and stop strings."""
-        return chat_prompt(self.target, messages)
+        return chat_prompt(self.target, messages, tools)
 
-    def fit(self, messages: Sequence[Message], max_tokens: int) -> tuple[list[int], list[str]]:
+    def fit(self, messages: Sequence[Message], max_tokens: int,
+            tools: list[dict] | None = None) -> tuple[list[int], list[str]]:
         """Prompt ids and stop strings for ``messages``, dropping the oldest non-system
         turns until the prompt leaves room for the reply."""
         msgs = list(messages)
         room = self.target.n_ctx - max(1, min(max_tokens, self.target.n_ctx // 2))
         while True:
-            ids, stops = self.render(msgs)
+            ids, stops = self.render(msgs, tools)
             if len(ids) <= room:
                 return ids, stops
             droppable = [i for i, m in enumerate(msgs[:-1]) if m["role"] != "system"]

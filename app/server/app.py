@@ -136,6 +136,7 @@ def create_app(slots: Sequence[ModelSlot], config: ServerConfig | None = None) -
         Route("/v1/chat/completions", _api(server.routes.chat), methods=["POST"]),
         Route("/v1/completions", _api(server.routes.completions), methods=["POST"]),
         Route("/infill", _api(server.routes.infill), methods=["POST"]),
+        Route("/completion", _api(server.routes.completion), methods=["POST"]),
         Route("/health", _api(server.health), methods=["GET"]),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _internal_error},

@@ -18,6 +18,7 @@ from tandem.app.server.models import ModelSlot
 from tandem.app.server.openai import GenRequest
 from tandem.kernels.sampling import Sampler
 from tandem.runtime.autocomplete.superposed import SuperposedResult
+from tandem.runtime.constrained.strategy import constrained
 from tandem.runtime.generate import DoneEvent, Event, generate
 
 
@@ -68,7 +69,8 @@ def _generate(slot: ModelSlot, ids: list[int], req: GenRequest, stops: list[str]
     if cache is not None:
         cache.cached_tokens = cached
     try:
-        yield from generate(slot.target, ids, Sampler(req.params), strategy=slot.engine.strategy,
+        strategy = slot.engine.strategy if req.grammar is None else constrained(slot.engine.strategy, req.grammar)
+        yield from generate(slot.target, ids, Sampler(req.params), strategy=strategy,
                             max_tokens=req.max_tokens, stop=stops, cancel=cancel, logprobs=req.logprobs)
     finally:
         cache_owner.release(slot, client)

@@ -8,6 +8,7 @@ which the app turns into a JSON error body with a 4xx status.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -120,6 +121,9 @@ class GenRequest:
     extra: dict[str, Any] = field(default_factory=dict)
     logprobs: int | None = None
     """Alternatives per token for ``logprobs`` (0: only the chosen token's), ``None``: off."""
+    grammar: Any = None
+    """The runtime's compiled grammar the reply must follow (``None``: free text); see
+    :mod:`.structured`."""
 
 
 def parse_common(body: dict, *, max_tokens_default: int = 256, max_tokens_key: str = "max_tokens") -> GenRequest:
@@ -151,14 +155,18 @@ def parse_common(body: dict, *, max_tokens_default: int = 256, max_tokens_key: s
     )
 
 
-def parse_messages(body: dict) -> list[dict[str, str]]:
+def parse_messages(body: dict) -> list[dict[str, Any]]:
+    """The conversation, each message ``{"role", "content"}`` with its content as text; an
+    assistant message that called tools keeps its ``tool_calls`` and a ``tool`` message
+    its ``tool_call_id``, for chat templates that render them."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise ApiError(400, "'messages' must be a non-empty list.", "invalid_value", "messages")
-    out = []
+    out: list[dict[str, Any]] = []
     for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer"):
-            raise ApiError(400, f"messages[{i}] needs a role of system, user or assistant.", "invalid_value", "messages")
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer", "tool"):
+            raise ApiError(400, f"messages[{i}] needs a role of system, user, assistant or tool.",
+                           "invalid_value", "messages")
         content = m.get("content", "")
         if isinstance(content, list):  # content parts: keep the text ones
             content = _text_parts(content, i)
@@ -167,7 +175,40 @@ def parse_messages(body: dict) -> list[dict[str, str]]:
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{i}].content must be a string.", "invalid_value", "messages")
         role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": content})
+        message: dict[str, Any] = {"role": role, "content": content}
+        if role == "assistant" and m.get("tool_calls"):
+            message["tool_calls"] = assistant_tool_calls(m["tool_calls"], i)
+        elif role == "tool":
+            call_id = m.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise ApiError(400, f"messages[{i}] is a tool result and needs its 'tool_call_id' (a string).",
+                               "invalid_value", "messages")
+            message["tool_call_id"] = call_id
+            if isinstance(m.get("name"), str):
+                message["name"] = m["name"]
+        out.append(message)
+    return out
+
+
+def assistant_tool_calls(raw: Any, i: int) -> list[dict[str, Any]]:
+    """An assistant message's ``tool_calls`` (a call the model made earlier), for the chat
+    template: ``function.arguments`` is decoded from its JSON string, as templates write
+    it with ``tojson``."""
+    if not isinstance(raw, list):
+        raise ApiError(400, f"messages[{i}].tool_calls must be a list.", "invalid_value", "messages")
+    out = []
+    for j, call in enumerate(raw):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ApiError(400, f"messages[{i}].tool_calls[{j}] must be {{\"id\", \"type\": \"function\", "
+                           "\"function\": {\"name\", \"arguments\"}}.", "invalid_value", "messages")
+        args = fn.get("arguments", "{}")
+        if isinstance(args, str):
+            with contextlib.suppress(json.JSONDecodeError):  # else kept as the text the model wrote
+                args = json.loads(args) if args.strip() else {}
+        call_id = call.get("id")
+        out.append({"id": call_id if isinstance(call_id, str) else new_call_id(), "type": "function",
+                    "function": {"name": fn["name"], "arguments": args}})
     return out
 
 
@@ -195,6 +236,11 @@ def parse_prompt(body: dict) -> str:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def new_call_id() -> str:
+    """A tool call's id, in OpenAI's form."""
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 def finish_reason(reason: str) -> str:
@@ -237,6 +283,14 @@ class Shaper:
         return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                 "created": self.created, "model": self.model,
                 "choices": [self._choice(index, text, reason, delta=True, first=first)]}
+
+    def reply_chunk(self, index: int, delta: Any) -> dict:
+        """A chat chunk for a piece of a reply that may call tools: content text, or a
+        :class:`~tandem.app.server.tool_calls.CallDelta` (OpenAI's ``tool_calls`` delta)."""
+        if isinstance(delta, str):
+            return self.chunk(index, delta)
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "choices": [{"index": index, "delta": {"tool_calls": [delta.shape()]}, "finish_reason": None}]}
 
     def usage_chunk(self, use: dict[str, Any]) -> dict:
         return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from tandem.app.server import infill as infill_api
-from tandem.app.server import jobs
+from tandem.app.server import jobs, llama_completion
 from tandem.app.server.cache_owner import client_identity
 from tandem.app.server.logprobs import parse_logprobs, shape
 from tandem.app.server.models import ModelSlot
@@ -43,6 +43,10 @@ from tandem.app.server.streams import (
     generation_stream,
     infill_stream,
 )
+from tandem.app.server.structured import OutputFormat, compile_format, parse_output_format
+from tandem.app.server.tool_calls import ToolCallParser, parse_reply
+from tandem.app.server.tool_jobs import tool_chat_job
+from tandem.app.server.tools import ToolRequest, call_schema, parse_tools
 from tandem.app.server.worker import Job, QueueFull
 from tandem.models.errors import PromptError, TandemError
 from tandem.runtime.autocomplete.infill import InfillDone
@@ -122,9 +126,25 @@ class Routes:
         req = parse_common(body)
         req.logprobs = _logprobs(body, req, chat=True)
         messages = parse_messages(body)
+        fmt = parse_output_format(body, chat=True)
+        tool_req = parse_tools(body)
+        if tool_req is not None and tool_req.offered and fmt is not None:
+            raise ApiError(400, f"'{fmt.field}' cannot be combined with 'tools' (the reply is either a call or "
+                           "text in that format); send one, or tool_choice \"none\".", "invalid_value", fmt.field)
         slot = self.slot(req.model)
         request.state.model = slot.name
         client = _client(request)
+        req.grammar = await _compiled(slot, fmt, req)
+        if tool_req is not None:
+            if req.n > 1 or req.logprobs is not None:
+                raise ApiError(400, "'tools' is not available with n > 1 or 'logprobs'.", "invalid_value", "tools")
+            call = (OutputFormat("json_schema", call_schema(tool_req.offered), "tools", strict=False)
+                    if tool_req.offered else None)
+            call_grammar = await _compiled(slot, call, req)
+            cache = jobs.PromptCache()
+            return await self.generation(
+                request, slot, req, Shaper(slot.name, chat=True),
+                tool_chat_job(slot, messages, req, tool_req, call_grammar, client, cache), cache, tools=tool_req)
         if req.n > 1:
             return await self.drafts(request, slot, req, Shaper(slot.name, chat=True),
                                      jobs.drafts_job(slot, req, messages=messages, client=client))
@@ -137,8 +157,10 @@ class Routes:
         req = parse_common(body, max_tokens_default=16)
         req.logprobs = _logprobs(body, req, chat=False)
         prompt = parse_prompt(body)
+        fmt = parse_output_format(body, chat=False)
         slot = self.slot(req.model)
         request.state.model = slot.name
+        req.grammar = await _compiled(slot, fmt, req)
         suffix = body.get("suffix")
         if isinstance(suffix, str) and suffix:
             ids = await asyncio.to_thread(jobs.infill_prompt, slot, prompt, suffix)
@@ -152,6 +174,27 @@ class Routes:
         cache = jobs.PromptCache()
         return await self.generation(request, slot, req, shaper, jobs.completion_job(slot, ids, req, client, cache),
                                      cache, text_start=len(prompt))
+
+    async def completion(self, request: Request):
+        """llama-server's ``/completion`` (see :mod:`.llama_completion`)."""
+        body = await self.body(request)
+        req = parse_common(body, max_tokens_default=256, max_tokens_key="n_predict")
+        prompt = parse_prompt(body)
+        fmt = parse_output_format(body, chat=False)
+        slot = self.slot(req.model)
+        request.state.model = slot.name
+        req.grammar = await _compiled(slot, fmt, req)
+        ids = await asyncio.to_thread(slot.target.tokenize, prompt, add_bos=True)
+        self.check_fits(slot, ids)
+        job, items, first, watcher = await self.start(request, slot,
+                                                      jobs.completion_job(slot, ids, req, _client(request)))
+        if req.stream:
+            watcher.cancel()
+            return llama_completion.completion_stream(first, items, job, req=req, model=slot.name,
+                                                      config=self.stream_config, streams=self.streams)
+        done = await _final(first, items, watcher)
+        request.state.stats = done.stats
+        return JSONResponse(llama_completion.done_body(done, req, slot.name))
 
     async def infill(self, request: Request):
         """llama-server's /infill (see :mod:`.infill`)."""
@@ -192,9 +235,11 @@ class Routes:
         return JSONResponse(final_body(done))
 
     async def generation(self, request: Request, slot: ModelSlot, req: GenRequest, shaper: Shaper, fn,
-                         cache: jobs.PromptCache, text_start: int = 0):
+                         cache: jobs.PromptCache, text_start: int = 0, tools: ToolRequest | None = None):
         """``text_start``: where the reply's text begins for legacy ``text_offset`` (after the
-        prompt, as OpenAI and llama-cpp-python count without ``echo``)."""
+        prompt, as OpenAI and llama-cpp-python count without ``echo``). ``tools``: the
+        request offered tools, so the reply's calls become ``tool_calls``."""
+        names = frozenset(t.name for t in tools.offered) if tools is not None else frozenset()
         job, items, first, watcher = await self.start(request, slot, fn)
         if req.stream:
             watcher.cancel()
@@ -204,13 +249,21 @@ class Routes:
 
             return generation_stream(first, items, job, shaper=shaper, token_bytes=slot.target.token_bytes,
                                      include_usage=req.include_usage, cache=cache, on_stats=on_stats,
-                                     config=self.stream_config, streams=self.streams, text_start=text_start)
+                                     config=self.stream_config, streams=self.streams, text_start=text_start,
+                                     tool_calls=ToolCallParser(names) if tools is not None else None)
         lps: list | None = [] if req.logprobs is not None else None
         done = await _final(first, items, watcher, lps)
         st = request.state.stats = done.stats
         body = shaper.full([(done.text, finish_reason(st.finish_reason))],
                            usage(st.prompt_tokens, st.generated_tokens, cache.cached_tokens),
                            {"tandem": {"stats": st.as_dict()}})
+        if tools is not None:
+            reply = parse_reply(done.text, names)
+            choice = body["choices"][0]
+            choice["message"]["content"] = reply.content
+            if reply.calls:
+                choice["message"]["tool_calls"] = reply.calls
+                choice["finish_reason"] = "tool_calls"
         if lps is not None:
             body["choices"][0]["logprobs"] = shape(lps, slot.target.token_bytes, chat=shaper.chat, offset=text_start)
         return JSONResponse(body)
@@ -226,6 +279,16 @@ class Routes:
             return JSONResponse(shaper.full(d.texts, use, extra))
         return drafts_stream(shaper, d.texts, use if req.include_usage else None, config=self.stream_config,
                              streams=self.streams)
+
+
+async def _compiled(slot: ModelSlot, fmt: OutputFormat | None, req: GenRequest) -> Any:
+    """``fmt`` compiled for the slot's model, off the event loop (a big schema takes a
+    while); a 400 naming the field when it cannot compile."""
+    if fmt is None:
+        return None
+    if req.n > 1:
+        raise ApiError(400, f"'{fmt.field}' is not available with n > 1.", "invalid_value", fmt.field)
+    return await asyncio.to_thread(compile_format, slot.target, fmt)
 
 
 def _client(request: Request) -> str:

@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 from tandem.app.server.jobs import PromptCache
 from tandem.app.server.logprobs import shape
 from tandem.app.server.openai import ApiError, Shaper, finish_reason, usage
+from tandem.app.server.tool_calls import ToolCallParser
 from tandem.app.server.worker import Job
 from tandem.models.errors import TandemError
 from tandem.runtime.autocomplete.infill import InfillChunk, InfillDone
@@ -72,9 +73,11 @@ class ReplyStream(EventSourceResponse):
 
 def generation_stream(first: Any, items: AsyncIterator, job: Job, *, shaper: Shaper, token_bytes: Callable,
                       include_usage: bool, cache: PromptCache, on_stats: Callable[[GenerationStats], None],
-                      config: StreamConfig, streams: OpenStreams, text_start: int = 0) -> ReplyStream:
+                      config: StreamConfig, streams: OpenStreams, text_start: int = 0,
+                      tool_calls: ToolCallParser | None = None) -> ReplyStream:
     """A chat or text completion's chunks, its finish chunk, the usage chunk (when asked
-    for) and ``[DONE]``."""
+    for) and ``[DONE]``. ``tool_calls``: the request offered tools, so the text is cut
+    into content and ``tool_calls`` deltas by this parser."""
     shutdown = anyio.Event()
 
     async def events() -> AsyncIterator[dict]:
@@ -84,6 +87,12 @@ def generation_stream(first: Any, items: AsyncIterator, job: Job, *, shaper: Sha
             offset = text_start
             ended = False
             async for ev in chain(first, items):
+                if tool_calls is not None and isinstance(ev, TokenEvent | DoneEvent):
+                    deltas = tool_calls.feed(ev.text) if isinstance(ev, TokenEvent) else tool_calls.finish()
+                    for d in deltas:
+                        yield {"data": json.dumps(shaper.reply_chunk(0, d))}
+                if tool_calls is not None and isinstance(ev, TokenEvent):
+                    continue
                 if isinstance(ev, TokenEvent) and (ev.text or ev.logprobs):
                     chunk = shaper.chunk(0, ev.text)
                     if ev.logprobs is not None:
@@ -93,7 +102,9 @@ def generation_stream(first: Any, items: AsyncIterator, job: Job, *, shaper: Sha
                     yield {"data": json.dumps(chunk)}
                 elif isinstance(ev, DoneEvent):
                     on_stats(ev.stats)
-                    yield {"data": json.dumps(shaper.chunk(0, None, finish_reason(ev.stats.finish_reason)))}
+                    reason = "tool_calls" if tool_calls is not None and tool_calls.calls else \
+                        finish_reason(ev.stats.finish_reason)
+                    yield {"data": json.dumps(shaper.chunk(0, None, reason))}
                     if include_usage:
                         use = usage(ev.stats.prompt_tokens, ev.stats.generated_tokens, cache.cached_tokens)
                         yield {"data": json.dumps(shaper.usage_chunk(use))}

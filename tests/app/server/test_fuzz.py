@@ -32,7 +32,9 @@ SCALARS = st.sampled_from([
 KEYS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
         "min_p", "n", "stream", "stream_options", "stop", "seed", "logprobs", "top_logprobs", "suffix",
         "input_prefix", "input_suffix", "input_extra", "n_predict", "role", "content", "type", "text",
-        "include_usage", "repetition_penalty", "\\ud800", "x"]
+        "include_usage", "repetition_penalty", "\\ud800", "x",
+        "response_format", "json_schema", "grammar", "schema", "strict", "tools", "tool_choice", "parallel_tool_calls",
+        "tool_calls", "tool_call_id", "function", "name", "arguments", "parameters", "properties"]
 
 
 def _obj(items: list[tuple[str, str]]) -> str:
@@ -59,7 +61,7 @@ BODY = st.one_of(
     st.binary(max_size=300).map(lambda b: b.decode("latin-1")),
     st.sampled_from(["[" * 100_000, "{" * 5000, '{"a":' * 3000 + "1" + "}" * 3000, "", "   ", "\x00"]),
 )
-PATHS = st.sampled_from(["/v1/chat/completions", "/v1/completions", "/infill"])
+PATHS = st.sampled_from(["/v1/chat/completions", "/v1/completions", "/infill", "/completion"])
 
 
 
@@ -98,6 +100,39 @@ def test_fuzzed_requests_never_give_a_5xx(fuzz_server) -> None:
         assert client.get(f"{url}/health").json()["status"] == "ok"
     if EXAMPLES:
         print(f"\nfuzzed requests: {sum(counts.values())} -> {dict(sorted(counts.items()))}")
+
+
+SCHEMA_WORDS = st.sampled_from(['"object"', '"string"', '"integer"', '"number"', '"array"', '"nonsense"',
+                                '"function"', '"json_schema"', '"json_object"', '"required"', '"auto"', '"none"',
+                                '"root ::= \\"a\\""', '"root ::= x"', '"#/nowhere"', '"^a+$"', '{}', 'true', '[]'])
+SCHEMA_KEYS = ["type", "properties", "required", "items", "enum", "minimum", "maximum", "minItems", "maxItems",
+               "$ref", "anyOf", "pattern", "additionalProperties", "json_schema", "schema", "strict", "name",
+               "function", "parameters", "format", "const"]
+SCHEMA_JSON = st.recursive(
+    st.one_of(SCALARS, SCHEMA_WORDS),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3).map(lambda xs: "[" + ",".join(xs) + "]"),
+        st.lists(st.tuples(st.sampled_from(SCHEMA_KEYS), inner), max_size=4).map(_obj)),
+    max_leaves=12)
+STRUCTURED = st.sampled_from(["response_format", "json_schema", "grammar", "tools", "tool_choice"])
+
+
+def test_fuzzed_formats_and_tools_never_give_a_5xx(fuzz_server) -> None:
+    """Schemas, grammars and tool lists that cannot compile (or can) get a 4xx or a reply."""
+    url, _ = fuzz_server
+
+    with httpx.Client(timeout=60) as client:
+        @FUZZ
+        @given(path=PATHS, fields=st.lists(st.tuples(STRUCTURED, SCHEMA_JSON), min_size=1, max_size=2))
+        def one(path: str, fields: list[tuple[str, str]]) -> None:
+            base = '"messages":[{"role":"user","content":"Hi"}],"prompt":"Hi","max_tokens":3,"n_predict":3,'
+            body = "{" + base + _obj(fields)[1:]
+            r = client.post(f"{url}{path}", content=body.encode(), headers={"content-type": "application/json"})
+            assert r.status_code < 500, (r.status_code, r.text[:500], body[:300])
+            if r.status_code >= 400:
+                assert r.json()["error"]["message"]
+
+        one()
 
 
 # -- GGUF metadata --------------------------------------------------------------------------

@@ -1,0 +1,69 @@
+"""llama-server's native ``/completion``: a prompt in, ``{"content", "stop": true, ...}``
+out, streamed as ``{"content", "stop": false}`` events; it takes llama-server's
+``grammar`` and ``json_schema`` fields (and ``response_format``) like the OpenAI routes.
+
+Only the JSON shapes live here; generation is the OpenAI ``/v1/completions`` job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+
+from tandem.app.server.openai import GenRequest
+from tandem.app.server.streams import (
+    OpenStreams,
+    ReplyStream,
+    StreamConfig,
+    _cancel_on,
+    chain,
+    stream_error,
+)
+from tandem.app.server.worker import Job
+from tandem.runtime.generate import DoneEvent, TokenEvent
+
+
+def stop_type(reason: str) -> str:
+    """llama-server's ``stop_type`` for a finish reason."""
+    return {"length": "limit", "stop": "eos"}.get(reason, "none")
+
+
+def done_body(done: DoneEvent, req: GenRequest, model: str) -> dict[str, Any]:
+    st = done.stats
+    return {"index": 0, "content": done.text, "id_slot": 0, "stop": True, "model": model,
+            "tokens_predicted": st.generated_tokens, "tokens_evaluated": st.prompt_tokens,
+            "stop_type": stop_type(st.finish_reason), "stopping_word": "",
+            "generation_settings": {"n_predict": req.max_tokens, "temperature": req.params.temperature,
+                                    "seed": req.params.seed, "stop": req.stop},
+            "timings": {"predicted_n": st.generated_tokens, "predicted_ms": st.total_s * 1000,
+                        "predicted_per_second": st.tokens_per_s},
+            "tandem": {"stats": st.as_dict()}}
+
+
+def completion_stream(first: Any, items: AsyncIterator, job: Job, *, req: GenRequest, model: str,
+                      config: StreamConfig, streams: OpenStreams) -> ReplyStream:
+    shutdown = anyio.Event()
+
+    async def events() -> AsyncIterator[dict]:
+        stopper = asyncio.create_task(_cancel_on(shutdown, job))
+        try:
+            ended = False
+            async for ev in chain(first, items):
+                if isinstance(ev, TokenEvent) and ev.text:
+                    yield {"data": json.dumps({"index": 0, "content": ev.text, "stop": False})}
+                elif isinstance(ev, DoneEvent):
+                    yield {"data": json.dumps(done_body(ev, req, model) | {"content": ""})}
+                    ended = True
+            if not ended:
+                yield {"data": json.dumps({"content": "", "stop": True, "stop_type": "none", "model": model})}
+        except Exception as exc:  # the response has started: the error goes in the stream
+            yield {"data": json.dumps(stream_error(exc))}
+        finally:
+            job.cancel.set()
+            stopper.cancel()
+
+    return ReplyStream(events(), config, streams, shutdown)
