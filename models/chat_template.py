@@ -12,13 +12,14 @@ message's content, the result is cut into template pieces and content pieces, an
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from jinja2 import TemplateError
+from jinja2 import Template, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from tandem.models.errors import TandemError
@@ -94,12 +95,8 @@ def render_chat(
         text = render_fallback(messages)
         return RenderedChat(text, list(FALLBACK_STOPS), has_bos=False, segments=((text, True),),
                             contents=(text,))
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = _raise
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-
     def render(msgs: list[Message]) -> str:
-        return env.from_string(template).render(
+        return _compiled(template).render(
             messages=msgs,
             bos_token=bos_token,
             eos_token=eos_token,
@@ -118,6 +115,16 @@ def render_chat(
     return RenderedChat(text, [], has_bos=bool(bos_token) and text.startswith(bos_token),
                         segments=None if segments is None else tuple(segments),
                         contents=tuple(m.get("content", "").strip() for m in messages))
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(template: str) -> Template:
+    """A template compiled once (compiling costs tens of milliseconds; a chat renders on
+    every reply). Compile errors are raised on each call, as before."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(template)
 
 
 def _placeholder(content: str, i: int, nonce: str) -> str:
