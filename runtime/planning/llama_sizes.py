@@ -36,6 +36,7 @@ from pathlib import Path
 
 from tandem.models.errors import TandemError
 from tandem.models.paths import cache_dir, write_cache_file
+from tandem.models.python_child import module_argv
 from tandem.runtime.machine import cache_key, file_version, machine_id, software_id
 
 SIZES_VERSION = 1
@@ -122,7 +123,7 @@ class LlamaSizes:
         if self._proc is not None:
             return
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "tandem.runtime.planning.llama_sizes", str(self.model)],
+            module_argv("tandem.runtime.planning.llama_sizes", str(self.model)),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         assert self._proc.stdout is not None

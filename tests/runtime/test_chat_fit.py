@@ -12,8 +12,7 @@ import pytest
 
 from tandem.models.errors import PromptError
 
-WORDS = ("the quick brown fox jumps over a lazy dog while seven programmers argue about tabs, "
-         "spaces; and 42 other things! Ça va? 東京").split()
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "programmers", "argue", "about", "tabs,", "spaces;", "and", "42", "other", "things!", "Ça", "va?", "東京"]
 
 
 def turn(rng: random.Random, i: int, longest: int = 60) -> dict[str, str]:
@@ -146,10 +145,10 @@ def test_a_conversation_that_cannot_fit_is_refused_with_its_size(real_models) ->
 
 
 def test_fitting_stops_when_cancelled(real_models) -> None:
+    from tandem.kernels.sampling import SamplingParams
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
     from tandem.runtime.chat import ChatEngine
     from tandem.runtime.chat_fit import FitCancelled
-    from tandem.kernels.sampling import SamplingParams
 
     b = LlamaCppBackend(real_models.smollm2, LlamaConfig(n_ctx=512, n_threads=1))
     try:

@@ -10,7 +10,7 @@ from tandem.app.history.store import History
 from tandem.app.tui.session import ChatSettings, run_reply
 from tandem.kernels.sampling import SamplingParams
 
-WORDS = "the quick brown fox jumps over a lazy dog while seven programmers argue about tabs".split()
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "programmers", "argue", "about", "tabs"]
 
 
 def test_a_long_chat_prefills_only_the_new_turn(real_models, tmp_path) -> None:
