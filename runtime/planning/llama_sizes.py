@@ -137,7 +137,9 @@ class LlamaSizes:
         err = ""
         if self._proc is not None:
             self._proc.kill()
-            err = (self._proc.stderr.read() if self._proc.stderr else "").strip()[-500:]
+            err = (self._proc.stderr.read() if self._proc.stderr else "").strip()
+            if not os.environ.get("TANDEM_LLAMA_LOG"):  # one line: the child's last
+                err = err.splitlines()[-1][-500:] if err else ""
             self._proc.wait()
             self._proc = None
         raise TandemError(f"Could not read llama.cpp's buffer sizes for {self.model}: {err or 'the probe exited'}")
@@ -211,7 +213,7 @@ def _serve(model: str) -> int:
     try:
         loaded = load_model(Path(model), mp)
     except TandemError as exc:
-        print(f"{exc}\n{''.join(lines[-5:])}", file=sys.stderr)
+        print(load_error(str(exc), lines), file=sys.stderr)
         return 1
     handle = loaded.model
     # What the backend builds on top: its vocabulary object, special tokens, the
@@ -240,6 +242,17 @@ def _serve(model: str) -> int:
         print(json.dumps({"compute": compute, "output": output, "context": context}), flush=True)
     loaded.close()
     return 0
+
+
+def load_error(error: str, log: list[str]) -> str:
+    """One line: ``error`` and the reason llama.cpp logged (``error loading model: ...``);
+    with ``TANDEM_LLAMA_LOG=1`` its whole log before it."""
+    if os.environ.get("TANDEM_LLAMA_LOG"):
+        return "".join(log) + error
+    marker = "error loading model: "
+    reasons = [line.split(marker)[-1].strip() for line in log if marker in line]
+    reason = reasons[-1].removeprefix("error loading model ") if reasons else ""
+    return f"{error} ({reason})" if reason and reason not in error else error
 
 
 def _logged_mib(lines: list[str], what: str) -> int:
