@@ -12,6 +12,7 @@ message's content, the result is cut into template pieces and content pieces, an
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import secrets
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from jinja2 import TemplateError
+from jinja2 import Template, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from tandem.models.errors import TandemError
@@ -60,10 +61,7 @@ def prompt_ids(rendered: RenderedChat, tokenize: Tokenize, *, add_bos: bool) -> 
     (exactly as before, so BPE merges at piece boundaries cannot change). Otherwise the
     template pieces are tokenized with control tokens and the content pieces without.
     """
-    for text in rendered.markup:
-        if tokenize(text, special=True) != tokenize(text, special=False):
-            raise TandemError("A tool definition or tool call contains control-token text (such as <|im_end|>); "
-                              "remove it.")
+    check_markup(rendered, tokenize)
     segments = rendered.segments
     if segments is not None and all(is_content for _, is_content in segments):
         return tokenize(rendered.text, add_bos=add_bos, special=False)  # no template: all plain text
@@ -93,6 +91,16 @@ def render_fallback(messages: list[Message]) -> str:
     return "\n\n".join(p for p in parts if p)
 
 
+def check_markup(rendered: RenderedChat, tokenize: Tokenize) -> None:
+    """Refuse request text written among the template's own markup (tool definitions,
+    earlier tool calls) that holds control-token text: it cannot be tokenized apart from
+    the markup, so it could open a turn of its own."""
+    for text in rendered.markup:
+        if tokenize(text, special=True) != tokenize(text, special=False):
+            raise TandemError("A tool definition or tool call contains control-token text (such as <|im_end|>); "
+                              "remove it.")
+
+
 def render_chat(
     messages: list[Message],
     template: str | None,
@@ -108,13 +116,8 @@ def render_chat(
         text = render_fallback(messages)
         return RenderedChat(text, list(FALLBACK_STOPS), has_bos=False, segments=((text, True),),
                             contents=(text,))
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = _raise
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    env.filters["tojson"] = _tojson
-
     def render(msgs: list[Message]) -> str:
-        return env.from_string(template).render(
+        return _compiled(template).render(
             messages=msgs,
             bos_token=bos_token,
             eos_token=eos_token,
@@ -147,6 +150,17 @@ def _tojson(value: Any, indent: int | None = None, **_: Any) -> str:
     """Templates' ``tojson`` as Hugging Face defines it (keys in their order, text not
     HTML-escaped); Jinja's own sorts keys and escapes ``<``, which models never saw."""
     return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(template: str) -> Template:
+    """A template compiled once (compiling costs tens of milliseconds; a chat renders on
+    every reply). Compile errors are raised on each call, as before."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.filters["tojson"] = _tojson
+    return env.from_string(template)
 
 
 def _placeholder(content: str, i: int, nonce: str) -> str:

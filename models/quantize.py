@@ -18,6 +18,7 @@ from pathlib import Path
 from tandem.models.errors import ModelFormatError, ModelNotFound, TandemError
 from tandem.models.gguf_file import inspect_gguf
 from tandem.models.paths import cache_dir
+from tandem.models.python_child import code_argv
 
 FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2, "q4_1": 3, "q4_k_m": 15}
 """GGUF output types by name -> ``llama_ftype`` (see llama_cpp.LLAMA_FTYPE_*)."""
@@ -106,7 +107,7 @@ def cached_copy(src: str | os.PathLike[str], qtype: str) -> Path:
     tmp = dst.with_name(f"{dst.stem}.{os.getpid()}.tmp")
     code = "import sys; from tandem.models.quantize import quantize_gguf; quantize_gguf(*sys.argv[1:4])"
     try:
-        proc = subprocess.run([sys.executable, "-c", code, str(src), str(tmp), qtype],
+        proc = subprocess.run(code_argv(code, str(src), str(tmp), qtype),
                               capture_output=True, text=True, check=False)
         if proc.returncode != 0 or not tmp.is_file():
             tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]

@@ -14,8 +14,8 @@ from typing import Protocol, runtime_checkable
 
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.models.chat_template import Message, prompt_ids, render_chat
-from tandem.models.errors import PromptError
 from tandem.runtime.backends.protocol import Backend
+from tandem.runtime.chat_fit import ChatFitter, FitCancelled
 from tandem.runtime.constrained import Grammar
 from tandem.runtime.constrained.strategy import constrained
 from tandem.runtime.generate import Event, Strategy, autoregressive, generate
@@ -62,28 +62,27 @@ class ChatEngine:
         """What opened target, strategy and drafter (:class:`tandem.runtime.engine.Engine`):
         :meth:`close` closes it instead of them."""
         self.lock = threading.Lock()
+        self.fitter = ChatFitter(target)
+        """Renders and fits conversations; keeps every turn's tokens for the next reply."""
 
     def render(self, messages: Sequence[Message], tools: list[dict] | None = None) -> tuple[list[int], list[str]]:
         """Prompt ids for ``messages`` (ready for the assistant's reply) and stop strings."""
-        return chat_prompt(self.target, messages, tools)
+        return self.fitter.prompt(messages, tools)
 
-    def fit(self, messages: Sequence[Message], max_tokens: int,
-            tools: list[dict] | None = None) -> tuple[list[int], list[str]]:
-        """Prompt ids and stop strings for ``messages``, dropping the oldest non-system
-        turns until the prompt leaves room for the reply."""
-        msgs = list(messages)
+    def fit(self, messages: Sequence[Message], max_tokens: int, *, cancel: threading.Event | None = None,
+            keep_start: bool = False, tools: list[dict] | None = None) -> tuple[list[int], list[str]]:
+        """Prompt ids and stop strings for ``messages``, leaving out the fewest oldest
+        non-system turns so the prompt leaves room for the reply (:mod:`.chat_fit`: each
+        turn is tokenized once for the engine's life). Raises :class:`FitCancelled` when
+        ``cancel`` is set, :class:`PromptError` (saying how big) when nothing fits.
+
+        ``keep_start`` (a chat that goes on turn after turn) leaves turns out in runs of
+        half the room, so the prompt keeps its start, and its KV cache, from one reply to
+        the next: a long chat then evaluates only its new turn. ``tools``: the functions
+        the model may call, for a template that describes them."""
         room = self.target.n_ctx - max(1, min(max_tokens, self.target.n_ctx // 2))
-        while True:
-            ids, stops = self.render(msgs, tools)
-            if len(ids) <= room:
-                return ids, stops
-            droppable = [i for i, m in enumerate(msgs[:-1]) if m["role"] != "system"]
-            if not droppable:
-                raise PromptError(
-                    f"The message is {len(ids)} tokens; with room for the reply the context "
-                    f"({self.target.n_ctx}) holds {room}. Shorten it or raise the context size."
-                )
-            del msgs[droppable[0]]
+        fitted = self.fitter.fit(messages, room, cancel=cancel, block=room // 2 if keep_start else 0, tools=tools)
+        return fitted.ids, fitted.stops
 
     def stream(
         self,
@@ -95,6 +94,7 @@ class ChatEngine:
         logprobs: int | None = None,
         reply_prefix: str = "",
         grammar: Grammar | None = None,
+        keep_start: bool = False,
     ) -> Iterator[Event]:
         """Stream the assistant's reply to ``messages`` (the last one is the user's).
 
@@ -102,10 +102,14 @@ class ChatEngine:
         the model writes on from its end, and the events carry only the new text.
         ``grammar`` (from :func:`~tandem.runtime.constrained.compile_grammar` on this
         engine's target) constrains the reply: every token legal, end only where the
-        grammar is complete."""
+        grammar is complete. Cancelled while the conversation is being fitted, it yields
+        nothing."""
         strategy = self.strategy if grammar is None else constrained(self.strategy, grammar)
         with self.lock:
-            ids, stops = self.fit(messages, max_tokens)
+            try:
+                ids, stops = self.fit(messages, max_tokens, cancel=cancel, keep_start=keep_start)
+            except FitCancelled:
+                return
             if reply_prefix:
                 ids += self.target.tokenize(reply_prefix, add_bos=False)
             yield from generate(self.target, ids, Sampler(params), strategy=strategy, max_tokens=max_tokens,

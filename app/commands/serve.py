@@ -105,4 +105,5 @@ def run(args: argparse.Namespace) -> int:
             slot.close()
     finally:
         sock.close()
+    print("Stopped: the model is closed.", file=sys.stderr, flush=True)
     return 0

@@ -18,6 +18,7 @@ from tandem.app.server.models import ModelSlot
 from tandem.app.server.openai import GenRequest
 from tandem.kernels.sampling import Sampler
 from tandem.runtime.autocomplete.superposed import SuperposedResult
+from tandem.runtime.chat_fit import FitCancelled
 from tandem.runtime.constrained.strategy import constrained
 from tandem.runtime.generate import DoneEvent, Event, generate
 
@@ -46,7 +47,10 @@ def chat_job(slot: ModelSlot, messages: list[dict[str, str]], req: GenRequest, c
              cache: PromptCache | None = None):
     def run(cancel: threading.Event) -> Generator[Event, None, None]:
         with slot.engine.lock:
-            ids, stops = slot.engine.fit(messages, req.max_tokens)
+            try:
+                ids, stops = slot.engine.fit(messages, req.max_tokens, cancel=cancel)
+            except FitCancelled:  # the client went away (or the server stops): nothing to send
+                return
             yield from _generate(slot, ids, req, [*stops, *req.stop], cancel, client, cache)
 
     return run
@@ -93,7 +97,10 @@ def drafts_job(slot: ModelSlot, req: GenRequest, *, ids: list[int] | None = None
             stops = list(req.stop)
             prompt = ids
             if messages is not None:
-                prompt, template_stops = slot.engine.fit(messages, req.max_tokens)
+                try:
+                    prompt, template_stops = slot.engine.fit(messages, req.max_tokens, cancel=cancel)
+                except FitCancelled:
+                    return
                 stops += template_stops
             assert prompt is not None
             cache_owner.take(slot, client, prompt)

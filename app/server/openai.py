@@ -127,6 +127,8 @@ class GenRequest:
 
 
 def parse_common(body: dict, *, max_tokens_default: int = 256, max_tokens_key: str = "max_tokens") -> GenRequest:
+    if body.get("logit_bias"):  # refused, not ignored: the reply would not be what the client asked for
+        raise ApiError(400, "'logit_bias' is not supported by this server.", "unsupported_parameter", "logit_bias")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "'model' must be a string.", "invalid_value", "model")
@@ -214,9 +216,11 @@ def assistant_tool_calls(raw: Any, i: int) -> list[dict[str, Any]]:
 
 def _text_parts(parts: list, i: int) -> str:
     texts = []
-    for p in parts:
-        if not isinstance(p, dict) or p.get("type") != "text":
-            continue  # images and other parts: not for a text model
+    for j, p in enumerate(parts):
+        kind = p.get("type") if isinstance(p, dict) else None
+        if kind != "text":  # an image (or audio, a file) would be silently lost on a text model
+            raise ApiError(400, f"messages[{i}].content[{j}] is a {str(kind)[:40]!r} part; this server reads "
+                           "text parts only.", "unsupported_content", "messages")
         text = p.get("text")
         if not isinstance(text, str):
             raise ApiError(400, f"messages[{i}].content: a text part's 'text' must be a string.",

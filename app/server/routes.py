@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
 from tandem.app.server import infill as infill_api
@@ -75,7 +75,10 @@ class Routes:
         return slot
 
     async def body(self, request: Request) -> dict:
-        raw = await request.body()
+        try:
+            raw = await request.body()
+        except ClientDisconnect:  # the body broke off (a bad chunk, a closed socket): nobody to answer
+            raise ApiError(400, "The request body ended before it was complete.", "incomplete_body") from None
         if len(raw) < 65536:
             return parse_json(raw, self.max_body_bytes)
         # a big body takes milliseconds to parse: not on the loop other clients share

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
 import struct
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -114,6 +116,25 @@ class GracefulServer(uvicorn.Server):
         for hook in self.on_shutdown:
             hook()
         await super().shutdown(sockets)
+
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        """Serve until SIGTERM or Ctrl+C. After its graceful shutdown uvicorn raises the
+        signal again under the handler that was there before; for SIGTERM that is the
+        default one, which would kill the process before the caller frees the model. A
+        handler that only notes the signal lets ``run`` return: the caller's cleanup
+        runs and the process exits 0."""
+        if threading.current_thread() is not threading.main_thread():
+            super().run(sockets)
+            return
+        previous = signal.signal(signal.SIGTERM, _noted)
+        try:
+            super().run(sockets)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _noted(signum: int, frame: object) -> None:
+    """SIGTERM after uvicorn's shutdown: already handled, nothing left to do."""
 
 
 def uvicorn_server(app, listen: ListenConfig, on_shutdown: Sequence[Callable[[], None]] = ()) -> GracefulServer:

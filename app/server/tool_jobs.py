@@ -28,6 +28,7 @@ from tandem.app.server.models import ModelSlot
 from tandem.app.server.openai import GenRequest
 from tandem.app.server.tool_calls import CALL_CLOSE, CALL_OPEN
 from tandem.app.server.tools import ToolRequest, plain_messages, template_has_tools
+from tandem.runtime.chat_fit import FitCancelled
 from tandem.runtime.generate import DoneEvent, Event, TokenEvent
 
 MAX_CALLS = 8
@@ -46,7 +47,10 @@ def tool_chat_job(slot: ModelSlot, messages: list[dict[str, Any]], req: GenReque
                 msgs, shown = messages, [t.definition for t in offered] or None
             else:
                 msgs, shown = plain_messages(messages, offered), None
-            ids, stops = slot.engine.fit(msgs, req.max_tokens, shown)
+            try:
+                ids, stops = slot.engine.fit(msgs, req.max_tokens, cancel=cancel, tools=shown)
+            except FitCancelled:  # the client went away (or the server stops): nothing to send
+                return
             stops = [*stops, *req.stop]
             if not offered:
                 yield from _generate(slot, ids, req, stops, cancel, client, cache)

@@ -8,12 +8,14 @@ from pathlib import Path
 
 from textual.app import App
 from textual.binding import Binding
+from textual.notifications import SeverityLevel
 
 from tandem.app.history.store import History, HistoryDamaged, default_path
 from tandem.app.tui.chat_screen import ChatScreen
 from tandem.app.tui.modals import NoModelScreen
 from tandem.app.tui.model_choice import ModelChoice, restored_choice
 from tandem.app.tui.session import ChatSettings
+from tandem.app.tui.shown import plain
 from tandem.models.paths import models_dir
 from tandem.models.store import list_models
 from tandem.runtime.engine import EngineSpec
@@ -82,6 +84,12 @@ class TandemApp(App):
         super().__init__()
         self.config = config or AppConfig()
         self.history, self.history_notice = open_history(self.config.history_path)
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = True) -> None:
+        """Every notification (screens and widgets send theirs here) quotes titles, file
+        names or errors: shown cleaned and literally, never as markup."""
+        super().notify(plain(message), title=plain(title), severity=severity, timeout=timeout, markup=False)
 
     def on_mount(self) -> None:
         if self.history_notice:

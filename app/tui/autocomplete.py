@@ -22,6 +22,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Label, TextArea
 
+from tandem.app.tui.shown import plain, shown
 from tandem.models.errors import TandemError
 from tandem.runtime.autocomplete.drafts import (
     AutocompleteConfig,
@@ -105,7 +106,7 @@ class AutocompleteScreen(Screen[str]):
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False, icon="≈")
-        yield TextArea(self.initial, id="ac-editor", soft_wrap=True, tab_behavior="focus")
+        yield TextArea(plain(self.initial), id="ac-editor", soft_wrap=True, tab_behavior="focus")
         yield Label("", id="ac-drafts")
         yield Label("Type: drafts appear as ghost text.", id="ac-status")
         yield Footer()
@@ -171,14 +172,14 @@ class AutocompleteScreen(Screen[str]):
             return
         what = "Warming up autocomplete (first use)" if self.autocompleter is None or self.last is None \
             else "Waiting for drafts"
-        self.query_one("#ac-status", Label).update(f"{what}… {waited:.0f} s")
+        self.query_one("#ac-status", Label).update(shown(f"{what}… {waited:.0f} s"))
 
     def on_drafts_ready(self, message: DraftsReady) -> None:
         if message.seq != self.seq or (self.cancel is not None and self.cancel.is_set()):
             return  # stale: the text changed since this was asked
         self.cancel = None
         if message.error:
-            self.query_one("#ac-status", Label).update(f"Autocomplete unavailable: {message.error}")
+            self.query_one("#ac-status", Label).update(shown(f"Autocomplete unavailable: {message.error}"))
             return
         result = message.result
         assert result is not None
@@ -194,7 +195,7 @@ class AutocompleteScreen(Screen[str]):
     def _show_drafts(self) -> None:
         self.editor.suggestion = self.drafts[self.index] if self.drafts else ""
         lines = [f"{'▶' if i == self.index else ' '} {i + 1}. {d}" for i, d in enumerate(self.drafts)]
-        self.query_one("#ac-drafts", Label).update("\n".join(lines))
+        self.query_one("#ac-drafts", Label).update(shown("\n".join(lines)))
 
     # -- actions --------------------------------------------------------------------
     def action_accept(self) -> None:

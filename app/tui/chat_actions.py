@@ -15,6 +15,7 @@ from textual.binding import Binding
 from tandem.app.tui.autocomplete import open_autocomplete
 from tandem.app.tui.modals import Confirm, HelpScreen, ModelPicker, SettingsScreen, TextPrompt
 from tandem.app.tui.session import ChatSettings
+from tandem.app.tui.shown import plain
 from tandem.app.tui.widgets import NEWLINE_KEYS, MessageView
 from tandem.models.store import ModelEntry, file_identity, list_models
 
@@ -70,7 +71,7 @@ class ChatActions:
         if self.chat is None:
             self.notify("Nothing to export yet.", severity="warning")
             return
-        slug = re.sub(r"[^A-Za-z0-9]+", "-", self.chat.title).strip("-").lower() or "chat"
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", plain(self.chat.title)).strip("-").lower() or "chat"
         default = self.tandem.config.export_dir / f"{slug}-{self.chat.id}.md"
         chat_id = self.chat.id
 
@@ -95,10 +96,10 @@ class ChatActions:
         def done(title: str | None) -> None:
             if title and self.chat is not None:
                 self.chat = self.tandem.history.update_chat(self.chat.id, title=title)
-                self.sub_title = title
+                self.sub_title = plain(title)
                 self.refresh_chat_list()
 
-        self.app.push_screen(TextPrompt("Rename chat", self.chat.title), done)
+        self.app.push_screen(TextPrompt("Rename chat", plain(self.chat.title)), done)
 
     def action_delete_chat(self: ChatScreen) -> None:
         if self._busy() or self.chat is None:

@@ -30,6 +30,7 @@ from tandem.app.tui.model_choice import LoadProgress, ModelChoice, engine_record
 from tandem.app.tui.model_loading import ModelLoading
 from tandem.app.tui.reply_actions import ReplyActions
 from tandem.app.tui.session import ReplyBuffer, run_reply, title_from
+from tandem.app.tui.shown import plain, shown
 from tandem.app.tui.widgets import ChatInput, ChatList, MessageView
 from tandem.models.errors import TandemError
 
@@ -147,7 +148,7 @@ class ChatScreen(ChatActions, ReplyActions, ModelLoading, Screen):
         self.set_interval(1.0, self._tick)
 
     def set_status(self, text: str) -> None:
-        self.query_one("#status", Label).update(text)
+        self.query_one("#status", Label).update(shown(text))
 
     # -- chats --------------------------------------------------------------------
     def refresh_chat_list(self) -> None:
@@ -164,7 +165,7 @@ class ChatScreen(ChatActions, ReplyActions, ModelLoading, Screen):
         if self.chat is not None:
             views = [self._view(m) for m in history.messages(self.chat.id)]
             await box.mount_all(views)
-        self.sub_title = self.chat.title if self.chat else "New chat"
+        self.sub_title = plain(self.chat.title) if self.chat else "New chat"
         box.scroll_end(animate=False)
 
     def _view(self, record: MessageRecord, streaming: bool = False) -> MessageView:
@@ -221,7 +222,7 @@ class ChatScreen(ChatActions, ReplyActions, ModelLoading, Screen):
         chat = self._ensure_chat()
         if chat.title == "New chat":
             chat = self.chat = history.update_chat(chat.id, title=title_from(text))
-            self.sub_title = chat.title
+            self.sub_title = plain(chat.title)
         engine = engine_record(self.choice)
         if (chat.model, chat.drafter, chat.engine) != (self.choice.target_name, self.choice.drafter_name, engine):
             chat = self.chat = history.update_chat(
@@ -354,7 +355,7 @@ class ChatScreen(ChatActions, ReplyActions, ModelLoading, Screen):
         if not users:
             return
         self.editing = users[-1].id
-        self.input.load_text(users[-1].content)
+        self.input.load_text(plain(users[-1].content))
         self.input.move_cursor(self.input.document.end)
         banner = self.query_one("#edit-banner", Label)
         banner.update("Editing your last message: Enter resends (later messages are replaced), Esc cancels")

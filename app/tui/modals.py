@@ -14,6 +14,7 @@ from textual.widgets import Button, Footer, Input, Label, Markdown, OptionList, 
 from textual.widgets.option_list import Option
 
 from tandem.app.tui.session import ChatSettings
+from tandem.app.tui.shown import plain, shown
 from tandem.models.store import ModelEntry
 
 NO_DRAFTER = "__none__"
@@ -41,7 +42,7 @@ class TextPrompt(Dialog):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="small"):
-            yield Label(self.title_text, classes="dialog-title")
+            yield Label(shown(self.title_text), classes="dialog-title")
             yield Input(self.value, placeholder=self.placeholder, id="prompt-input")
             with Horizontal(classes="buttons"):
                 yield Button("OK", variant="primary", id="ok")
@@ -68,7 +69,7 @@ class Confirm(Dialog):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="small"):
-            yield Label(self.question, classes="dialog-title")
+            yield Label(shown(self.question), classes="dialog-title")
             with Horizontal(classes="buttons"):
                 yield Button("Yes (y)", variant="error", id="yes")
                 yield Button("No (n)", id="no")
@@ -136,7 +137,7 @@ class SettingsScreen(Dialog):
             # whole form does not fit, and Save/Cancel must still be on screen.
             with VerticalScroll(id="dialog-body"):
                 yield Label("System prompt")
-                yield TextArea(self.system_prompt, id="system-prompt")
+                yield TextArea(plain(self.system_prompt), id="system-prompt")
                 with Grid(id="sampling"):
                     for name, label, _ in SAMPLING_FIELDS:
                         value = getattr(p, name)
@@ -156,7 +157,7 @@ class SettingsScreen(Dialog):
         try:
             result = parse_settings(self.query_one("#system-prompt", TextArea).text, raw, self.settings)
         except ValueError as exc:
-            self.query_one("#settings-error", Label).update(str(exc))
+            self.query_one("#settings-error", Label).update(shown(exc))
             return
         self.dismiss(result)
 
@@ -184,13 +185,13 @@ class ModelPicker(Dialog):
             with Horizontal(id="pickers"):
                 with Vertical():
                     yield Label("Target")
-                    yield OptionList(*[Option(m.name, id=str(i)) for i, m in enumerate(self.models)],
+                    yield OptionList(*[Option(shown(m.name), id=str(i)) for i, m in enumerate(self.models)],
                                      id="target-list")
                 with Vertical():
                     note = "" if self.speculative else " (speculative decoding unavailable)"
                     yield Label("Drafter" + note)
                     options = [Option("(none)", id=NO_DRAFTER)]
-                    options += [Option(m.name, id=str(i), disabled=not self.speculative)
+                    options += [Option(shown(m.name), id=str(i), disabled=not self.speculative)
                                 for i, m in enumerate(self.models)]
                     yield OptionList(*options, id="drafter-list")
             with Horizontal(classes="buttons"):

@@ -18,23 +18,24 @@ from textual.widgets.option_list import Option
 from tandem.app.history.search import HIT_END, HIT_START, SearchHit
 from tandem.app.history.store import History
 from tandem.app.tui.modals import Dialog
+from tandem.app.tui.shown import plain
 
 
 def hit_text(hit: SearchHit) -> Text:
     """One result: the chat's title and who wrote the message, then the matched text
     with the matching words highlighted (the snippet's own line breaks flattened)."""
     who = "you" if hit.role == "user" else hit.role
-    text = Text.assemble((hit.chat_title, "bold"), (f" · {who}", "dim"), "\n")
+    text = Text.assemble((plain(hit.chat_title), "bold"), (f" · {plain(who)}", "dim"), "\n")
     snippet = " ".join(hit.snippet.split())
     while snippet:
         start = snippet.find(HIT_START)
         if start < 0:
-            text.append(snippet)
+            text.append(plain(snippet))
             break
         end = snippet.find(HIT_END, start)
         end = len(snippet) if end < 0 else end
-        text.append(snippet[:start])
-        text.append(snippet[start + 1:end], "bold reverse")
+        text.append(plain(snippet[:start]))
+        text.append(plain(snippet[start + 1:end]), "bold reverse")
         snippet = snippet[end + 1:]
     return text
 

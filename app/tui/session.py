@@ -181,7 +181,7 @@ def run_reply(
     if resume is not None:  # the conversation before it, then the reply so far
         stored = [m for m in stored if m.id < resume.id]
     events = engine.stream(conversation(chat, stored), settings.params, settings.max_tokens, stop=settings.stop,
-                           cancel=cancel, reply_prefix=resume.content if resume is not None else "")
+                           cancel=cancel, reply_prefix=resume.content if resume is not None else "", keep_start=True)
     if resume is None:
         reply = history.start_reply(chat.id)
     else:

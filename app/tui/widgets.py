@@ -17,6 +17,7 @@ from textual.widgets.option_list import Option
 
 from tandem.app.history.store import INTERRUPTED, ChatRecord, MessageRecord
 from tandem.app.terminal_text import mask_controls, strip_controls
+from tandem.app.tui.shown import shown
 from tandem.app.tui.thinking import Split, split_thinking, thinking_title
 
 NEWLINE_KEYS = ("shift+enter", "ctrl+j", "alt+enter")
@@ -156,14 +157,14 @@ class MessageView(Vertical):
         return split_thinking(content)
 
     def compose(self) -> ComposeResult:
-        yield Label(self._role_line(), classes="role")
+        yield Label(shown(self._role_line()), classes="role")
         split = self._split
         with Collapsible(title=thinking_title(split), collapsed=not self.show_thinking, classes="thinking"):
             yield Static(split.thinking or "", classes="thinking-text", markup=False)
         yield Markdown(split.answer, classes="body", parser_factory=chat_markdown_parser)
         yield Static(drafted_text(self.record.content, self._spans, self._drafted_style()),
                      classes="drafted", markup=False)
-        yield Static(self._stats_line(), classes="stats", markup=False)
+        yield Static(shown(self._stats_line()), classes="stats", markup=False)
 
     def on_mount(self) -> None:
         self._apply_mode()
@@ -238,7 +239,7 @@ class MessageView(Vertical):
         await self._show_split()
         self._refresh_drafted()
         self.record.stats = {**live, "model": (self.record.stats or {}).get("model")}
-        self.query_one(".stats", Static).update(self._stats_line())
+        self.query_one(".stats", Static).update(shown(self._stats_line()))
 
     async def finish(self, record: MessageRecord) -> None:
         """Replace live figures with the stored ones and show the final status."""
@@ -247,8 +248,8 @@ class MessageView(Vertical):
         self._spans = list((record.stats or {}).get("drafted_spans", []))
         await self._show_split()
         self._refresh_drafted()
-        self.query_one(".role", Label).update(self._role_line())
-        self.query_one(".stats", Static).update(self._stats_line())
+        self.query_one(".role", Label).update(shown(self._role_line()))
+        self.query_one(".stats", Static).update(shown(self._stats_line()))
 
     def code_blocks(self) -> list[str]:
         return [fence.code for fence in self.query(MarkdownFence)]
@@ -278,7 +279,7 @@ class ChatList(OptionList):
 
     def set_chats(self, chats: list[ChatRecord], current: int | None) -> None:
         self.clear_options()
-        self.add_options([Option(strip_controls(c.title), id=str(c.id)) for c in chats])
+        self.add_options([Option(shown(c.title), id=str(c.id)) for c in chats])
         if current is not None:
             try:
                 self.highlighted = self.get_option_index(str(current))

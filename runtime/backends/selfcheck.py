@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tandem.models.python_child import code_argv
+
 QUANT_TYPES = ("q4_0", "q4_1", "q4_k_m", "q8_0")
 """q4_k_m also writes Q6_K tensors: together these cover the kernels real GGUFs use."""
 
@@ -88,7 +90,7 @@ def decode_in_child(path: Path, timeout_s: float = 120.0) -> str | None:
         "assert np.isfinite(logits).all(), 'non-finite logits'\n"
     )
     try:
-        done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+        done = subprocess.run(code_argv(code, str(path)), capture_output=True, text=True,
                               timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return f"decoding hung for {timeout_s:.0f} s"

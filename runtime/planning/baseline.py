@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tandem.models.errors import TandemError
 from tandem.models.paths import cache_dir, write_cache_file
+from tandem.models.python_child import module_argv
 from tandem.runtime.machine import cache_key, code_stamp, machine_id, software_id
 
 BASELINE_VERSION = 4
@@ -82,7 +83,7 @@ def cache_file() -> Path:
 
 
 def _measure() -> MachineBaseline:
-    proc = subprocess.run([sys.executable, "-m", "tandem.runtime.planning.baseline"], capture_output=True, text=True,
+    proc = subprocess.run(module_argv("tandem.runtime.planning.baseline"), capture_output=True, text=True,
                           timeout=300, check=False)
     if proc.returncode != 0:
         raise TandemError(f"Could not measure this machine's process baseline: {proc.stderr.strip()[-500:]}")

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from tandem.models.errors import TandemError
 from tandem.models.paths import cache_dir, write_cache_file
+from tandem.models.python_child import module_argv
 from tandem.runtime.machine import cache_key, file_version, machine_id, software_id
 
 SIZES_VERSION = 1
@@ -122,7 +123,7 @@ class LlamaSizes:
         if self._proc is not None:
             return
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "tandem.runtime.planning.llama_sizes", str(self.model)],
+            module_argv("tandem.runtime.planning.llama_sizes", str(self.model)),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         assert self._proc.stdout is not None
@@ -136,7 +137,9 @@ class LlamaSizes:
         err = ""
         if self._proc is not None:
             self._proc.kill()
-            err = (self._proc.stderr.read() if self._proc.stderr else "").strip()[-500:]
+            err = (self._proc.stderr.read() if self._proc.stderr else "").strip()
+            if not os.environ.get("TANDEM_LLAMA_LOG"):  # one line: the child's last
+                err = err.splitlines()[-1][-500:] if err else ""
             self._proc.wait()
             self._proc = None
         raise TandemError(f"Could not read llama.cpp's buffer sizes for {self.model}: {err or 'the probe exited'}")
@@ -210,7 +213,7 @@ def _serve(model: str) -> int:
     try:
         loaded = load_model(Path(model), mp)
     except TandemError as exc:
-        print(f"{exc}\n{''.join(lines[-5:])}", file=sys.stderr)
+        print(load_error(str(exc), lines), file=sys.stderr)
         return 1
     handle = loaded.model
     # What the backend builds on top: its vocabulary object, special tokens, the
@@ -239,6 +242,17 @@ def _serve(model: str) -> int:
         print(json.dumps({"compute": compute, "output": output, "context": context}), flush=True)
     loaded.close()
     return 0
+
+
+def load_error(error: str, log: list[str]) -> str:
+    """One line: ``error`` and the reason llama.cpp logged (``error loading model: ...``);
+    with ``TANDEM_LLAMA_LOG=1`` its whole log before it."""
+    if os.environ.get("TANDEM_LLAMA_LOG"):
+        return "".join(log) + error
+    marker = "error loading model: "
+    reasons = [line.split(marker)[-1].strip() for line in log if marker in line]
+    reason = reasons[-1].removeprefix("error loading model ") if reasons else ""
+    return f"{error} ({reason})" if reason and reason not in error else error
 
 
 def _logged_mib(lines: list[str], what: str) -> int:

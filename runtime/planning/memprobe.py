@@ -27,6 +27,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tandem.models.python_child import module_argv
+
 
 @dataclass
 class ProbeModel:
@@ -207,7 +209,7 @@ def measure(spec: ProbeSpec, timeout: float = 300.0) -> dict:
     """Run ``spec`` in a fresh Python process and return its measurements."""
     payload = json.dumps({"models": [asdict(m) for m in spec.models]})
     proc = subprocess.run(
-        [sys.executable, "-m", "tandem.runtime.planning.memprobe", "-"],
+        module_argv("tandem.runtime.planning.memprobe", "-"),
         input=payload, capture_output=True, text=True, timeout=timeout, check=False,
     )
     if proc.returncode != 0:

@@ -1,0 +1,145 @@
+"""Long chats: what fitting a conversation to the context costs before each reply, and
+the time to first token at turn 1, 50 and 200.
+
+Two ways to fit, side by side on one loaded model:
+
+* ``one-at-a-time`` — the reference algorithm: drop the oldest turn, render and tokenize
+  the whole chat again, until it fits (cost grows with turns x prompt);
+* ``cached`` — :meth:`ChatEngine.fit` (each turn tokenized once for the engine's life;
+  the chat app also leaves turns out in runs, so the KV cache of earlier turns stays).
+
+The chat is synthetic (random words, about 152 tokens a turn). The TTFT of turn N puts
+in the KV cache what the app would hold after reply N-1 (the part of prompt N that
+prompt N-1 shares), then times fit + prefill + the first token. Fitting figures
+alternate the two ways, ``--rounds`` times, and report medians with their range.
+
+Run: ``python -m benchmarks.long_chat --model PATH --threads 2``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.protocol import common_prefix_len
+from tandem.runtime.chat import ChatEngine, chat_prompt
+from tandem.runtime.generate import TokenEvent, generate
+
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "programmers",
+         "argue", "about", "tabs", "and", "spaces", "in", "a", "small", "office", "near", "the", "river"]
+
+
+def chat(n: int, seed: int = 0, words: int = 133) -> list[dict[str, str]]:
+    rng = random.Random(seed)
+    return [{"role": "user" if i % 2 == 0 else "assistant",
+             "content": " ".join(rng.choice(WORDS) for _ in range(words))} for i in range(n)]
+
+
+def one_at_a_time(target, messages, max_tokens: int) -> list[int]:
+    msgs = list(messages)
+    room = target.n_ctx - max(1, min(max_tokens, target.n_ctx // 2))
+    while True:
+        ids, _ = chat_prompt(target, msgs)
+        if len(ids) <= room:
+            return ids
+        droppable = [i for i, m in enumerate(msgs[:-1]) if m["role"] != "system"]
+        del msgs[droppable[0]]
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def spread(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.3f} s ({min(xs):.3f}-{max(xs):.3f}, n={len(xs)})"
+
+
+def fitting(target, rounds: int, max_tokens: int) -> None:
+    long = chat(201)
+    tiny = [{"role": "user" if i % 2 == 0 else "assistant", "content": "abcdefghijklmnopqrstuvwxyz"[i % 26]}
+            for i in range(3000)]
+    print(f"201-turn chat: {len(chat_prompt(target, long)[0])} tokens in all; "
+          f"3000 messages: {sum(len(m['content']) + 30 for m in tiny) / 1000:.0f} KB of JSON")
+    old, warm, cold, many = [], [], [], []
+    for _ in range(rounds):
+        old.append(timed(lambda: one_at_a_time(target, long, max_tokens)))
+        engine = ChatEngine(target)  # a fresh cache: the first request of a server or a chat
+        cold.append(timed(lambda e=engine: e.fit(long, max_tokens)))
+        engine.fit(long[:199], max_tokens)
+        warm.append(timed(lambda e=engine: e.fit(long, max_tokens)))  # the reply after the previous one
+        many.append(timed(lambda: ChatEngine(target).fit(tiny, max_tokens)))
+    print(f"fit 201 turns, one at a time : {spread(old)}")
+    print(f"fit 201 turns, cached (cold) : {spread(cold)}")
+    print(f"fit 201 turns, cached (next reply): {spread(warm)}")
+    print(f"fit 3000 one-letter messages, cached (cold): {spread(many)}")
+
+
+def ttft(target, turns: int, max_tokens: int, mode: str, count_only: bool) -> tuple[float, float | None, int, int]:
+    """For the reply at turn ``turns`` (user messages counted): seconds fitting takes,
+    seconds to the first token (``None`` with ``count_only``), tokens to prefill, prompt
+    tokens."""
+    msgs = chat(2 * turns - 1)
+    engine = ChatEngine(target)
+    params = SamplingParams(temperature=0.0)
+    if mode == "cached":
+        if turns > 1:
+            before, _ = engine.fit(msgs[:-2], max_tokens, keep_start=True)
+        now, _ = engine.fit(msgs, max_tokens, keep_start=True)
+    else:
+        before = one_at_a_time(target, msgs[:-2], max_tokens) if turns > 1 else []
+        now = one_at_a_time(target, msgs, max_tokens)
+    reuse = common_prefix_len(before, now) if turns > 1 else 0
+    fit_s = timed(lambda: engine.fit(msgs, max_tokens, keep_start=True) if mode == "cached"
+                  else one_at_a_time(target, msgs, max_tokens))
+    if count_only:
+        return fit_s, None, len(now) - reuse, len(now)
+    target.truncate(0)
+    if reuse:
+        target.evaluate(now[:reuse])  # what the previous reply left in the cache (untimed)
+    start = time.perf_counter()
+    if mode == "cached":
+        events = engine.stream(msgs, params, 1, keep_start=True)
+    else:
+        ids = one_at_a_time(target, msgs, max_tokens)
+        events = generate(target, ids, Sampler(params), max_tokens=1)
+    for ev in events:
+        if isinstance(ev, TokenEvent):
+            break
+    took = time.perf_counter() - start
+    for _ in events:
+        pass
+    return fit_s, took, len(now) - reuse, len(now)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--turns", default="1,50,200")
+    ap.add_argument("--skip-fit", action="store_true")
+    ap.add_argument("--count-only", action="store_true", help="fit and count prefill tokens; no model evaluation")
+    args = ap.parse_args()
+    target = LlamaCppBackend(args.model, LlamaConfig(n_ctx=args.ctx, n_threads=args.threads))
+    if not args.skip_fit:
+        fitting(target, args.rounds, args.max_tokens)
+    for n in (int(t) for t in args.turns.split(",")):
+        for mode in ("one-at-a-time", "cached"):
+            fit_s, took, evaluated, prompt = ttft(target, n, args.max_tokens, mode, args.count_only)
+            first = "" if took is None else f"TTFT {took:7.2f} s, "
+            print(f"turn {n:3d} {mode:14s}: {first}fit {fit_s:.3f} s, prefill {evaluated} of {prompt} prompt tokens",
+                  flush=True)
+    target.close()
+
+
+if __name__ == "__main__":
+    main()
