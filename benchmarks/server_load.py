@@ -3,10 +3,10 @@
 
 For each server it measures, all on 127.0.0.1:
 
-* **idle /infill TTFT**: the editor alone, one streamed /infill at a time; TTFT is the
-  time to the first streamed event, as the editor sees it;
 * **chat only**: ``--clients`` clients streaming chat replies back to back for
   ``--seconds``; aggregate tokens per second (completion tokens over wall time);
+* **idle /infill TTFT**: the editor alone, one streamed /infill at a time; TTFT is the
+  time to the first streamed event, as the editor sees it;
 * **chat + editor**: the same clients plus an editor sending an /infill every
   ``--keystroke-ms`` (a newer keystroke supersedes an unanswered one, as llama.vim's
   do); /infill TTFT p50/p95 and the aggregate chat tokens per second.
@@ -133,13 +133,14 @@ async def idle_infill(c: httpx.AsyncClient, n: int) -> Phase:
 
 async def measure(url: str, args) -> dict:
     async with httpx.AsyncClient(base_url=url, timeout=600) as c:
-        await idle_infill(c, 2)  # warm-up
-        idle = await idle_infill(c, args.idle_infills)
+        # chat alone first: once an editor has been seen, chat leaves it a slot
         chat = Phase()
         start = time.monotonic()
         deadline = start + args.seconds
         await asyncio.gather(*(chat_client(c, i, deadline, chat, args.max_tokens) for i in range(args.clients)))
         chat.seconds = time.monotonic() - start
+        await idle_infill(c, 2)  # warm-up
+        idle = await idle_infill(c, args.idle_infills)
         mixed, edits = Phase(), Phase()
         start = time.monotonic()
         deadline = start + args.seconds

@@ -207,7 +207,7 @@ def _make_plan(req: PlanRequest) -> Plan:
     while True:
         # The model-free drafters' index grows with the context: priced with it, outside
         # the rungs (no rung changes it), and listed as its own row.
-        index = int(per_token * (ctx + req.draft_max))
+        index = int(per_token * (ctx + req.draft_max)) * req.n_seq  # each slot drafts from its own
         plan = _try_ctx(req, machine, baseline + index, t_shape, d_shapes, quant, ctx, reasons)
         if plan.fits or explicit or ctx <= MIN_CTX:
             break
@@ -224,12 +224,13 @@ def _make_plan(req: PlanRequest) -> Plan:
             plan.kv_note = why
         plan.reasons.insert(1, why)
     if index:
-        row = Item(f"model-free drafting index (suffix trie and lookup, {ctx + req.draft_max} tokens)",
+        slots = f" x {req.n_seq} slots" if req.n_seq > 1 else ""
+        row = Item(f"model-free drafting index (suffix trie and lookup, {ctx + req.draft_max} tokens{slots})",
                    "speculation", "host", index)
         plan.memory = Estimate((*plan.memory.items, row))
     if not plan.fits:
         # Suggestions are for the context asked for (or the default one), not the last one tried.
-        index = int(per_token * (wanted + req.draft_max))
+        index = int(per_token * (wanted + req.draft_max)) * req.n_seq
         plan.suggestions = suggest(machine.host_budget * (1 - SAFETY) - baseline - index, baseline + index, SAFETY,
                                    t_shape, wanted, req.draft_max, req.allow_kv_quant)
     return plan
@@ -390,8 +391,8 @@ def parallel_for(target_path: str | Path, budget: int | str | None = None, ctx: 
                  kv_type: str | None = None, most: int = MOST_SLOTS) -> int:
     """``tandem serve``'s default ``--parallel``: the most slots (up to ``most``) whose KV
     caches fit the budget beside the model, each at the context and KV type one slot
-    alone would get; 1 when a second does not fit. Parallel slots never cost a shorter
-    context or a quantized KV cache."""
+    alone would get, with the same prefill batch; 1 when a second does not fit. Parallel
+    slots never cost a shorter context, a quantized KV cache or a slower prefill."""
     from tandem.runtime.planning.hardware import resolve_machine
 
     one = plan_for_run(target_path, None, budget, ctx, vram=vram, threads=threads, draft_max=draft_max,
@@ -401,6 +402,7 @@ def parallel_for(target_path: str | Path, budget: int | str | None = None, ctx: 
     for n in range(most, 1, -1):
         req = PlanRequest(Path(target_path), None, per_slot, machine, draft_max=one.draft_max, threads=threads,
                           model_free=True, kv_type=one.target.type_k, n_seq=n)
-        if make_plan(req).fits:
+        plan = make_plan(req)
+        if plan.fits and plan.target.n_batch >= one.target.n_batch:
             return n
     return 1
