@@ -106,12 +106,11 @@ async def one_infill(c: httpx.AsyncClient, typed: int, phase: Phase) -> None:
         if r.status_code == 499:
             phase.superseded += 1
             return
+        first = True
         async for line in r.aiter_lines():
-            if line.startswith("data:"):
+            if first and line.startswith("data:"):
                 phase.ttft_ms.append((time.monotonic() - start) * 1000)
-                break
-        async for _ in r.aiter_lines():
-            pass
+                first = False
 
 
 async def editor(c: httpx.AsyncClient, deadline: float, phase: Phase, keystroke_s: float) -> None:
@@ -147,7 +146,10 @@ async def measure(url: str, args) -> dict:
         await asyncio.gather(editor(c, deadline, edits, args.keystroke_ms / 1000),
                              *(chat_client(c, i, deadline, mixed, args.max_tokens) for i in range(args.clients)))
         mixed.seconds = time.monotonic() - start
-    return {"idle_ttft_p50": pct(idle.ttft_ms, 0.5), "idle_ttft_p95": pct(idle.ttft_ms, 0.95),
+        health = (await c.get("/health")).json()
+    batch = next(iter(health["models"].values())).get("batch") or {}
+    rows_per_decode = batch["rows"] / batch["decodes"] if batch.get("decodes") else 1.0
+    return {"rows_per_decode": rows_per_decode, "merged_decodes": float(batch.get("merged", 0)),"idle_ttft_p50": pct(idle.ttft_ms, 0.5), "idle_ttft_p95": pct(idle.ttft_ms, 0.95),
             "chat_tok_s": chat.tok_s, "mixed_tok_s": mixed.tok_s,
             "infill_ttft_p50": pct(edits.ttft_ms, 0.5), "infill_ttft_p95": pct(edits.ttft_ms, 0.95),
             "infills": len(edits.ttft_ms), "superseded": edits.superseded}

@@ -140,7 +140,7 @@ def infill_job(slot: ModelSlot, ids: list[int], req: InfillRequest, client: str 
     and with ``cache_reuse`` > 0 also the cached runs that moved (``--cache-reuse``)."""
 
     def run(cancel: threading.Event, lane: Lane) -> Generator[InfillChunk | InfillDone, None, None]:
-        with lane.lock, lane.engaged():
+        with lane.lock, lane.engaged(urgent=True):
             reuse = req.cache_prompt and cache_owner.reusable(lane, client)
             strategy = lane.strategy
             if reuse and isinstance(strategy, SpeculativeStrategy):

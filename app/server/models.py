@@ -66,11 +66,12 @@ class Lane:
         return self._auto
 
     @contextlib.contextmanager
-    def engaged(self) -> Iterator[None]:
+    def engaged(self, urgent: bool = False) -> Iterator[None]:
         """Around a job: the batcher waits for this lane's next step (see
-        :class:`~tandem.runtime.backends.llama_batch.SequenceBatcher`)."""
+        :class:`~tandem.runtime.backends.llama_batch.SequenceBatcher`); ``urgent`` (an
+        /infill) puts its steps first."""
         if isinstance(self.target, SequenceView):
-            with self.target.engaged():
+            with self.target.engaged(urgent):
                 yield
         else:
             yield

@@ -14,7 +14,8 @@ What keeps the slots in step is *who was just served*: a slot that got its logit
 decode and is still *engaged* (inside a server job, :meth:`SequenceView.engaged`) comes
 back within a few Python steps with its next tokens, so the next decode waits for those
 slots to submit or to leave (end of the job). Without that, two slots settle into
-alternating one-row decodes and batching never happens.
+alternating one-row decodes and batching never happens. An *urgent* slot (an editor's
+/infill, whose user waits for its first token) waits for nobody and goes first.
 
 **Lossless per slot.** What a slot computes must not depend on what the others do:
 
@@ -100,6 +101,7 @@ class SequenceBatcher:
         self._decoding = False
         self._engaged: set[int] = set()
         self._owed: set[int] = set()
+        self._urgent: set[int] = set()
         self._ctx_lock = threading.Lock()
         """One llama.cpp call on the context at a time (decodes, KV edits)."""
         self._batch = llama_cpp.llama_batch_init(base.n_batch, 0, 1)
@@ -132,15 +134,19 @@ class SequenceBatcher:
         return req.out
 
     def _ready(self) -> bool:
-        """Something is pending and every slot served last time has come back (or left)."""
-        return bool(self._pending) and self._owed <= {r.seq for r in self._pending}
+        """Something is pending and every slot served last time has come back (or left);
+        a slot marked urgent (an editor's /infill) does not wait for the others."""
+        if not self._pending:
+            return False
+        return self._owed <= {r.seq for r in self._pending} or any(r.seq in self._urgent for r in self._pending)
 
     def _take(self) -> list[_Request]:
-        """The pending requests of the next decode, oldest first: any number of token
-        requests within :attr:`cap` rows, or one longer (or embedding) request alone."""
+        """The pending requests of the next decode, urgent slots' first, then oldest first:
+        any number of token requests within :attr:`cap` rows, or one longer (or
+        embedding) request alone."""
         group: list[_Request] = []
         rows = 0
-        for r in list(self._pending):
+        for r in sorted(self._pending, key=lambda r: r.seq not in self._urgent):
             alone = r.embeds is not None or r.n > self.cap
             if alone:
                 if not group:
@@ -195,15 +201,18 @@ class SequenceBatcher:
                 r.done = True
 
     # -- engagement: which slots the next decode waits for ----------------------------------
-    def engage(self, seq: int) -> None:
+    def engage(self, seq: int, urgent: bool = False) -> None:
         with self._cond:
             self._engaged.add(seq)
+            if urgent:
+                self._urgent.add(seq)
 
     def release(self, seq: int) -> None:
         """``seq`` will not come back soon (its job ended): decodes stop waiting for it."""
         with self._cond:
             self._engaged.discard(seq)
             self._owed.discard(seq)
+            self._urgent.discard(seq)
             self._cond.notify_all()
 
     # -- KV edits (between decodes) ---------------------------------------------------------
@@ -340,10 +349,11 @@ class SequenceView:
 
     # -- scheduling -------------------------------------------------------------------------
     @contextlib.contextmanager
-    def engaged(self) -> Iterator[None]:
+    def engaged(self, urgent: bool = False) -> Iterator[None]:
         """While a job runs on this slot: the batcher waits for its next step before
-        decoding others (see the module docstring); released when the job ends."""
-        self.batcher.engage(self.seq)
+        decoding others (see the module docstring); released when the job ends. An
+        ``urgent`` slot's steps (an editor waiting) go first and wait for nobody."""
+        self.batcher.engage(self.seq, urgent)
         try:
             yield
         finally:

@@ -130,3 +130,40 @@ def test_views_keep_their_own_cache(qwen05):
     finally:
         batcher.close()
         base.close()
+
+
+def test_an_urgent_slot_does_not_wait_for_slots_still_thinking(real_models):
+    """Slot 0 was served and has not come back (its job still runs): a plain slot's step
+    would wait for it, an urgent one (/infill) is decoded at once."""
+    base = LlamaCppBackend(real_models.smollm2, replace(CONFIG, n_seq=2))
+    batcher = open_views(base)
+    a, b = batcher.views
+    hold, served = threading.Event(), threading.Event()
+    ids = a.tokenize(PROMPTS[1], add_bos=True)
+
+    def thinking_slot() -> None:
+        with a.engaged():
+            a.evaluate(ids)
+            served.set()
+            hold.wait(120)
+
+    thread = threading.Thread(target=thinking_slot)
+    thread.start()
+    try:
+        assert served.wait(120)
+        done = threading.Event()
+
+        def urgent() -> None:
+            with b.engaged(urgent=True):
+                b.evaluate(ids)
+            done.set()
+
+        worker = threading.Thread(target=urgent)
+        worker.start()
+        assert done.wait(120), "the urgent slot waited for the thinking one"
+        worker.join()
+    finally:
+        hold.set()
+        thread.join()
+        batcher.close()
+        base.close()
