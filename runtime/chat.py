@@ -64,10 +64,14 @@ class ChatEngine:
         self.lock = threading.Lock()
         self.fitter = ChatFitter(target)
         """Renders and fits conversations; keeps every turn's tokens for the next reply."""
+        self.fit_lock = threading.Lock()
+        """Guards :attr:`fitter`'s caches: the server's parallel slots fit conversations
+        at once, each under its own slot's lock."""
 
     def render(self, messages: Sequence[Message], tools: list[dict] | None = None) -> tuple[list[int], list[str]]:
         """Prompt ids for ``messages`` (ready for the assistant's reply) and stop strings."""
-        return self.fitter.prompt(messages, tools)
+        with self.fit_lock:
+            return self.fitter.prompt(messages, tools)
 
     def fit(self, messages: Sequence[Message], max_tokens: int, *, cancel: threading.Event | None = None,
             keep_start: bool = False, tools: list[dict] | None = None) -> tuple[list[int], list[str]]:
@@ -81,7 +85,8 @@ class ChatEngine:
         the next: a long chat then evaluates only its new turn. ``tools``: the functions
         the model may call, for a template that describes them."""
         room = self.target.n_ctx - max(1, min(max_tokens, self.target.n_ctx // 2))
-        fitted = self.fitter.fit(messages, room, cancel=cancel, block=room // 2 if keep_start else 0, tools=tools)
+        with self.fit_lock:
+            fitted = self.fitter.fit(messages, room, cancel=cancel, block=room // 2 if keep_start else 0, tools=tools)
         return fitted.ids, fitted.stops
 
     def stream(

@@ -110,6 +110,9 @@ class EngineSpec:
     """What model-free drafting learns from besides the request (see
     :data:`~tandem.runtime.speculative.drafters.suffix.SuffixMemory`): the user's own
     earlier chats, kept across sessions; the server keeps to ``request`` (isolation)."""
+    parallel: int = 1
+    """KV sequences decoded together (``tandem serve --parallel``): the planner prices one
+    context's KV per sequence; llama.cpp targets only (others serve one)."""
     rpc: tuple[str, ...] = ()
     """llama.cpp RPC servers (``HOST:PORT``) holding a share of a GGUF target's layers
     (:func:`_open_rpc`; README, "Several machines"); the drafter stays on this machine."""
@@ -306,7 +309,7 @@ def _open_llama(spec: EngineSpec, say: Notify, on_load: Callable[[float], None] 
     say("planning memory")
     plan = plan_for_run(spec.target, planned_draft, spec.budget, spec.n_ctx, vram=spec.vram, threads=spec.threads,
                         draft_max=spec.draft_max, drop_slow_draft=False, kv_type=spec.kv_type,
-                        model_free=spec.draft_mode in ("auto", "ngram"))
+                        model_free=spec.draft_mode in ("auto", "ngram"), n_seq=spec.parallel)
     notes = plan_notes(plan, planned_draft is not None)
     mode = spec.draft_mode
     if planned_draft is not None and plan.draft is None:

@@ -22,6 +22,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--ngram", default=None, help="n-gram model name for n>1 drafts (default: newest matching)")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting per model before 503")
+    p.add_argument("-np", "--parallel", type=int, default=None, metavar="N",
+                   help="requests decoded at once, in one batch (as llama-server's -np): N KV sequences, each "
+                        "with the full context (default: as many as fit the memory budget, at most 4, each "
+                        "at the context one alone would get; 1 with a --draft model, which serves one)")
     p.add_argument("--cache-reuse", type=int, default=0, metavar="N",
                    help="/infill: reuse cached runs of at least N tokens that moved in the prompt, shifting "
                         "their KV instead of recomputing it (as llama-server's --cache-reuse; llama.vim "
@@ -47,6 +51,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise TandemError(f"Invalid port {args.port}: use 1..65535.")
     if args.max_queue < 1:
         raise TandemError(f"--max-queue must be at least 1, got {args.max_queue}.")
+    if args.parallel is not None and not 1 <= args.parallel <= 64:
+        raise TandemError(f"--parallel must be between 1 and 64, got {args.parallel}.")
     if args.api_key is not None and len(args.api_key) < 8:
         raise TandemError("--api-key must be at least 8 characters.")
     if args.no_spec and args.draft:
@@ -74,6 +80,8 @@ def open_server(args: argparse.Namespace):
     if args.no_spec:
         spec = replace(spec, draft_mode="off")
     with Progress(f"loading {args.model}") as progress:
+        progress.stage("choosing parallel slots")
+        spec = replace(spec, parallel=args.parallel or default_parallel(spec))
         slot = load_model(spec, ngram_name=args.ngram, max_queue=args.max_queue, notify=progress.stage,
                           on_load=progress.fraction)
     for note in slot.notes:
@@ -89,6 +97,21 @@ def open_server(args: argparse.Namespace):
     return slot, app
 
 
+def default_parallel(spec) -> int:
+    """``--parallel``'s default: what the memory plan fits (see
+    :func:`tandem.runtime.planning.planner.parallel_for`) for a GGUF target in llama.cpp
+    without a drafter model; 1 otherwise (a drafter serves one sequence; the torch engine,
+    onnxruntime and RPC targets decode one)."""
+    from tandem.runtime.engine import target_engine
+
+    if spec.rpc or spec.drafter is not None or target_engine(spec) != "llama.cpp":
+        return 1
+    from tandem.runtime.planning.planner import parallel_for
+
+    return parallel_for(spec.target, spec.budget, spec.n_ctx, vram=spec.vram, threads=spec.threads,
+                        draft_max=spec.draft_max, kv_type=spec.kv_type)
+
+
 def run(args: argparse.Namespace) -> int:
     from tandem.app.server.serve import ListenConfig, bind, uvicorn_server
 
@@ -98,8 +121,8 @@ def run(args: argparse.Namespace) -> int:
         slot, app = open_server(args)
         try:
             server = uvicorn_server(app, ListenConfig(args.host, args.port), on_shutdown=[slot.worker.stop_all])
-            print(f"Serving {slot.name} on http://{args.host}:{args.port}/v1 (Ctrl+C to stop)", file=sys.stderr,
-                  flush=True)
+            print(f"Serving {slot.name} on http://{args.host}:{args.port}/v1 with {len(slot.lanes)} parallel "
+                  f"slot{'s' if len(slot.lanes) > 1 else ''} (Ctrl+C to stop)", file=sys.stderr, flush=True)
             server.run(sockets=[sock])
         finally:
             slot.close()

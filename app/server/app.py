@@ -76,7 +76,9 @@ class Server:
         return JSONResponse({"object": "list", "data": data})
 
     async def health(self, request: Request) -> JSONResponse:
-        models = {n: {"waiting": s.worker.waiting, "busy": s.worker.busy, **vars(s.worker.stats)}
+        models = {n: {"waiting": s.worker.waiting, "busy": s.worker.busy, "slots": len(s.lanes),
+                      "running": s.worker.running, **vars(s.worker.stats),
+                      **({"batch": vars(s.batcher.stats)} if s.batcher is not None else {})}
                   for n, s in self.slots.items()}
         streams = self.routes.streams
         return JSONResponse({"status": "ok", "models": models,

@@ -1,19 +1,20 @@
-"""Whose text a model's KV cache holds: a cached prefix is reused only for its owner.
+"""Whose text a slot's KV cache holds: a cached prefix is reused only for its owner.
 
-Every generation endpoint brings the one KV cache to its prompt by keeping the longest
+Every generation endpoint brings its lane's KV cache (one per parallel slot) to its prompt by keeping the longest
 prefix the cache already holds (``runtime.backends.protocol.prefill``). How much was kept
 shows in the reply (``usage.prompt_tokens_details.cached_tokens``, /infill's
 ``tokens_cached``) and in the prompt time it saves (``ttft``, ``timings``), so a client
 whose prompt met another client's text in the cache could measure how much of it
 matches: a timing side channel on other people's prompts and replies. The rule: a prefix
 is reused only by the client whose own request left the cache in exactly its present
-state; for anybody else the cache is emptied first. All functions run on the model's
-worker thread under the engine's lock.
+state; for anybody else the cache is emptied first. All functions run on the lane's
+worker thread under the lane's lock. The worker sends a client back to a lane that holds
+its text when one is free (:mod:`.worker`).
 """
 
 from __future__ import annotations
 
-from tandem.app.server.models import ModelSlot
+from tandem.app.server.models import Lane
 from tandem.runtime.backends.protocol import common_prefix_len
 
 
@@ -22,22 +23,22 @@ def client_identity(host: str | None, authorization: str | None) -> str:
     return f"{host or ''}\n{authorization or ''}"
 
 
-def reusable(slot: ModelSlot, client: str) -> bool:
+def reusable(lane: Lane, client: str) -> bool:
     """The KV cache still holds exactly what ``client``'s own last request left there."""
-    owner = slot.kv_owner  # one record for every route that generates
-    return owner is not None and owner[0] == client and owner[1] == tuple(slot.target.tokens)
+    owner = lane.kv_owner  # one record for every route that generates
+    return owner is not None and owner[0] == client and owner[1] == tuple(lane.target.tokens)
 
 
-def take(slot: ModelSlot, client: str, prompt: list[int]) -> int:
+def take(lane: Lane, client: str, prompt: list[int]) -> int:
     """Make the cache ``client``'s to use: emptied unless it is already its own. Returns
     how many of ``prompt``'s tokens the generation will reuse (``prefill`` re-evaluates at
     least the last one)."""
-    if not reusable(slot, client):
-        slot.target.truncate(0)
-    slot.kv_owner = None  # until the request ends, nobody may rely on the cache's state
-    return min(common_prefix_len(slot.target.tokens, prompt), max(0, len(prompt) - 1))
+    if not reusable(lane, client):
+        lane.target.truncate(0)
+    lane.kv_owner = None  # until the request ends, nobody may rely on the cache's state
+    return min(common_prefix_len(lane.target.tokens, prompt), max(0, len(prompt) - 1))
 
 
-def release(slot: ModelSlot, client: str) -> None:
+def release(lane: Lane, client: str) -> None:
     """The request of ``client`` is over: what the cache holds now is its own text."""
-    slot.kv_owner = (client, tuple(slot.target.tokens))
+    lane.kv_owner = (client, tuple(lane.target.tokens))

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tandem.app.server import cache_owner
-from tandem.app.server.models import ModelSlot
+from tandem.app.server.models import Lane, ModelSlot
 from tandem.app.server.openai import ApiError, GenRequest, parse_common
 from tandem.kernels.sampling import Sampler
 from tandem.runtime.autocomplete.fim import (
@@ -139,25 +139,25 @@ def infill_job(slot: ModelSlot, ids: list[int], req: InfillRequest, client: str 
     """The infill, reusing the cached prefix only when ``client`` left it (:mod:`.cache_owner`),
     and with ``cache_reuse`` > 0 also the cached runs that moved (``--cache-reuse``)."""
 
-    def run(cancel: threading.Event) -> Generator[InfillChunk | InfillDone, None, None]:
-        with slot.engine.lock:
-            reuse = req.cache_prompt and cache_owner.reusable(slot, client)
-            strategy = slot.engine.strategy
+    def run(cancel: threading.Event, lane: Lane) -> Generator[InfillChunk | InfillDone, None, None]:
+        with lane.lock, lane.engaged(urgent=True):
+            reuse = req.cache_prompt and cache_owner.reusable(lane, client)
+            strategy = lane.strategy
             if reuse and isinstance(strategy, SpeculativeStrategy):
                 # The client's previous suggestion is still in the cache after its prompt:
                 # llama.vim asks again with the accepted part appended, so the rest of it
                 # is a draft the model-free drafters can offer.
-                previous = slot.target.tokens
+                previous = lane.target.tokens
                 strategy.prime(previous[common_prefix_len(previous, ids):])
-            cache_owner.take(slot, client, ids)
+            cache_owner.take(lane, client, ids)
             try:
-                yield from run_infill(slot.target, ids, Sampler(req.gen.params), req.limits,
+                yield from run_infill(lane.target, ids, Sampler(req.gen.params), req.limits,
                                       strategy=strategy, cache_prompt=reuse,
                                       cache_reuse=cache_reuse if reuse else 0, cancel=cancel)
             finally:
                 if isinstance(strategy, SpeculativeStrategy):
                     strategy.prime([])  # never carried into another client's request
-                cache_owner.release(slot, client)
+                cache_owner.release(lane, client)
 
     return run
 

@@ -1,10 +1,10 @@
-"""What runs on a model's worker thread for each kind of request.
+"""What runs on a model's worker threads for each kind of request.
 
-Each job is a generator function of the cancel event; everything it yields is passed
-to the request's handler on the event loop. Jobs take the chat engine's lock, so the
-server never races the TUI (or anything else) for the one KV cache, and under it they
-follow :mod:`.cache_owner`'s rule: a cached prompt prefix is reused only for the client
-that left it there.
+Each job is a generator function of the cancel event and the lane (parallel slot) the
+worker gave it; everything it yields is passed to the request's handler on the event
+loop. Jobs take the lane's lock, so nothing else races them for its KV cache, and under
+it they follow :mod:`.cache_owner`'s rule: a cached prompt prefix is reused only for the
+client that left it there.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass, replace
 
 from tandem.app.server import cache_owner
-from tandem.app.server.models import ModelSlot
+from tandem.app.server.models import Lane, ModelSlot
 from tandem.app.server.openai import GenRequest
 from tandem.kernels.sampling import Sampler
 from tandem.runtime.autocomplete.superposed import SuperposedResult
@@ -45,39 +45,39 @@ class PromptCache:
 
 def chat_job(slot: ModelSlot, messages: list[dict[str, str]], req: GenRequest, client: str = "",
              cache: PromptCache | None = None):
-    def run(cancel: threading.Event) -> Generator[Event, None, None]:
-        with slot.engine.lock:
+    def run(cancel: threading.Event, lane: Lane) -> Generator[Event, None, None]:
+        with lane.lock, lane.engaged():
             try:
                 ids, stops = slot.engine.fit(messages, req.max_tokens, cancel=cancel)
             except FitCancelled:  # the client went away (or the server stops): nothing to send
                 return
-            yield from _generate(slot, ids, req, [*stops, *req.stop], cancel, client, cache)
+            yield from _generate(lane, ids, req, [*stops, *req.stop], cancel, client, cache)
 
     return run
 
 
 def completion_job(slot: ModelSlot, ids: list[int], req: GenRequest, client: str = "",
                    cache: PromptCache | None = None):
-    def run(cancel: threading.Event) -> Generator[Event, None, None]:
-        with slot.engine.lock:
-            yield from _generate(slot, ids, req, list(req.stop), cancel, client, cache)
+    def run(cancel: threading.Event, lane: Lane) -> Generator[Event, None, None]:
+        with lane.lock, lane.engaged():
+            yield from _generate(lane, ids, req, list(req.stop), cancel, client, cache)
 
     return run
 
 
-def _generate(slot: ModelSlot, ids: list[int], req: GenRequest, stops: list[str], cancel: threading.Event,
+def _generate(lane: Lane, ids: list[int], req: GenRequest, stops: list[str], cancel: threading.Event,
               client: str, cache: PromptCache | None) -> Iterator[Event]:
     """The engine's generation (same strategy, same sampler) on a cache that holds only
-    ``client``'s own text; the caller holds the engine's lock."""
-    cached = cache_owner.take(slot, client, ids)
+    ``client``'s own text; the caller holds the lane's lock."""
+    cached = cache_owner.take(lane, client, ids)
     if cache is not None:
         cache.cached_tokens = cached
     try:
-        strategy = slot.engine.strategy if req.grammar is None else constrained(slot.engine.strategy, req.grammar)
-        yield from generate(slot.target, ids, Sampler(req.params), strategy=strategy,
+        strategy = lane.strategy if req.grammar is None else constrained(lane.strategy, req.grammar)
+        yield from generate(lane.target, ids, Sampler(req.params), strategy=strategy,
                             max_tokens=req.max_tokens, stop=stops, cancel=cancel, logprobs=req.logprobs)
     finally:
-        cache_owner.release(slot, client)
+        cache_owner.release(lane, client)
 
 
 def _cut(text: str, stops: list[str]) -> tuple[str, bool]:
@@ -92,8 +92,8 @@ def drafts_job(slot: ModelSlot, req: GenRequest, *, ids: list[int] | None = None
     the request's settings, the i-th seeded with ``seed + i`` when a seed is given, so
     temperature and seed mean what they mean for n = 1."""
 
-    def run(cancel: threading.Event) -> Generator[Drafts, None, None]:
-        with slot.engine.lock:
+    def run(cancel: threading.Event, lane: Lane) -> Generator[Drafts, None, None]:
+        with lane.lock, lane.engaged():
             stops = list(req.stop)
             prompt = ids
             if messages is not None:
@@ -103,14 +103,14 @@ def drafts_job(slot: ModelSlot, req: GenRequest, *, ids: list[int] | None = None
                     return
                 stops += template_stops
             assert prompt is not None
-            cache_owner.take(slot, client, prompt)
+            cache_owner.take(lane, client, prompt)
             try:
                 if not req.params.greedy:
-                    yield _sampled_drafts(slot, prompt, req, stops, cancel)
+                    yield _sampled_drafts(lane, prompt, req, stops, cancel)
                     return
-                result = slot.autocompleter.decoder.decode(prompt, req.n, req.max_tokens, cancel=cancel)
+                result = lane.autocompleter.decoder.decode(prompt, req.n, req.max_tokens, cancel=cancel)
             finally:
-                cache_owner.release(slot, client)
+                cache_owner.release(lane, client)
         texts = []
         for d in result.drafts:
             text, stopped = _cut(d.text, stops)
@@ -120,14 +120,14 @@ def drafts_job(slot: ModelSlot, req: GenRequest, *, ids: list[int] | None = None
     return run
 
 
-def _sampled_drafts(slot: ModelSlot, prompt: list[int], req: GenRequest, stops: list[str],
+def _sampled_drafts(lane: Lane, prompt: list[int], req: GenRequest, stops: list[str],
                     cancel: threading.Event) -> Drafts:
     """n independent samples, one after another (each reuses the prompt's KV)."""
     texts, n_tokens = [], 0
     for i in range(req.n):
         seed = None if req.params.seed is None else req.params.seed + i
         done = None
-        for ev in generate(slot.target, prompt, Sampler(replace(req.params, seed=seed)), strategy=slot.engine.strategy,
+        for ev in generate(lane.target, prompt, Sampler(replace(req.params, seed=seed)), strategy=lane.strategy,
                            max_tokens=req.max_tokens, stop=stops, cancel=cancel):
             if isinstance(ev, DoneEvent):
                 done = ev

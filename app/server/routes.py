@@ -1,6 +1,7 @@
 """The generation routes: ``/v1/chat/completions``, ``/v1/completions`` and ``/infill``.
 
-Requests wait in their model's FIFO queue (:mod:`.worker`). A handler waits for a job's
+Requests wait in their model's queue (:mod:`.worker`: /infill first, a superseded
+/infill cancelled, then arrival order over the model's parallel slots). A handler waits for a job's
 *first* item before answering, so a prompt that does not fit still gets a proper 4xx
 even on a streaming request. A client that goes away cancels its job: a watcher task
 listens for ``http.disconnect`` (whole replies), and a stream's end (:mod:`.streams`)
@@ -47,7 +48,7 @@ from tandem.app.server.structured import OutputFormat, compile_format, parse_out
 from tandem.app.server.tool_calls import ToolCallParser, parse_reply
 from tandem.app.server.tool_jobs import tool_chat_job
 from tandem.app.server.tools import ToolRequest, call_schema, parse_tools
-from tandem.app.server.worker import Job, QueueFull
+from tandem.app.server.worker import INFILL, Job, QueueFull
 from tandem.models.errors import PromptError, TandemError
 from tandem.runtime.autocomplete.infill import InfillDone
 from tandem.runtime.generate import DoneEvent, TokenEvent
@@ -89,12 +90,13 @@ class Routes:
             raise ApiError(400, f"The prompt is {len(ids)} tokens; this model's context holds {slot.target.n_ctx}.",
                            "context_length_exceeded", "prompt")
 
-    async def start(self, request: Request, slot: ModelSlot, fn) -> tuple[Job, AsyncIterator, Any, asyncio.Task]:
+    async def start(self, request: Request, slot: ModelSlot, fn, *, kind: str = "chat",
+                    client: str = "") -> tuple[Job, AsyncIterator, Any, asyncio.Task]:
         """Queue a job and wait for its first item (so errors still become 4xx)."""
         if slot.worker.stopping:
             raise _shutting_down()
         try:
-            job = slot.worker.submit(fn)
+            job = slot.worker.submit(fn, kind=kind, client=client)
         except QueueFull as exc:
             raise ApiError(503, f"Server busy: {exc}. Retry shortly.", "overloaded", type_="server_error") from None
         watcher = asyncio.create_task(_watch_disconnect(request, job))
@@ -105,6 +107,9 @@ class Routes:
             if slot.worker.stopping:  # skipped in the queue by the shutdown
                 watcher.cancel()
                 raise _shutting_down() from None
+            if job.superseded:
+                watcher.cancel()
+                raise _superseded() from None
             first = None
         except PromptError as exc:
             watcher.cancel()
@@ -211,13 +216,16 @@ class Routes:
         client = _client(request)
         if req.gen.n > 1:
             job, items, first, watcher = await self.start(request, slot,
-                                                          jobs.drafts_job(slot, req.gen, ids=ids, client=client))
+                                                          jobs.drafts_job(slot, req.gen, ids=ids, client=client),
+                                                          kind=INFILL, client=client)
             watcher.cancel()
             d: jobs.Drafts = _drafts_or_cancelled(first)
             return JSONResponse({"content": d.texts[0][0] if d.texts else "", "stop": True, "model": slot.name,
                                  "drafts": [t for t, _ in d.texts], "tokens_evaluated": len(ids),
                                  "tokens_predicted": d.completion_tokens, "fim": fmt is not None})
-        job, items, first, watcher = await self.start(request, slot, infill_api.infill_job(slot, ids, req, client, self.cache_reuse))
+        job, items, first, watcher = await self.start(request, slot,
+                                                      infill_api.infill_job(slot, ids, req, client, self.cache_reuse),
+                                                      kind=INFILL, client=client)
 
         def final_body(done: InfillDone) -> dict:
             return infill_api.done_body(done, req, slot.name, built, fmt)
@@ -234,7 +242,7 @@ class Routes:
         finally:
             watcher.cancel()
         if done is None:
-            raise ApiError(499, "Request cancelled.", "cancelled")
+            raise _superseded() if job.superseded else ApiError(499, "Request cancelled.", "cancelled")
         return JSONResponse(final_body(done))
 
     async def generation(self, request: Request, slot: ModelSlot, req: GenRequest, shaper: Shaper, fn,
@@ -301,6 +309,10 @@ def _client(request: Request) -> str:
 def _shutting_down() -> ApiError:
     return ApiError(503, "The server is shutting down; retry against its next start.", "shutting_down",
                     type_="server_error")
+
+
+def _superseded() -> ApiError:
+    return ApiError(499, "Cancelled: the same client sent a newer /infill.", "superseded")
 
 
 def _drafts_or_cancelled(first: Any) -> jobs.Drafts:

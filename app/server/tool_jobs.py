@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from tandem.app.server.jobs import PromptCache, _generate
-from tandem.app.server.models import ModelSlot
+from tandem.app.server.models import Lane, ModelSlot
 from tandem.app.server.openai import GenRequest
 from tandem.app.server.tool_calls import CALL_CLOSE, CALL_OPEN
 from tandem.app.server.tools import ToolRequest, plain_messages, template_has_tools
@@ -40,8 +40,8 @@ def tool_chat_job(slot: ModelSlot, messages: list[dict[str, Any]], req: GenReque
     """``call_grammar``: the compiled :func:`call_schema` of the offered tools (``None``
     when none is offered)."""
 
-    def run(cancel: threading.Event) -> Generator[Event, None, None]:
-        with slot.engine.lock:
+    def run(cancel: threading.Event, lane: Lane) -> Generator[Event, None, None]:
+        with lane.lock, lane.engaged():
             offered = tools.offered
             if template_has_tools(slot.target.chat_template()):
                 msgs, shown = messages, [t.definition for t in offered] or None
@@ -53,16 +53,16 @@ def tool_chat_job(slot: ModelSlot, messages: list[dict[str, Any]], req: GenReque
                 return
             stops = [*stops, *req.stop]
             if not offered:
-                yield from _generate(slot, ids, req, stops, cancel, client, cache)
+                yield from _generate(lane, ids, req, stops, cancel, client, cache)
                 return
-            yield from _phases(slot, ids, req, tools, call_grammar, stops, cancel, client, cache)
+            yield from _phases(lane, ids, req, tools, call_grammar, stops, cancel, client, cache)
 
     return run
 
 
-def _phases(slot: ModelSlot, prompt: list[int], req: GenRequest, tools: ToolRequest, call_grammar: Any,
+def _phases(lane: Lane, prompt: list[int], req: GenRequest, tools: ToolRequest, call_grammar: Any,
             stops: list[str], cancel: threading.Event, client: str, cache: PromptCache | None) -> Iterator[Event]:
-    target = slot.target
+    target = lane.target
     ids = list(prompt)
     texts: list[str] = []
     generated = 0
@@ -75,7 +75,7 @@ def _phases(slot: ModelSlot, prompt: list[int], req: GenRequest, tools: ToolRequ
             ids += target.tokenize("\n" if phases else CALL_OPEN + "\n", add_bos=False, special=True)
             texts.append(CALL_OPEN + "\n")
             yield TokenEvent(CALL_OPEN + "\n", [])
-            done = yield from _run(slot, ids, replace(req, max_tokens=left, grammar=call_grammar), [], cancel,
+            done = yield from _run(lane, ids, replace(req, max_tokens=left, grammar=call_grammar), [], cancel,
                                    client, None if phases else cache)
             ids += done.tokens + target.tokenize("\n" + CALL_CLOSE, add_bos=False, special=True)
             texts += [done.text, "\n" + CALL_CLOSE]
@@ -85,7 +85,7 @@ def _phases(slot: ModelSlot, prompt: list[int], req: GenRequest, tools: ToolRequ
             kept = done.tokens
             more = tools.parallel and calls < MAX_CALLS
         else:  # free text, until the model opens a call
-            done = yield from _run(slot, ids, replace(req, max_tokens=left), [*stops, CALL_OPEN], cancel, client,
+            done = yield from _run(lane, ids, replace(req, max_tokens=left), [*stops, CALL_OPEN], cancel, client,
                                    None if phases else cache)
             kept, opened = _until_call(target, done.tokens)
             ids += kept
@@ -105,11 +105,11 @@ def _phases(slot: ModelSlot, prompt: list[int], req: GenRequest, tools: ToolRequ
     yield DoneEvent("".join(texts), ids[len(prompt):], stats)
 
 
-def _run(slot: ModelSlot, ids: list[int], req: GenRequest, stops: list[str], cancel: threading.Event, client: str,
+def _run(lane: Lane, ids: list[int], req: GenRequest, stops: list[str], cancel: threading.Event, client: str,
          cache: PromptCache | None) -> Generator[Event, None, DoneEvent]:
     """One phase: its token events passed on, its :class:`DoneEvent` returned."""
     done = None
-    for ev in _generate(slot, ids, req, stops, cancel, client, cache):
+    for ev in _generate(lane, ids, req, stops, cancel, client, cache):
         if isinstance(ev, DoneEvent):
             done = ev
         else:

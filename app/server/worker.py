@@ -1,23 +1,43 @@
-"""One generation at a time per model, in arrival order, and cancellable.
+"""A model's requests, scheduled over its slots: /infill first, the rest in arrival order.
 
-A model has one KV cache, so its requests run one after another on a single worker
-thread; a FIFO queue makes that fair (nobody is overtaken). Each job streams items back
-to the asyncio side through an ``asyncio.Queue`` fed with ``call_soon_threadsafe``;
-setting the job's ``cancel`` event (the client went away) makes a queued job be skipped
-and a running one stop at its next step.
+A model serves ``len(lanes)`` requests at once (``tandem serve --parallel N``): each lane
+is one KV sequence with its own thread (see :mod:`tandem.runtime.backends.llama_batch`
+for how their steps share one llama.cpp batch). Waiting requests are taken
+
+* **/infill before everything else**: an editor waits for its suggestion while the user
+  types; a chat reply streams and can wait one step longer. Among requests of one kind
+  the order is arrival order, so nobody is overtaken by a request of their own kind;
+* **an /infill superseded by the same client's newer /infill is cancelled**, queued or
+  running: llama.vim and llama.vscode send a request per keystroke, and only the newest
+  one's answer is read;
+* **on a lane that holds the client's own KV** when one is free (its prompt prefix is
+  reused, :mod:`.cache_owner`), else on the lane used longest ago;
+* and, once an editor has been seen, **chat and completions leave one lane free** when the
+  model has two or more, so an /infill never waits for a whole chat reply to end.
+
+Each job streams items back to the asyncio side through an ``asyncio.Queue`` fed with
+``call_soon_threadsafe``; setting the job's ``cancel`` event (the client went away, or a
+newer /infill superseded it) makes a queued job be skipped and a running one stop at its
+next step.
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
+import itertools
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-JobFn = Callable[[threading.Event], Generator[Any, None, None]]
-"""A job: a generator function, so the worker can close it when it stops early."""
+L = TypeVar("L")
+
+JobFn = Callable[[threading.Event, Any], Generator[Any, None, None]]
+"""A job: a generator function of its cancel event and the lane it runs on, so the
+worker can close it when it stops early."""
+
+INFILL = "infill"
+"""The kind of job scheduled first (and superseded by the same client's next one)."""
 
 
 class _End:
@@ -37,6 +57,11 @@ class Job:
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue
     cancel: threading.Event = field(default_factory=threading.Event)
+    kind: str = "chat"
+    client: str = ""
+    order: int = 0
+    superseded: bool = False
+    """Cancelled because the same client sent a newer /infill."""
 
     def emit(self, item: Any) -> None:
         try:
@@ -62,76 +87,174 @@ class WorkerStats:
     failed: int = 0
     skipped: int = 0
     """Jobs whose client left while they were still queued."""
+    superseded: int = 0
+    """/infill jobs cancelled by the same client's newer /infill (queued or running)."""
 
 
-class ModelWorker:
-    def __init__(self, name: str, max_queue: int = 64) -> None:
+class _LaneThread(Generic[L]):
+    def __init__(self, lane: L, index: int) -> None:
+        self.lane = lane
+        self.index = index
+        self.job: Job | None = None
+        self.last_used = 0
+        self.wake = threading.Condition()
+
+
+class ModelWorker(Generic[L]):
+    """Runs jobs on ``lanes`` (one thread each). ``owner`` says which client's KV a lane
+    holds (``None``: nobody's), for the affinity rule in the module docstring."""
+
+    def __init__(self, name: str, max_queue: int = 64, lanes: Sequence[L] | None = None,
+                 owner: Callable[[L], str | None] | None = None) -> None:
         self.name = name
         self.max_queue = max_queue
-        self._queue: queue.Queue[Job | None] = queue.Queue()
         self.stats = WorkerStats()
-        self.busy = False
         self.stopping = False
         """Set by :meth:`stop_all`: stopped jobs run on to their final item."""
-        self._current: Job | None = None
-        self._thread = threading.Thread(target=self._run, name=f"tandem-worker-{name}", daemon=True)
-        self._thread.start()
+        self.editor_seen = False
+        """An /infill has arrived: chat leaves a lane free for the editor (see module docstring)."""
+        self._owner = owner or (lambda _lane: None)
+        self._lock = threading.Lock()
+        self._queue: list[Job] = []
+        self._order = itertools.count()
+        self._closed = False
+        self._lanes = [_LaneThread(lane, i) for i, lane in enumerate(lanes if lanes is not None else [None])]
+        self._threads = [threading.Thread(target=self._run, args=(lt,), name=f"tandem-worker-{name}-{lt.index}",
+                                          daemon=True) for lt in self._lanes]
+        for t in self._threads:
+            t.start()
 
+    # -- what /health shows -------------------------------------------------------------
     @property
     def waiting(self) -> int:
-        return self._queue.qsize()
+        with self._lock:
+            return len(self._queue)
 
-    def submit(self, fn: JobFn) -> Job:
-        if self._queue.qsize() >= self.max_queue:
-            raise QueueFull(f"{self._queue.qsize()} requests are already waiting for {self.name}")
-        job = Job(fn, asyncio.get_running_loop(), asyncio.Queue())
-        self._queue.put(job)
+    @property
+    def busy(self) -> bool:
+        return any(lt.job is not None for lt in self._lanes)
+
+    @property
+    def running(self) -> int:
+        return sum(lt.job is not None for lt in self._lanes)
+
+    @property
+    def lanes(self) -> list[L]:
+        return [lt.lane for lt in self._lanes]
+
+    # -- scheduling ---------------------------------------------------------------------
+    def submit(self, fn: JobFn, *, kind: str = "chat", client: str = "") -> Job:
+        """Queue ``fn``; an /infill (``kind`` :data:`INFILL`) cancels ``client``'s older ones."""
+        job = Job(fn, asyncio.get_running_loop(), asyncio.Queue(), kind=kind, client=client)
+        with self._lock:
+            if len(self._queue) >= self.max_queue:
+                raise QueueFull(f"{len(self._queue)} requests are already waiting for {self.name}")
+            job.order = next(self._order)
+            if kind == INFILL:
+                self.editor_seen = True
+                self._supersede(client)
+            self._queue.append(job)
+            self._dispatch()
         return job
 
-    def _run(self) -> None:
+    def _supersede(self, client: str) -> None:
+        running = [lt.job for lt in self._lanes if lt.job is not None]
+        for old in [*self._queue, *running]:
+            if old.kind == INFILL and old.client == client and not old.cancel.is_set():
+                old.superseded = True
+                old.cancel.set()
+
+    def _next_job(self, free: int) -> Job | None:
+        """The job to start now, with ``free`` lanes free: the oldest /infill, else the
+        oldest other job unless it would take the editor's lane."""
+        if not self._queue or free == 0:
+            return None
+        infills = [j for j in self._queue if j.kind == INFILL]
+        if infills:
+            return min(infills, key=lambda j: j.order)
+        keep_free = 1 if (self.editor_seen and len(self._lanes) > 1) else 0
+        if free <= keep_free:
+            return None
+        return min(self._queue, key=lambda j: j.order)
+
+    def _dispatch(self) -> None:
+        """Start queued jobs on free lanes (called under ``_lock``)."""
         while True:
-            job = self._queue.get()
+            free = [lt for lt in self._lanes if lt.job is None]
+            job = self._next_job(len(free))
             if job is None:
                 return
-            if job.cancel.is_set():
+            self._queue.remove(job)
+            own = [lt for lt in free if job.client and self._owner(lt.lane) == job.client]
+            lane = own[0] if own else min(free, key=lambda lt: lt.last_used)
+            lane.job = job
+            lane.last_used = job.order
+            with lane.wake:
+                lane.wake.notify()
+
+    def _run(self, lt: _LaneThread) -> None:
+        while True:
+            with lt.wake:
+                while lt.job is None and not self._closed:
+                    lt.wake.wait()
+            job = lt.job
+            if job is None:
+                return
+            self._run_job(job, lt.lane)
+            with self._lock:
+                lt.job = None
+                self._dispatch()
+
+    def _run_job(self, job: Job, lane: L) -> None:
+        if job.cancel.is_set():
+            if job.superseded:
+                self.stats.superseded += 1
+            else:
                 self.stats.skipped += 1
-                job.emit(END)
-                continue
-            self.busy = True
-            self._current = job
-            items = None
-            try:
-                items = job.fn(job.cancel)
-                for item in items:
-                    job.emit(item)
-                    if job.cancel.is_set() and not self.stopping:
-                        break  # the client left: nobody wants the rest
-                if job.cancel.is_set():
-                    self.stats.cancelled += 1
-                else:
-                    self.stats.completed += 1
-            except Exception as exc:  # reported to the client as a 4xx/5xx, never kills the worker
-                self.stats.failed += 1
-                job.emit(exc)
-            finally:
-                if items is not None:
-                    items.close()  # run the generation's cleanup (KV rollback) now, not at GC
-                self.busy = False
-                self._current = None
-                job.emit(END)
+            job.emit(END)
+            return
+        items = None
+        try:
+            items = job.fn(job.cancel, lane)
+            for item in items:
+                job.emit(item)
+                if job.cancel.is_set() and not self.stopping:
+                    break  # the client left (or a newer /infill came): nobody wants the rest
+            if job.superseded:
+                self.stats.superseded += 1
+            elif job.cancel.is_set():
+                self.stats.cancelled += 1
+            else:
+                self.stats.completed += 1
+        except Exception as exc:  # reported to the client as a 4xx/5xx, never kills the worker
+            self.stats.failed += 1
+            job.emit(exc)
+        finally:
+            if items is not None:
+                items.close()  # run the generation's cleanup (KV rollback) now, not at GC
+            job.emit(END)
 
     def stop_all(self) -> None:
         """Server shutdown: stop every job. A generation sees its cancel event at the next
         step and ends with its final event (``finish_reason`` cancelled), so the client
         still gets a whole reply with what was generated; queued jobs are skipped."""
         self.stopping = True
-        current = self._current
-        if current is not None:
-            current.cancel.set()
-        for job in list(self._queue.queue):
-            if job is not None:
+        with self._lock:
+            for lt in self._lanes:
+                if lt.job is not None:
+                    lt.job.cancel.set()
+            for job in self._queue:
                 job.cancel.set()
+            queued, self._queue = self._queue, []
+        for job in queued:
+            self.stats.skipped += 1
+            job.emit(END)
 
     def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=5)
+        with self._lock:
+            self._closed = True
+        for lt in self._lanes:
+            with lt.wake:
+                lt.wake.notify()
+        for t in self._threads:
+            t.join(timeout=5)

@@ -69,6 +69,11 @@ class LlamaConfig:
     """Blocks for this machine, then for each RPC device, as the planner split them from
     the memory each server reports (:func:`tandem.runtime.planning.rpc_devices.plan_remote`);
     needed with :attr:`rpc`."""
+    n_seq: int = 1
+    """KV sequences in the one context, each of ``n_ctx`` tokens in its own KV stream
+    (llama.cpp's ``n_seq_max`` with ``kv_unified`` off): the server's parallel slots,
+    decoded together by :mod:`tandem.runtime.backends.llama_batch`. The backend's own
+    ``evaluate`` uses sequence 0; with more than one, use the batcher's views instead."""
 
 
 EXACT_BATCH = 7
@@ -109,8 +114,12 @@ def load_progress(report: Callable[[float], None]) -> llama_cpp.llama_progress_c
 
 
 def context_params(cfg: LlamaConfig, n_ctx: int, threads: int) -> llama_cpp.llama_context_params:
+    """``n_ctx`` per sequence; each of ``cfg.n_seq`` sequences gets its own KV stream, so a
+    sequence's cells, and so its attention sums, are laid out as if it were alone."""
     params = llama_cpp.llama_context_default_params()
-    params.n_ctx = n_ctx
+    params.n_ctx = n_ctx * max(1, cfg.n_seq)
+    params.n_seq_max = max(1, cfg.n_seq)
+    params.kv_unified = False
     params.n_batch = min(cfg.n_batch, n_ctx)
     params.n_ubatch = min(cfg.n_batch, n_ctx)
     params.n_threads = threads
@@ -191,7 +200,8 @@ class LlamaCppBackend(TokenizerDelegate, TokenCache):
         self.tokenizer = LlamaVocab(self._model_handle)
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self._n_vocab = self.tokenizer.n_vocab
-        self._n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
+        self._n_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx))
+        self.n_seq = int(llama_cpp.llama_n_seq_max(self._ctx))
         # llama-cpp-python caps n_batch at the requested n_ctx; chunk by what the context took.
         self._n_batch = int(llama_cpp.llama_n_batch(self._ctx))
         self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
@@ -344,10 +354,29 @@ class LlamaCppBackend(TokenizerDelegate, TokenCache):
 
     def memory(self) -> MemoryReport:
         weights = int(llama_cpp.llama_model_size(self._model))
-        kv = self.kv_bytes_per_token * self._n_ctx
+        kv = self.kv_bytes_per_token * self._n_ctx * self.n_seq
         scratch = self._n_vocab * 4 * self._n_batch  # logits buffer for a full batch
         device = "cuda" if self.config.n_gpu_layers else "cpu"
         return MemoryReport(weights=weights, kv_cache=kv, scratch=scratch, device=device)
+
+    # -- what the batcher of parallel sequences drives (llama_batch) --------------------
+    @property
+    def context(self):
+        """The ``llama_context`` pointer (one caller at a time)."""
+        return self._ctx
+
+    @property
+    def memory_handle(self):
+        """The context's ``llama_memory`` (KV cache) handle."""
+        return self._mem
+
+    @property
+    def n_batch(self) -> int:
+        return self._n_batch
+
+    def decode_batch(self, batch) -> int:
+        """``llama_decode`` of a batch built by the caller (RPC-aware); its return code."""
+        return int(self._llama_decode(self._ctx, batch))
 
     def compute_settings(self) -> ComputeSettings:
         return ComputeSettings(self.path, speed_settings(self.config, self._threads), self._threads,

@@ -56,9 +56,13 @@ class ModelPlan:
     user cache dir; :func:`plan_for_run` makes it if it is missing)."""
     source: str | None = None
     """Drafter only: the file the user named, when ``path`` is a quantized copy of it."""
+    n_seq: int = 1
+    """Target only: parallel sequences (the server's slots), each with ``n_ctx`` tokens of
+    KV in its own stream. Priced as one context of ``n_seq * n_ctx``: the KV cache is
+    exactly that, the compute buffer a little less (attention spans one stream)."""
 
     def setup(self, output_rows: int = 1) -> Setup:
-        return Setup(self.n_ctx, self.n_batch, self.type_k, self.type_v, self.flash_attn,
+        return Setup(self.n_ctx * self.n_seq, self.n_batch, self.type_k, self.type_v, self.flash_attn,
                      self.n_gpu_layers, output_rows)
 
     def llama_config(self):
@@ -67,7 +71,7 @@ class ModelPlan:
 
         return LlamaConfig(n_ctx=self.n_ctx, n_batch=self.n_batch, n_threads=self.n_threads,
                            n_gpu_layers=self.n_gpu_layers, type_k=self.type_k, type_v=self.type_v,
-                           flash_attn=self.flash_attn)
+                           flash_attn=self.flash_attn, n_seq=self.n_seq)
 
     def torch_config(self, device: str | None = None):
         """The :class:`~tandem.runtime.backends.torch_engine.backend.TorchConfig` the planner priced
@@ -138,6 +142,9 @@ class PlanRequest:
     :data:`KV_TYPES` that fits (quantized only when f16 does not)."""
     acceptance: float = ACCEPTANCE_PRIOR
     """Per-token acceptance of the drafter (measured, or the prior)."""
+    n_seq: int = 1
+    """Parallel sequences of the target (``tandem serve --parallel``), each with the
+    context's KV (:attr:`ModelPlan.n_seq`)."""
     drop_slow_draft: bool = True
     """Drop a drafter predicted to gain < 5 %. A drafter the user named explicitly is
     kept when it fits (``False``): the adaptive policy then turns drafting off at run

@@ -202,7 +202,7 @@ def _make_plan(req: PlanRequest) -> Plan:
     while True:
         # The model-free drafters' index grows with the context: priced with it, outside
         # the rungs (no rung changes it), and listed as its own row.
-        index = int(per_token * (ctx + req.draft_max))
+        index = int(per_token * (ctx + req.draft_max)) * req.n_seq  # each slot drafts from its own
         plan = _try_ctx(req, machine, baseline + index, t_shape, d_shapes, quant, ctx, reasons)
         if plan.fits or explicit or ctx <= MIN_CTX:
             break
@@ -219,12 +219,13 @@ def _make_plan(req: PlanRequest) -> Plan:
             plan.kv_note = why
         plan.reasons.insert(1, why)
     if index:
-        row = Item(f"model-free drafting index (suffix trie and lookup, {ctx + req.draft_max} tokens)",
+        slots = f" x {req.n_seq} slots" if req.n_seq > 1 else ""
+        row = Item(f"model-free drafting index (suffix trie and lookup, {ctx + req.draft_max} tokens{slots})",
                    "speculation", "host", index)
         plan.memory = Estimate((*plan.memory.items, row))
     if not plan.fits:
         # Suggestions are for the context asked for (or the default one), not the last one tried.
-        index = int(per_token * (wanted + req.draft_max))
+        index = int(per_token * (wanted + req.draft_max)) * req.n_seq
         plan.suggestions = suggest(machine.host_budget * (1 - SAFETY) - baseline - index, baseline + index, SAFETY,
                                    t_shape, wanted, req.draft_max, req.allow_kv_quant)
     return plan
@@ -250,7 +251,7 @@ def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelSh
     for kv, t_batch, draft_cfg, k, note in _ladder(t_shape, d_shape, ctx, req.draft_max, quant,
                                                    kv_candidates(t_shape, req)):
         # Model-free drafting verifies k drafts too, with or without a draft model.
-        target = ModelPlan(str(req.target), ctx + k, t_batch, kv, kv, n_threads=req.threads)
+        target = ModelPlan(str(req.target), ctx + k, t_batch, kv, kv, n_threads=req.threads, n_seq=req.n_seq)
         if draft_cfg is None or d_shape is None or req.draft is None:
             g = max_gpu_layers(t_shape, target.setup(k + 1), machine, baseline, Estimate()) if gpu_ok else 0
             target = replace(target, n_gpu_layers=g)
@@ -275,9 +276,10 @@ def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelSh
         return _finish(machine, baseline, t_shape, d_shapes[q], target, draft, k, est, note, reasons,
                        req.acceptance, req.drop_slow_draft, d_shape)
     kv = leanest_kv(t_shape, req.allow_kv_quant)
-    est = estimate(t_shape, Setup(ctx, 64, kv, kv))
+    est = estimate(t_shape, Setup(ctx * req.n_seq, 64, kv, kv))
     reasons = [*reasons, f"{t_shape.name} alone needs {(est.host + baseline) / 2**20:.1f} MiB of host memory "
-               f"at context {ctx} (with {kv} KV and a small batch) but the budget is "
+               f"at context {ctx}" + (f" for each of {req.n_seq} slots" if req.n_seq > 1 else "")
+               + f" (with {kv} KV and a small batch) but the budget is "
                f"{machine.host_budget / 2**20:.1f} MiB, {SAFETY:.0%} of it kept free"]
     return Plan(False, machine.describe(), machine.host_budget, machine.vram_budget, baseline,
                 ModelPlan(str(req.target), ctx), None, False, 0, est, 0.0, 1.0, reasons)
@@ -346,7 +348,8 @@ def _layers(g: int, shape: ModelShape) -> str:
 def plan_for_run(target_path: str | Path, draft_path: str | Path | None = None, budget: int | str | None = None,
                  ctx: int | None = None, *, vram: int | str | None = None, profile: str | None = None,
                  threads: int | None = None, draft_max: int = 8, acceptance: float = ACCEPTANCE_PRIOR,
-                 drop_slow_draft: bool = True, model_free: bool | None = None, kv_type: str | None = None) -> Plan:
+                 drop_slow_draft: bool = True, model_free: bool | None = None, kv_type: str | None = None,
+                 n_seq: int = 1) -> Plan:
     """The one call ``tandem run`` / ``tandem chat`` make: plan for this machine (or a
     profile) and raise :class:`BudgetError` with suggestions when nothing fits.
 
@@ -361,10 +364,36 @@ def plan_for_run(target_path: str | Path, draft_path: str | Path | None = None, 
     machine = resolve_machine(profile, budget, vram, measure_bandwidth=False)
     req = PlanRequest(Path(target_path), Path(draft_path) if draft_path else None, ctx, machine,
                       draft_max=draft_max, threads=threads, acceptance=acceptance,
-                      drop_slow_draft=drop_slow_draft, model_free=model_free, kv_type=kv_type)
+                      drop_slow_draft=drop_slow_draft, model_free=model_free, kv_type=kv_type, n_seq=n_seq)
     plan = make_plan(req).check()
     if plan.draft is not None and plan.draft.quant and plan.draft.source:
         from tandem.models.quantize import cached_copy
 
         plan.draft = replace(plan.draft, path=str(cached_copy(plan.draft.source, plan.draft.quant)))
     return plan
+
+
+MOST_SLOTS = 4
+"""The most parallel slots :func:`parallel_for` chooses on its own (``--parallel`` sets more)."""
+
+
+def parallel_for(target_path: str | Path, budget: int | str | None = None, ctx: int | None = None, *,
+                 vram: int | str | None = None, threads: int | None = None, draft_max: int = 8,
+                 kv_type: str | None = None, most: int = MOST_SLOTS) -> int:
+    """``tandem serve``'s default ``--parallel``: the most slots (up to ``most``) whose KV
+    caches fit the budget beside the model, each at the context and KV type one slot
+    alone would get, with the same prefill batch; 1 when a second does not fit. Parallel
+    slots never cost a shorter context, a quantized KV cache or a slower prefill."""
+    from tandem.runtime.planning.hardware import resolve_machine
+
+    one = plan_for_run(target_path, None, budget, ctx, vram=vram, threads=threads, draft_max=draft_max,
+                       model_free=True, kv_type=kv_type)
+    machine = resolve_machine(None, budget, vram, measure_bandwidth=False)
+    per_slot = one.target.n_ctx - one.draft_max
+    for n in range(most, 1, -1):
+        req = PlanRequest(Path(target_path), None, per_slot, machine, draft_max=one.draft_max, threads=threads,
+                          model_free=True, kv_type=one.target.type_k, n_seq=n)
+        plan = make_plan(req)
+        if plan.fits and plan.target.n_batch >= one.target.n_batch:
+            return n
+    return 1

@@ -207,7 +207,7 @@ def test_queue_limit_gives_json_503(server, slot) -> None:
     gate = threading.Event()
     started = threading.Event()
 
-    def blocker(cancel):
+    def blocker(cancel, lane):
         started.set()
         gate.wait(30)
         yield from ()
@@ -439,7 +439,7 @@ def test_requests_queued_at_shutdown_get_503(own_slot) -> None:
 
     gate, started = threading.Event(), threading.Event()
 
-    def blocker(cancel):
+    def blocker(cancel, lane):
         started.set()
         gate.wait(30)
         yield from ()

@@ -1,0 +1,367 @@
+"""Parallel sequences of one llama.cpp context, decoded together: the server's slots.
+
+One context holds ``n_seq`` KV sequences (:attr:`LlamaConfig.n_seq`). Each slot gets a
+:class:`SequenceView`, a full :class:`~tandem.runtime.backends.protocol.Backend` bound to
+its sequence id, so every strategy (plain, speculative with any drafter, superposed,
+/infill) runs on a slot unchanged, on the slot's own thread. When several slots call
+``evaluate`` at once, the :class:`SequenceBatcher` gathers their requests into one
+``llama_decode`` and hands each its logits rows: the weights are read once for all of
+them, which is where the throughput of parallel slots comes from.
+
+**Who decodes, and when.** No decoder thread and no timers: the caller that finds the
+context free decodes everything pending (leader/follower), so a lone slot decodes at once.
+What keeps the slots in step is *who was just served*: a slot that got its logits from a
+decode and is still *engaged* (inside a server job, :meth:`SequenceView.engaged`) comes
+back within a few Python steps with its next tokens, so the next decode waits for those
+slots to submit or to leave (end of the job). Without that, two slots settle into
+alternating one-row decodes and batching never happens. An *urgent* slot (an editor's
+/infill, whose user waits for its first token) waits for nobody and goes first.
+
+**Lossless per slot.** What a slot computes must not depend on what the others do:
+
+* each sequence has its own KV stream (``kv_unified`` off), so its cells sit where they
+  would if it ran alone: with one unified cache, the other sequences' cells interleave,
+  the attention sums round differently and logits move by ~0.4 (measured on the
+  Qwen2.5-Coder 0.5B);
+* requests are merged only while the merged batch stays within the backend's
+  :attr:`exact_batch` rows (7 in the exact configuration), where llama.cpp computes every
+  row as a one-token step computes it; a longer request (a prompt) runs in a decode of its
+  own, chunked exactly as the backend alone would chunk it.
+
+So every slot's logits are bit-identical to the same requests run alone on a one-sequence
+context: a slot's greedy output equals its solo greedy output, and its greedy speculative
+output equals plain greedy output, whatever the other slots do
+(``tests/runtime/backends/test_llama_batch.py`` checks both on the real models). In the
+fast configuration (``exact_batch`` ``None``) merging goes up to the context's batch size
+and that guarantee is, as for one sequence there, not given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import llama_cpp
+import numpy as np
+
+from tandem.models.errors import TandemError
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.protocol import (
+    ComputeSettings,
+    MemoryReport,
+    SpecialTokens,
+    check_room,
+    chunked_logits,
+)
+from tandem.runtime.backends.token_cache import new_tokens
+
+
+@dataclass
+class _Request:
+    """Positions ``pos..pos+n`` of sequence ``seq``: token ids or embedding rows."""
+
+    seq: int
+    pos: int
+    tokens: list[int] | None
+    embeds: np.ndarray | None
+    rows: list[int]
+    """Indices into this request whose logits are wanted."""
+    out: list[np.ndarray] = field(default_factory=list)
+    error: BaseException | None = None
+    done: bool = False
+
+    @property
+    def n(self) -> int:
+        return len(self.tokens) if self.tokens is not None else len(self.embeds)  # type: ignore[arg-type]
+
+
+@dataclass
+class BatchStats:
+    decodes: int = 0
+    """``llama_decode`` calls."""
+    rows: int = 0
+    """Positions decoded, all sequences together."""
+    merged: int = 0
+    """Decodes that carried more than one sequence."""
+
+
+class SequenceBatcher:
+    """Gathers the :class:`SequenceView` requests of one context into shared decodes."""
+
+    def __init__(self, base: LlamaCppBackend) -> None:
+        self.base = base
+        self.cap = base.exact_batch or base.n_batch
+        """Most rows a merged decode may carry (see the module docstring)."""
+        self.stats = BatchStats()
+        self._cond = threading.Condition()
+        self._pending: list[_Request] = []
+        self._decoding = False
+        self._engaged: set[int] = set()
+        self._owed: set[int] = set()
+        self._urgent: set[int] = set()
+        self._ctx_lock = threading.Lock()
+        """One llama.cpp call on the context at a time (decodes, KV edits)."""
+        self._batch = llama_cpp.llama_batch_init(base.n_batch, 0, 1)
+        self._embd_batch = None
+        self.views = [SequenceView(self, s) for s in range(base.n_seq)]
+
+    # -- leader/follower ------------------------------------------------------------------
+    def decode(self, req: _Request) -> list[np.ndarray]:
+        """Decode ``req`` in the next shared batch it fits; its logits rows."""
+        with self._cond:
+            self._pending.append(req)
+            self._owed.discard(req.seq)
+            self._cond.notify_all()
+            while not req.done:
+                if self._decoding or not self._ready():
+                    self._cond.wait()
+                    continue
+                group = self._take()
+                self._decoding = True
+                self._cond.release()
+                try:
+                    self._run(group)
+                finally:
+                    self._cond.acquire()
+                    self._decoding = False
+                    self._owed.update(r.seq for r in group if r.seq in self._engaged)
+                    self._cond.notify_all()
+        if req.error is not None:
+            raise req.error
+        return req.out
+
+    def _ready(self) -> bool:
+        """Something is pending and every slot served last time has come back (or left);
+        a slot marked urgent (an editor's /infill) does not wait for the others."""
+        if not self._pending:
+            return False
+        return self._owed <= {r.seq for r in self._pending} or any(r.seq in self._urgent for r in self._pending)
+
+    def _take(self) -> list[_Request]:
+        """The pending requests of the next decode, urgent slots' first, then oldest first:
+        any number of token requests within :attr:`cap` rows, or one longer (or
+        embedding) request alone."""
+        group: list[_Request] = []
+        rows = 0
+        for r in sorted(self._pending, key=lambda r: r.seq not in self._urgent):
+            alone = r.embeds is not None or r.n > self.cap
+            if alone:
+                if not group:
+                    group.append(r)
+                    break
+                continue
+            if rows + r.n <= self.cap:
+                group.append(r)
+                rows += r.n
+        for r in group:
+            self._pending.remove(r)
+        return group
+
+    def _run(self, group: list[_Request]) -> None:
+        embeds = group[0].embeds
+        if embeds is not None:
+            if self._embd_batch is None:
+                self._embd_batch = llama_cpp.llama_batch_init(self.base.n_batch, self.base.n_embd, 1)
+            batch = self._embd_batch
+            chunk = np.ascontiguousarray(embeds, dtype=np.float32)
+            ctypes.memmove(batch.embd, chunk.ctypes.data, chunk.nbytes)
+        else:
+            batch = self._batch
+        at = 0
+        for r in group:
+            for i in range(r.n):
+                if r.tokens is not None:
+                    batch.token[at + i] = r.tokens[i]
+                batch.pos[at + i] = r.pos + i
+                batch.n_seq_id[at + i] = 1
+                batch.seq_id[at + i][0] = r.seq
+                batch.logits[at + i] = False
+            for i in r.rows:
+                batch.logits[at + i] = True
+            at += r.n
+        batch.n_tokens = at
+        n_vocab = self.base.n_vocab
+        with self._ctx_lock:
+            rc = self.base.decode_batch(batch)
+            self.stats.decodes += 1
+            self.stats.rows += at
+            self.stats.merged += len(group) > 1
+            at = 0
+            for r in group:
+                if rc != 0:
+                    llama_cpp.llama_memory_seq_rm(self.base.memory_handle, r.seq, r.pos, -1)
+                    r.error = TandemError(f"llama.cpp failed to evaluate a batch (llama_decode returned {rc}).")
+                else:
+                    r.out = [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.base.context, at + i),
+                                                   shape=(n_vocab,)).copy() for i in r.rows]
+                at += r.n
+                r.done = True
+
+    # -- engagement: which slots the next decode waits for ----------------------------------
+    def engage(self, seq: int, urgent: bool = False) -> None:
+        with self._cond:
+            self._engaged.add(seq)
+            if urgent:
+                self._urgent.add(seq)
+
+    def release(self, seq: int) -> None:
+        """``seq`` will not come back soon (its job ended): decodes stop waiting for it."""
+        with self._cond:
+            self._engaged.discard(seq)
+            self._owed.discard(seq)
+            self._urgent.discard(seq)
+            self._cond.notify_all()
+
+    # -- KV edits (between decodes) ---------------------------------------------------------
+    def seq_rm(self, seq: int, start: int, end: int = -1) -> bool:
+        with self._ctx_lock:
+            return bool(llama_cpp.llama_memory_seq_rm(self.base.memory_handle, seq, start, end))
+
+    def seq_move(self, seq: int, spans: Sequence[tuple[int, int]]) -> bool:
+        """Pack ``spans`` of ``seq`` down in order (:meth:`Backend.keep_spans`)."""
+        mem = self.base.memory_handle
+        with self._ctx_lock:
+            if not llama_cpp.llama_memory_can_shift(mem):
+                return False
+            to = 0
+            for start, end in spans:
+                if to < start:
+                    llama_cpp.llama_memory_seq_rm(mem, seq, to, start)
+                    llama_cpp.llama_memory_seq_add(mem, seq, start, end, to - start)
+                to += end - start
+            llama_cpp.llama_memory_seq_rm(mem, seq, to, -1)
+            return True
+
+    def close(self) -> None:
+        for name in ("_batch", "_embd_batch"):
+            batch = getattr(self, name)
+            if batch is not None:
+                llama_cpp.llama_batch_free(batch)
+                setattr(self, name, None)
+
+
+class SequenceView:
+    """One sequence of a shared context, as a :class:`Backend` (and ``EmbeddingInput``,
+    ``RowSource``): its own ``tokens``, evaluation through the batcher. The base backend
+    (model, vocabulary, context) is owned and closed by whoever opened it."""
+
+    def __init__(self, batcher: SequenceBatcher, seq: int) -> None:
+        self.batcher = batcher
+        self.seq = seq
+        self.base = batcher.base
+        self.name = self.base.name
+        self._tokens: list[int] = []
+
+    # -- what the base answers for every sequence ---------------------------------------
+    @property
+    def n_vocab(self) -> int:
+        return self.base.n_vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self.base.n_ctx
+
+    @property
+    def special(self) -> SpecialTokens:
+        return self.base.special
+
+    @property
+    def tokens(self) -> list[int]:
+        return list(self._tokens)
+
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
+        return self.base.tokenize(text, add_bos=add_bos, special=special)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.base.token_bytes(token)
+
+    def chat_template(self) -> str | None:
+        return self.base.chat_template()
+
+    @property
+    def exact_batch(self) -> int | None:
+        return self.base.exact_batch
+
+    def memory(self) -> MemoryReport:
+        """The whole context's bytes (weights and every sequence's KV are shared)."""
+        return self.base.memory()
+
+    def compute_settings(self) -> ComputeSettings:
+        return self.base.compute_settings()
+
+    def set_threads(self, n: int) -> bool:
+        return self.base.set_threads(n)
+
+    def close(self) -> None:
+        """Nothing of its own to free: the context belongs to the base backend."""
+
+    # -- this sequence's cache ----------------------------------------------------------
+    def evaluate(self, tokens: Sequence[int], logits_for: Sequence[int] | None = None) -> np.ndarray:
+        ids = new_tokens(tokens)
+        return self._evaluate(len(ids), logits_for, ids, None)
+
+    def _evaluate(self, n: int, logits_for: Sequence[int] | None, ids: list[int] | None,
+                  embeds: np.ndarray | None) -> np.ndarray:
+        check_room(len(self._tokens), n, self.n_ctx)
+
+        def run(start: int, stop: int, rows: list[int]) -> list[np.ndarray]:
+            req = _Request(self.seq, len(self._tokens), None if ids is None else ids[start:stop],
+                           None if embeds is None else embeds[start:stop], rows)
+            out = self.batcher.decode(req)
+            self._tokens.extend(ids[start:stop] if ids is not None else [-1] * (stop - start))
+            return out
+
+        return chunked_logits(n, self.base.n_batch, self.n_vocab, logits_for, run)
+
+    def truncate(self, n: int) -> None:
+        n = max(0, n)
+        if n >= len(self._tokens):
+            return
+        if not self.batcher.seq_rm(self.seq, n):
+            raise TandemError("This model's cache cannot drop a suffix of one sequence; serve it with --parallel 1.")
+        del self._tokens[n:]
+
+    def keep_spans(self, spans: Sequence[tuple[int, int]]) -> bool:
+        if not spans or not self.batcher.seq_move(self.seq, spans):
+            return False
+        self._tokens = [t for start, end in spans for t in self._tokens[start:end]]
+        return True
+
+    # -- superposed input -----------------------------------------------------------------
+    @property
+    def n_embd(self) -> int:
+        return self.base.n_embd
+
+    def token_embeddings(self) -> np.ndarray:
+        return self.base.token_embeddings()
+
+    def token_embedding_rows(self, ids: Sequence[int]) -> np.ndarray:
+        return self.base.token_embedding_rows(ids)
+
+    def evaluate_embeddings(self, embeds: np.ndarray, logits_for: Sequence[int] | None = None) -> np.ndarray:
+        embeds = np.ascontiguousarray(np.atleast_2d(embeds), dtype=np.float32)
+        if embeds.shape[0] == 0 or embeds.shape[1] != self.n_embd:
+            raise ValueError(f"evaluate_embeddings needs rows of width {self.n_embd}, got shape {embeds.shape}")
+        return self._evaluate(embeds.shape[0], logits_for, None, embeds)
+
+    # -- scheduling -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def engaged(self, urgent: bool = False) -> Iterator[None]:
+        """While a job runs on this slot: the batcher waits for its next step before
+        decoding others (see the module docstring); released when the job ends. An
+        ``urgent`` slot's steps (an editor waiting) go first and wait for nobody."""
+        self.batcher.engage(self.seq, urgent)
+        try:
+            yield
+        finally:
+            self.batcher.release(self.seq)
+
+
+def open_views(base: LlamaCppBackend) -> SequenceBatcher:
+    """A batcher over ``base``'s sequences (``base`` opened with ``LlamaConfig.n_seq``)."""
+    if base.n_seq < 2:
+        raise ValueError("parallel sequences need a context opened with n_seq >= 2")
+    return SequenceBatcher(base)

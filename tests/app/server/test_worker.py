@@ -1,0 +1,162 @@
+"""The model worker's scheduling (``app/server/worker.py``): /infill ahead of chat, a
+superseded /infill cancelled, several lanes at once, a client sent back to its own KV,
+and a lane kept free for the editor. Jobs here are plain generators; the lanes are labels."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from tandem.app.server.worker import END, INFILL, ModelWorker
+
+WAIT = 30
+
+
+def gate_job(log: list, name: str, started: threading.Event | None = None, gate: threading.Event | None = None):
+    def fn(cancel: threading.Event, lane):
+        log.append((name, lane))
+        if started is not None:
+            started.set()
+        if gate is not None:
+            while not gate.wait(0.01):
+                if cancel.is_set():
+                    return
+        yield name
+
+    return fn
+
+
+async def until(condition, timeout: float = WAIT) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+async def drain(job) -> list:
+    return [item async for item in job.items()]
+
+
+def test_infill_is_scheduled_ahead_of_queued_chat() -> None:
+    async def main():
+        worker = ModelWorker("m", lanes=["lane0"])
+        log: list = []
+        started, gate = threading.Event(), threading.Event()
+        try:
+            busy = worker.submit(gate_job(log, "busy", started, gate))
+            assert await asyncio.to_thread(started.wait, WAIT)
+            chats = [worker.submit(gate_job(log, f"chat{i}"), client=f"c{i}") for i in range(2)]
+            infill = worker.submit(gate_job(log, "infill"), kind=INFILL, client="editor")
+            assert worker.waiting == 3
+            gate.set()
+            await asyncio.gather(drain(busy), drain(infill), *(drain(c) for c in chats))
+            assert [name for name, _ in log] == ["busy", "infill", "chat0", "chat1"]
+        finally:
+            worker.close()
+
+    asyncio.run(main())
+
+
+def test_a_newer_infill_from_the_same_client_cancels_the_older_ones() -> None:
+    async def main():
+        worker = ModelWorker("m", lanes=["lane0", "lane1"])
+        log: list = []
+        s1, g1 = threading.Event(), threading.Event()
+        try:
+            running = worker.submit(gate_job(log, "old-running", s1, g1), kind=INFILL, client="vim")
+            assert await asyncio.to_thread(s1.wait, WAIT)
+            blocker_started, blocker_gate = threading.Event(), threading.Event()
+            blocker = worker.submit(gate_job(log, "emacs", blocker_started, blocker_gate), kind=INFILL, client="emacs")
+            assert await asyncio.to_thread(blocker_started.wait, WAIT)
+            # both lanes busy: the next two wait in the queue
+            queued = worker.submit(gate_job(log, "old-queued"), kind=INFILL, client="vim")
+            other = worker.submit(gate_job(log, "other-editor"), kind=INFILL, client="vscode")
+            newest = worker.submit(gate_job(log, "newest"), kind=INFILL, client="vim")
+            assert running.superseded and running.cancel.is_set()
+            assert queued.superseded and queued.cancel.is_set()
+            assert not other.cancel.is_set() and not newest.cancel.is_set()
+            assert await drain(running) == []  # stopped at its next step, nothing more
+            assert await drain(queued) == []  # never started
+            blocker_gate.set()
+            assert await drain(other) == ["other-editor"]
+            assert await drain(newest) == ["newest"]
+            await drain(blocker)
+            names = [n for n, _ in log]
+            assert "old-queued" not in names and names.count("newest") == 1
+            assert worker.stats.superseded == 2 and worker.stats.completed == 3 and worker.stats.skipped == 0
+        finally:
+            worker.close()
+
+    asyncio.run(main())
+
+
+def test_lanes_run_jobs_at_once_and_a_client_returns_to_its_own_lane() -> None:
+    owners = {"lane0": None, "lane1": "alice"}
+
+    async def main():
+        worker = ModelWorker("m", lanes=["lane0", "lane1"], owner=owners.get)
+        log: list = []
+        a_started, b_started, gate = threading.Event(), threading.Event(), threading.Event()
+        try:
+            a = worker.submit(gate_job(log, "bob", a_started, gate), client="bob")
+            b = worker.submit(gate_job(log, "carol", b_started, gate), client="carol")
+            # both run at once: each waits on the same gate, so neither could end first
+            assert await asyncio.to_thread(a_started.wait, WAIT)
+            assert await asyncio.to_thread(b_started.wait, WAIT)
+            assert worker.running == 2
+            gate.set()
+            await asyncio.gather(drain(a), drain(b))
+            await until(lambda: worker.running == 0)
+            alice = worker.submit(gate_job(log, "alice"), client="alice")
+            await drain(alice)
+            assert log[-1] == ("alice", "lane1")
+        finally:
+            worker.close()
+
+    asyncio.run(main())
+
+
+def test_chat_leaves_a_lane_for_the_editor_once_one_is_seen() -> None:
+    async def main():
+        worker = ModelWorker("m", lanes=["lane0", "lane1"])
+        log: list = []
+        gate = threading.Event()
+        try:
+            first = worker.submit(gate_job(log, "infill"), kind=INFILL, client="vim")
+            await drain(first)
+            s = threading.Event()
+            chat1 = worker.submit(gate_job(log, "chat1", s, gate), client="a")
+            assert await asyncio.to_thread(s.wait, WAIT)
+            chat2 = worker.submit(gate_job(log, "chat2", None, gate), client="b")
+            assert worker.waiting == 1 and worker.running == 1  # the second lane stays free
+            s2 = threading.Event()
+            infill = worker.submit(gate_job(log, "infill2", s2, None), kind=INFILL, client="vim")
+            assert await drain(infill) == ["infill2"]  # served at once beside chat1
+            gate.set()
+            await asyncio.gather(drain(chat1), drain(chat2))
+        finally:
+            worker.close()
+
+    asyncio.run(main())
+
+
+def test_stop_all_skips_queued_jobs() -> None:
+    async def main():
+        worker = ModelWorker("m")
+        log: list = []
+        started, gate = threading.Event(), threading.Event()
+        try:
+            busy = worker.submit(gate_job(log, "busy", started, gate))
+            assert await asyncio.to_thread(started.wait, WAIT)
+            queued = worker.submit(gate_job(log, "queued"))
+            worker.stop_all()
+            assert busy.cancel.is_set()
+            items = [item async for item in queued.items()]
+            assert items == [] and END is not None
+            await drain(busy)
+            assert [n for n, _ in log] == ["busy"]
+        finally:
+            worker.close()
+
+    asyncio.run(main())

@@ -1,0 +1,169 @@
+"""Parallel sequences in one llama.cpp context (``runtime/backends/llama_batch.py``), on
+the real models: each slot's output is its solo output, speculative equals plain per
+slot, and the slots' steps really share ``llama_decode`` calls."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import pytest
+
+from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama_batch import SequenceView, open_views
+from tandem.runtime.generate import DoneEvent, generate
+from tandem.runtime.speculative.factory import SpecOptions, build_strategy
+
+PROMPTS = [
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "The three primary colours are",
+    "import json\n\ndef load(path):\n    with open(path) as f:\n        return json.load(f)\n\ndef save(path, data):\n",
+    "Write a haiku about the sea:\n",
+]
+N_TOKENS = 40
+CONFIG = LlamaConfig(n_ctx=512, n_threads=1)
+
+
+def _greedy(target, prompt: str, speculative: bool) -> list[int]:
+    ids = target.tokenize(prompt, add_bos=True)
+    strategy = build_strategy(target, None, SpecOptions(mode="ngram", measure_cost=False, suffix_memory="request")) \
+        if speculative else None
+    kwargs = {"strategy": strategy} if strategy is not None else {}
+    done = None
+    for ev in generate(target, ids, Sampler(SamplingParams(temperature=0.0)), max_tokens=N_TOKENS,
+                       stop_at_eog=False, **kwargs):
+        if isinstance(ev, DoneEvent):
+            done = ev
+    if strategy is not None:
+        strategy.close()
+    assert done is not None
+    return list(done.tokens)
+
+
+def _in_parallel(views: list[SequenceView], jobs) -> list[list[int]]:
+    out: list[list[int]] = [[] for _ in jobs]
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(jobs))
+
+    def run(i: int) -> None:
+        try:
+            with views[i].engaged():
+                start.wait()
+                out[i] = jobs[i](views[i])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return out
+
+
+@pytest.fixture(scope="module")
+def qwen05(real_models):
+    return real_models.qwen_05b
+
+
+@pytest.fixture(scope="module")
+def solo(qwen05):
+    """Every prompt alone on a one-sequence context: plain greedy tokens."""
+    with LlamaCppBackend(qwen05, CONFIG) as backend:
+        return [_greedy(backend, p, speculative=False) for p in PROMPTS]
+
+
+def test_each_slot_equals_its_solo_run_and_decodes_are_shared(qwen05, solo):
+    base = LlamaCppBackend(qwen05, replace(CONFIG, n_seq=4))
+    batcher = open_views(base)
+    try:
+        assert [v.n_ctx for v in batcher.views] == [512] * 4
+        outs = _in_parallel(batcher.views, [lambda v, p=p: _greedy(v, p, speculative=False) for p in PROMPTS])
+        assert outs == solo
+        # batching happened: fewer decodes than positions, most of them shared
+        stats = batcher.stats
+        steps = 4 * N_TOKENS
+        assert stats.merged > N_TOKENS // 2, vars(stats)
+        assert stats.decodes < steps * 0.75, vars(stats)
+    finally:
+        batcher.close()
+        base.close()
+
+
+def test_speculative_slot_equals_plain_slot_under_batching(qwen05, solo):
+    """Slots 0-1 decode with model-free speculation while slots 2-3 decode plainly, all at
+    once: a speculative slot's greedy output is the plain (solo) greedy output."""
+    base = LlamaCppBackend(qwen05, replace(CONFIG, n_seq=4))
+    batcher = open_views(base)
+    try:
+        jobs = [lambda v, p=PROMPTS[2]: _greedy(v, p, speculative=True),
+                lambda v, p=PROMPTS[0]: _greedy(v, p, speculative=True),
+                lambda v, p=PROMPTS[2]: _greedy(v, p, speculative=False),
+                lambda v, p=PROMPTS[3]: _greedy(v, p, speculative=False)]
+        outs = _in_parallel(batcher.views, jobs)
+        assert outs == [solo[2], solo[0], solo[2], solo[3]]
+        assert batcher.stats.merged > 0
+    finally:
+        batcher.close()
+        base.close()
+
+
+def test_views_keep_their_own_cache(qwen05):
+    """Truncating or moving one sequence leaves the others' KV alone."""
+    base = LlamaCppBackend(qwen05, replace(CONFIG, n_seq=2))
+    batcher = open_views(base)
+    try:
+        a, b = batcher.views
+        ids = a.tokenize(PROMPTS[0], add_bos=True)
+        la = a.evaluate(ids)
+        lb = b.evaluate(ids)
+        assert (la == lb).all()
+        a.truncate(3)
+        assert len(a.tokens) == 3 and b.tokens == ids
+        again = b.evaluate([ids[-1]])
+        a.evaluate(ids[3:])
+        assert (a.evaluate([ids[-1]]) == again).all()
+        assert a.keep_spans([(0, 2), (5, len(ids))]) and len(a.tokens) == len(ids) - 3
+        assert b.tokens == ids + [ids[-1]]
+    finally:
+        batcher.close()
+        base.close()
+
+
+def test_an_urgent_slot_does_not_wait_for_slots_still_thinking(real_models):
+    """Slot 0 was served and has not come back (its job still runs): a plain slot's step
+    would wait for it, an urgent one (/infill) is decoded at once."""
+    base = LlamaCppBackend(real_models.smollm2, replace(CONFIG, n_seq=2))
+    batcher = open_views(base)
+    a, b = batcher.views
+    hold, served = threading.Event(), threading.Event()
+    ids = a.tokenize(PROMPTS[1], add_bos=True)
+
+    def thinking_slot() -> None:
+        with a.engaged():
+            a.evaluate(ids)
+            served.set()
+            hold.wait(120)
+
+    thread = threading.Thread(target=thinking_slot)
+    thread.start()
+    try:
+        assert served.wait(120)
+        done = threading.Event()
+
+        def urgent() -> None:
+            with b.engaged(urgent=True):
+                b.evaluate(ids)
+            done.set()
+
+        worker = threading.Thread(target=urgent)
+        worker.start()
+        assert done.wait(120), "the urgent slot waited for the thinking one"
+        worker.join()
+    finally:
+        hold.set()
+        thread.join()
+        batcher.close()
+        base.close()
