@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -50,12 +51,21 @@ def tandem_cmd(model: str, n: int, threads: int, draft: str | None) -> list[str]
     return cmd + (["--draft", draft] if draft else [])
 
 
-def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
+CPU: dict[str, list[float]] = {}
+"""CPU seconds (user + system, the process and its children) per arm: on a machine
+shared with other work, wall time waits for cores and CPU time much less."""
+
+
+def timed(cmd: list[str], env: dict[str, str], arm: str = "") -> tuple[float, str]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[:3])} failed:\n{proc.stderr[-2000:]}")
+    if arm:
+        CPU.setdefault(arm, []).append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     return wall, proc.stdout.strip()
 
 
@@ -108,34 +118,38 @@ def main() -> None:
         order = names[r % len(names):] + names[: r % len(names)]
         for name in order:
             cmd, arm_env = arms[name]
-            times[name].append(timed(cmd, arm_env)[0])
+            times[name].append(timed(cmd, arm_env, name)[0])
         if args.first:
             for prefix, arm in (("", "tandem+draft" if args.draft else "tandem"),
                                 *((("base ", "base+draft" if args.draft else "base"),) if args.base else ())):
                 fresh = tempfile.mkdtemp(prefix="tandem-first-")
                 cmd, arm_env = arms[arm]
-                first_arms[prefix + "first"].append(timed(cmd, {**arm_env, "TANDEM_HOME": fresh})[0])
-                first_arms[prefix + "second"].append(timed(cmd, {**arm_env, "TANDEM_HOME": fresh})[0])
+                first_arms[prefix + "first"].append(timed(cmd, {**arm_env, "TANDEM_HOME": fresh}, prefix + "first")[0])
+                first_arms[prefix + "second"].append(
+                    timed(cmd, {**arm_env, "TANDEM_HOME": fresh}, prefix + "second")[0])
                 shutil.rmtree(fresh, ignore_errors=True)
         print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in {**times, **first_arms}.items()),
               file=sys.stderr)
     shutil.rmtree(home, ignore_errors=True)
     print(f"model {Path(args.model).name}, drafter {Path(args.draft).name if args.draft else '-'}, "
           f"{args.threads} threads, {args.n} tokens, {args.rounds} rounds; load: {os.getloadavg()[0]:.2f}")
+    print("  wall seconds, then CPU seconds (user + system); the difference to the peer is per round")
     for name, xs in {**times, **first_arms}.items():
         extra = ""
         if name != "peer":
-            ratio = [a - b for a, b in zip(xs, times["peer"], strict=False)]
-            extra = f"   minus peer: {statistics.median(ratio):+.2f} s"
-        print(f"  {name:14s} {summary(xs)}{extra}")
+            diff = [a - b for a, b in zip(xs, times["peer"], strict=False)]
+            cpu = [a - b for a, b in zip(CPU[name], CPU["peer"], strict=False)]
+            extra = f"   minus peer: {statistics.median(diff):+.2f} s wall, {statistics.median(cpu):+.2f} s CPU"
+        print(f"  {name:14s} {summary(xs)}   CPU {summary(CPU[name])}{extra}")
     if args.first:
         for prefix in ("", "base ") if args.base else ("",):
             extra = [a - b for a, b in zip(first_arms[prefix + "first"], first_arms[prefix + "second"], strict=True)]
-            print(f"  {prefix}first run over the second: {statistics.median(extra):+.2f} s "
-                  f"({min(extra):+.2f} to {max(extra):+.2f})")
+            cpu = [a - b for a, b in zip(CPU[prefix + "first"], CPU[prefix + "second"], strict=True)]
+            print(f"  {prefix}first run over the second: {statistics.median(extra):+.2f} s wall "
+                  f"({min(extra):+.2f} to {max(extra):+.2f}), {statistics.median(cpu):+.2f} s CPU")
     print("texts: " + json.dumps(texts))
     if args.json:
-        Path(args.json).write_text(json.dumps({"times": times, **first_arms, "texts": texts}, indent=1))
+        Path(args.json).write_text(json.dumps({"times": times, **first_arms, "cpu": CPU, "texts": texts}, indent=1))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from tandem.runtime.speculative.factory import (
 )
 
 if TYPE_CHECKING:
+    from tandem.runtime.backends.llama_kernels import KernelChoice
     from tandem.runtime.kv.config import KVCompressConfig
     from tandem.runtime.moe.config import MoeOffloadSpec
     from tandem.runtime.planning.placement import Choice
@@ -97,10 +98,11 @@ class EngineSpec:
     fast_verify: bool = False
     """llama.cpp's fastest kernels instead of the exact configuration (greedy output may
     then differ from plain decoding at near-ties)."""
-    repack: bool = False
+    repack: bool | None = None
     """llama.cpp's repacked weights, still exact (``LlamaConfig.repack``): faster decode
     steps on some CPUs, slower prompt processing and loading, verify calls of at most 3
-    tokens."""
+    tokens. ``None``: whichever of the two is faster on this machine for this model,
+    measured once (:mod:`tandem.runtime.backends.llama_kernels`)."""
     measure_cost: bool = True
     """Start the adaptive policy from a cached verify-cost curve for this model and machine."""
     suffix_memory: SuffixMemory = "saved"
@@ -135,6 +137,9 @@ class Engine:
     notes: list[str] = field(default_factory=list)
     extras: list[Any] = field(default_factory=list)
     """Other things to close with the engine (the MoE offload manager)."""
+    kernels: KernelChoice | None = None
+    """llama.cpp's configuration chosen for this machine (weights as stored or repacked)
+    and why, when the spec left it to the machine."""
 
     def describe(self) -> dict:
         """What runs where: target, engine, KV, drafting, placement (``--json``, ``/v1/models``)."""
@@ -147,6 +152,8 @@ class Engine:
             out["kv_compress"] = self.torch_plan.kv_label if self.torch_plan else True
         if self.spec.moe_offload is not None and self.torch_plan is not None:
             out["moe_offload"] = self.torch_plan.offload_label
+        if self.kernels is not None:
+            out["kernels"] = self.kernels.as_dict()
         if self.placement is not None:
             out["placement"] = self.placement.as_dict()
         if self.notes:
@@ -163,6 +170,11 @@ class Engine:
             self.drafter_backend.close()
             self.drafter_backend = None
         self.target.close()
+        if self.kernels is not None and self.kernels.pending:
+            from tandem.runtime.backends.llama_kernels import measure_later
+
+            measure_later(self.spec.target, self.kernels.threads)
+            self.kernels = None
 
     def __enter__(self) -> Engine:
         return self
@@ -276,6 +288,8 @@ def _wants_model(spec: EngineSpec) -> bool:
 
 
 def _open_llama(spec: EngineSpec, say: Notify, on_load: Callable[[float], None] | None) -> Engine:
+    from tandem.runtime.backends.llama_kernels import choose_kernels
+    from tandem.runtime.machine import cpu_cores
     from tandem.runtime.planning.calibration import place
     from tandem.runtime.planning.planner import plan_for_run
 
@@ -293,11 +307,14 @@ def _open_llama(spec: EngineSpec, say: Notify, on_load: Callable[[float], None] 
         draft_path = None
         if mode in ("model", "xvocab"):
             mode = "off"
+    machine_choice = spec.repack is None and not spec.fast_verify and plan.target.n_gpu_layers == 0
+    kernels = choose_kernels(spec.target, spec.threads or cpu_cores()) if machine_choice else None
     say("loading the model")
     target = open_backend(spec.target, llama_config=replace(plan.target.llama_config(), exact=not spec.fast_verify,
-                                                               repack=spec.repack),
+                                                               repack=kernels.repack if kernels else bool(spec.repack)),
                           on_load=on_load)
-    engine = Engine(spec, target, SpeculativeStrategy(None, None), "llama.cpp", plan=plan, notes=notes)
+    engine = Engine(spec, target, SpeculativeStrategy(None, None), "llama.cpp", plan=plan, notes=notes,
+                    kernels=kernels)
     try:
         options = spec_options(spec, mode, plan.draft_max)
         llama_config = torch_config = None
@@ -338,7 +355,7 @@ def _open_rpc(spec: EngineSpec, say: Notify, on_load: Callable[[float], None] | 
                                local_budget=None if spec.budget is None else parse_size(spec.budget))
     say("loading the model")
     config = LlamaConfig(n_ctx=n_ctx, n_threads=spec.threads, type_k=kv, type_v=kv, exact=not spec.fast_verify,
-                         repack=spec.repack, rpc=spec.rpc, rpc_layers=split.layers)
+                         repack=bool(spec.repack), rpc=spec.rpc, rpc_layers=split.layers)
     target = open_backend(spec.target, llama_config=config, on_load=on_load)
     engine = Engine(spec, target, SpeculativeStrategy(None, None), "llama.cpp", notes=[split.summary()])
     try:
