@@ -87,6 +87,9 @@ def main() -> None:
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # as installed: bytecode cached
     env["HF_HUB_OFFLINE"] = "1"
+    # The kernel probe a first run leaves in the background would slow the runs after it:
+    # off here, so every arm times the weights as stored (benchmarks/kernels.py times both).
+    env["TANDEM_KERNEL_PROBE"] = "off"
     home = tempfile.mkdtemp(prefix="tandem-startup-")
     arms: dict[str, tuple[list[str], dict[str, str]]] = {
         "peer": ([sys.executable, "-c", PEER, args.model, str(args.threads), PROMPT, str(args.n)], env),
