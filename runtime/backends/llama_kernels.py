@@ -10,7 +10,7 @@ llama-cpp-python repacks by default, so the repacked configuration is never slow
 it; the weights as stored are kept where they are not slower than repacked at decoding
 nor at prompt processing (their longer verify calls make drafting cheaper).
 
-The measurement (a prompt batch and a few decode steps in each, alternated, medians) is
+The measurement (a prompt batch and a few decode steps in each, medians of 3) is
 taken once per model file, thread count, machine and software, in a child process
 started in the background when a run that found none closes its engine: that first run
 uses the weights as stored, later runs use the choice. It is cached like every
@@ -103,20 +103,18 @@ def decide(exact: dict[str, float], repacked: dict[str, float], threads: int) ->
 
 def probe(model: str | os.PathLike[str], threads: int, *, rounds: int = PROBE_ROUNDS,
           prompt_tokens: int = PROBE_PROMPT, steps: int = PROBE_STEPS) -> KernelChoice:
-    """Time both configurations of ``model`` in turn, round after round, and decide."""
+    """Time both configurations of ``model``, one loaded at a time (never more memory
+    than a run of the model takes), each over ``rounds`` after a warm-up, and decide."""
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 
     n_ctx = prompt_tokens + steps + 8
-    backends = {name: LlamaCppBackend(model, LlamaConfig(n_ctx=n_ctx, n_threads=threads, repack=repack))
-                for name, repack in (("exact", False), ("repacked", True))}
-    try:
-        first = backends["exact"]
-        text = "def quicksort(items):\n    if len(items) <= 1:\n        return items\n" * 40
-        prompt = first.tokenize(text)[:prompt_tokens]
-        times: dict[str, dict[str, list[float]]] = {n: {"decode_s": [], "prompt_s": []} for n in backends}
-        for r in range(rounds + 1):  # the first round warms up (page faults, thread pools)
-            for name in (list(backends) if r % 2 else list(reversed(backends))):
-                b = backends[name]
+    text = "def quicksort(items):\n    if len(items) <= 1:\n        return items\n" * 40
+    medians: dict[str, dict[str, float]] = {}
+    for name, repack in (("exact", False), ("repacked", True)):
+        times: dict[str, list[float]] = {"decode_s": [], "prompt_s": []}
+        with LlamaCppBackend(model, LlamaConfig(n_ctx=n_ctx, n_threads=threads, repack=repack)) as b:
+            prompt = b.tokenize(text)[:prompt_tokens]
+            for r in range(rounds + 1):  # the first round warms up (page faults, thread pools)
                 b.truncate(0)
                 start = time.perf_counter()
                 b.evaluate(prompt)
@@ -126,12 +124,9 @@ def probe(model: str | os.PathLike[str], threads: int, *, rounds: int = PROBE_RO
                     b.evaluate([prompt[i % len(prompt)]])
                 decode_s = (time.perf_counter() - start) / steps
                 if r:
-                    times[name]["prompt_s"].append(prompt_s)
-                    times[name]["decode_s"].append(decode_s)
-    finally:
-        for b in backends.values():
-            b.close()
-    medians = {n: {k: round(statistics.median(v), 6) for k, v in t.items()} for n, t in times.items()}
+                    times["prompt_s"].append(prompt_s)
+                    times["decode_s"].append(decode_s)
+        medians[name] = {k: round(statistics.median(v), 6) for k, v in times.items()}
     return decide(medians["exact"], medians["repacked"], threads)
 
 
