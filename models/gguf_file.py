@@ -12,7 +12,8 @@ import math
 import os
 import stat
 import struct
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ _SCALARS = {
     0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d",
 }
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 KNOWN_ARCHITECTURES = frozenset(gguf.MODEL_ARCH_NAMES.values())
 
 
@@ -107,6 +109,19 @@ class _Cursor:
         except UnicodeDecodeError:
             return bytes(raw).decode("utf-8", errors="replace")
 
+    def skip_strings(self, count: int) -> None:
+        """Step over ``count`` strings, each length still checked against the file: a
+        vocabulary's 150 000 tokens are summarised, never decoded (the planner and the
+        backends read the vocabulary through llama.cpp)."""
+        data, pos, end = self.data, self.pos, len(self.data)
+        unpack_from = _U64.unpack_from
+        for _ in range(count):
+            if pos + 8 > end or pos + 8 + unpack_from(data, pos)[0] > end:
+                self.pos = pos
+                self.string()  # raises the truncation error at this string's offset
+            pos += 8 + unpack_from(data, pos)[0]
+        self.pos = pos
+
     def value(self, vtype: int) -> Any:
         if vtype in _SCALARS:
             return self.unpack(_SCALARS[vtype])
@@ -125,8 +140,10 @@ class _Cursor:
                 return list(struct.unpack(f"<{length}{_SCALARS[item_type][1]}", raw))
             if item_type != _STRING:
                 raise ModelFormatError(f"{self.path}: unknown GGUF array item type {item_type}.")
-            items = [self.string() for _ in range(length)]
-            return ArrayInfo(item_type, length) if length > SMALL_ARRAY else items
+            if length > SMALL_ARRAY:
+                self.skip_strings(length)
+                return ArrayInfo(item_type, length)
+            return [self.string() for _ in range(length)]
         raise ModelFormatError(f"{self.path}: unknown GGUF value type {vtype} (corrupted file?).")
 
 
@@ -151,10 +168,41 @@ def _tensor_nbytes(path: Path, name: str, shape: tuple[int, ...], ggml_type: int
     return n // block * type_size
 
 
+RACY_NS = 2_000_000_000
+"""A file modified this recently is read afresh every time: the file system's clock is
+coarse, so a rewrite within its tick could keep the same size and mtime (git's "racy"
+entries)."""
+_READ: dict[tuple[Path, int, int, int], GGUFInfo] = {}
+"""Headers read in this process, by file version: the planner and the backend of one
+load both read the file, and a server reopens a slot's model."""
+
+
 def inspect_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
-    """Read and validate a GGUF file's header and tensor table (no tensor data is read)."""
+    """Read and validate a GGUF file's header and tensor table (no tensor data is read).
+
+    A file read before in this process, unchanged since (same inode, size and mtime), is
+    not read again (unless it changed in the last :data:`RACY_NS`); each caller gets its own copy of the metadata and tensor lists."""
     path = Path(path)
     size = check_regular_file(path)
+    try:
+        st = path.stat()
+        version = (path.resolve(), st.st_ino, st.st_size, st.st_mtime_ns)
+    except OSError:
+        return _read(path, size)
+    if time.time_ns() - st.st_mtime_ns < RACY_NS:
+        return _read(path, size)
+    if version not in _READ:
+        if len(_READ) >= 8:
+            _READ.clear()
+        _READ[version] = _read(path, size)
+    return _copy(_READ[version], path)
+
+
+def _copy(info: GGUFInfo, path: Path) -> GGUFInfo:
+    return replace(info, path=path, metadata=dict(info.metadata), tensors=list(info.tensors), notes=list(info.notes))
+
+
+def _read(path: Path, size: int) -> GGUFInfo:
     import mmap
 
     try:

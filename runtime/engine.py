@@ -31,9 +31,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tandem.models.errors import TandemError
+from tandem.runtime.backends.llama_kernels import KernelChoice, choose_kernels, measure_later
 from tandem.runtime.backends.opener import backend_kind, open_backend
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.kv.config import KVCompressConfig
+from tandem.runtime.machine import cpu_cores
 from tandem.runtime.moe.config import MoeOffloadSpec
 from tandem.runtime.planning.calibration import place
 from tandem.runtime.planning.hardware import parse_size
@@ -100,10 +102,11 @@ class EngineSpec:
     fast_verify: bool = False
     """llama.cpp's fastest kernels instead of the exact configuration (greedy output may
     then differ from plain decoding at near-ties)."""
-    repack: bool = False
+    repack: bool | None = None
     """llama.cpp's repacked weights, still exact (``LlamaConfig.repack``): faster decode
     steps on some CPUs, slower prompt processing and loading, verify calls of at most 3
-    tokens."""
+    tokens. ``None``: whichever of the two is faster on this machine for this model,
+    measured once (:mod:`tandem.runtime.backends.llama_kernels`)."""
     measure_cost: bool = True
     """Start the adaptive policy from a cached verify-cost curve for this model and machine."""
     suffix_memory: SuffixMemory = "saved"
@@ -144,6 +147,10 @@ class Engine:
     options: SpecOptions = field(default_factory=SpecOptions)
     """The options :attr:`strategy` was built with, placement's settings included."""
 
+    kernels: KernelChoice | None = None
+    """llama.cpp's configuration chosen for this machine (weights as stored or repacked)
+    and why, when the spec left it to the machine."""
+
     def fresh_strategy(self, **changes: Any) -> SpeculativeStrategy:
         """Another strategy like :attr:`strategy` (its options with ``changes``), starting
         from nothing learnt in this process's earlier replies; the caller closes it.
@@ -161,6 +168,8 @@ class Engine:
             out["kv_compress"] = self.torch_plan.kv_label if self.torch_plan else True
         if self.spec.moe_offload is not None and self.torch_plan is not None:
             out["moe_offload"] = self.torch_plan.offload_label
+        if self.kernels is not None:
+            out["kernels"] = self.kernels.as_dict()
         if self.placement is not None:
             out["placement"] = self.placement.as_dict()
         if self.notes:
@@ -177,6 +186,9 @@ class Engine:
             self.drafter_backend.close()
             self.drafter_backend = None
         self.target.close()
+        if self.kernels is not None and self.kernels.pending:
+            measure_later(self.spec.target, self.kernels.threads)
+            self.kernels = None
 
     def __enter__(self) -> Engine:
         return self
@@ -316,9 +328,11 @@ def _open_llama(spec: EngineSpec, say: Notify, on_load: Callable[[float], None] 
         draft_path = None
         if mode in ("model", "xvocab"):
             mode = "off"
+    machine_choice = spec.repack is None and not spec.fast_verify and plan.target.n_gpu_layers == 0
+    kernels = choose_kernels(spec.target, spec.threads or cpu_cores()) if machine_choice else None
     say("loading the model")
     target = open_backend(spec.target, llama_config=replace(plan.target.llama_config(), exact=not spec.fast_verify,
-                                                               repack=spec.repack),
+                                                               repack=kernels.repack if kernels else bool(spec.repack)),
                           on_load=on_load)
     placed = handed = None
     try:
@@ -342,7 +356,7 @@ def _open_llama(spec: EngineSpec, say: Notify, on_load: Callable[[float], None] 
         _close_all(target, handed)
         raise
     return Engine(spec, target, strategy, runtime_of(target), plan=plan, placement=placed.choice if placed else None,
-                  drafter_backend=drafter, notes=notes, options=options)
+                  drafter_backend=drafter, notes=notes, options=options, kernels=kernels)
 
 
 def _open_rpc(spec: EngineSpec, say: Notify, on_load: Callable[[float], None] | None) -> Engine:
@@ -361,7 +375,7 @@ def _open_rpc(spec: EngineSpec, say: Notify, on_load: Callable[[float], None] | 
                                local_budget=None if spec.budget is None else parse_size(spec.budget))
     say("loading the model")
     config = LlamaConfig(n_ctx=n_ctx, n_threads=spec.threads, type_k=kv, type_v=kv, exact=not spec.fast_verify,
-                         repack=spec.repack, rpc=spec.rpc, rpc_layers=split.layers)
+                         repack=bool(spec.repack), rpc=spec.rpc, rpc_layers=split.layers)
     target = open_backend(spec.target, llama_config=config, on_load=on_load)
     try:
         drafter, strategy, options = _strategy(target, draft_path, spec_options(spec),

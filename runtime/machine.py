@@ -13,6 +13,7 @@ backends and planning can both use it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import platform
@@ -61,9 +62,12 @@ def machine_id() -> str:
     return f"{platform.node()}|{cpu_model()}|{flags_hash}|{cpu_cores()}|{platform.machine()}|{platform.system()}"
 
 
+@functools.cache
 def software_id() -> str:
     """Interpreter, kernel, page size and the versions of :data:`KEYED_PACKAGES`: an
-    upgrade of any of them changes what a process holds in memory."""
+    upgrade of any of them changes what a process holds in memory. Read once per
+    process (the packages' metadata is a scan of the install, and the modules a
+    process runs are the ones it loaded, whatever is upgraded beneath it)."""
     from importlib.metadata import PackageNotFoundError, version
 
     versions = []

@@ -73,6 +73,7 @@ def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     monkeypatch.setenv("TANDEM_HOME", str(home))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv("TANDEM_MODEL_PATH", raising=False)
+    monkeypatch.setenv("TANDEM_KERNEL_PROBE", "off")  # no background measurement outliving a test
     return home
 
 

@@ -58,9 +58,10 @@ def add_draft_flags(p: argparse.ArgumentParser) -> None:
                    help="verify long drafts in one call with llama.cpp's fastest CPU kernels: faster on "
                         "long model-free drafts, but greedy output may differ from plain decoding at near-ties "
                         "(default: exact, token-identical; see README)")
-    g.add_argument("--repack", action="store_true",
+    g.add_argument("--repack", action=argparse.BooleanOptionalAction, default=None,
                    help="let llama.cpp repack the weights for its CPU kernels, still token-identical: faster "
-                        "decoding on some CPUs, slower prompt processing and loading (see README)")
+                        "decoding on some CPUs, slower prompt processing and loading (see README). Default: "
+                        "whichever is faster for this model on this machine, measured once after its first run")
     g.add_argument("--suffix-memory", choices=SUFFIX_MEMORIES, default="saved",
                    help="what model-free drafting learns from: this request only, this process's earlier "
                         "requests, or those and earlier sessions' (saved: kept in the data dir's suffix-tree "

@@ -108,6 +108,9 @@ class ChatScreen(ChatActions, ReplyActions, ModelLoading, Screen):
         """Set while a model loads: what it is doing and since when (the status line)."""
         self.replies_done = 0
         """Replies finished (or stopped) on this screen: tests wait on it."""
+        self.queued: int | None = None
+        """The chat of a message sent while the model loaded: the message is stored and
+        shown, and the reply starts when the model is ready (if that chat is open)."""
 
     @property
     def tandem(self) -> TandemApp:
@@ -200,8 +203,8 @@ class ChatScreen(ChatActions, ReplyActions, ModelLoading, Screen):
     async def send(self, text: str) -> None:
         if self._busy():
             return
-        if self.engine is None:
-            self.notify("The model is still loading (or failed to load).", severity="warning")
+        if self.engine is None and self.load_progress is None:
+            self.notify("No model is loaded (it failed to load): choose one with Ctrl+T.", severity="warning")
             return
         try:
             record = await self._store_user_message(text)
@@ -212,6 +215,10 @@ class ChatScreen(ChatActions, ReplyActions, ModelLoading, Screen):
         self.input.clear()
         await self.query_one("#messages").mount(self._view(record))
         self.refresh_chat_list()
+        if self.engine is None:  # still loading: answered as soon as the model is ready
+            self.queued = record.chat_id
+            self._loading_stage(None)
+            return
         await self.start_reply()
 
     async def _store_user_message(self, text: str) -> MessageRecord:

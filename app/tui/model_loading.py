@@ -45,15 +45,18 @@ class ModelLoading:
         self.set_status(self.load_progress.line())
         self._load(choice, old)
 
-    def _loading_stage(self: ChatScreen, stage: str) -> None:
+    def _loading_stage(self: ChatScreen, stage: str | None) -> None:
+        """A new stage of the load (``None``: the same one, redrawn)."""
         if self.load_progress is not None:
-            self.load_progress.stage = stage
-            self.set_status(self.load_progress.line())
+            if stage is not None:
+                self.load_progress.stage = stage
+            self._tick()
 
     def _tick(self: ChatScreen) -> None:
         """Once a second while a model loads: the status line shows the time so far."""
         if self.load_progress is not None:
-            self.set_status(self.load_progress.line())
+            queued = " · your message is answered when the model is ready" if self.queued is not None else ""
+            self.set_status(self.load_progress.line() + queued)
 
     @work(thread=True, group="load", exclusive=True, exit_on_error=False)
     def _load(self: ChatScreen, choice: ModelChoice, old: Any) -> None:
@@ -74,16 +77,22 @@ class ModelLoading:
             engine, error = None, f"{type(exc).__name__}: {exc}"
         self.post_message(EngineReady(engine, choice, error))
 
-    def on_engine_ready(self: ChatScreen, message: EngineReady) -> None:
+    async def on_engine_ready(self: ChatScreen, message: EngineReady) -> None:
         self.load_progress = None
         if message.error:
             self.set_status(f"Could not load {message.choice.target_name}: {message.error}")
             self.notify(message.error, severity="error", timeout=8)
+            if self.queued is not None:
+                self.notify("Your message is saved in the chat; it is answered once a model loads (Ctrl+T).",
+                            severity="warning", timeout=12)
             return
         self.engine, self.choice = message.engine, message.choice
         self.set_status(self._model_line())
         for note in message.choice.notes:
             self.notify(note, severity="warning", timeout=8)
+        queued, self.queued = self.queued, None
+        if queued is not None and self.chat is not None and self.chat.id == queued and not self.generating:
+            await self.start_reply()
 
     def _model_line(self: ChatScreen) -> str:
         line = f"Model {self.choice.target_name}"

@@ -197,7 +197,7 @@ class LlamaCppBackend(TokenizerDelegate, TokenCache):
             ) from None
         self._ctx = self._context.ctx
         self._model = self._model_handle.model
-        self.tokenizer = LlamaVocab(self._model_handle)
+        self.tokenizer = LlamaVocab(self._model_handle, path=self.path)
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self._n_vocab = self.tokenizer.n_vocab
         self._n_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx))

@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 from llama_cpp import _internals
@@ -32,9 +33,13 @@ def load_model(path: Path, params: llama_cpp.llama_model_params) -> _internals.L
 
 
 class LlamaVocab:
-    def __init__(self, model: _internals.LlamaModel, *, owns: bool = False) -> None:
+    def __init__(self, model: _internals.LlamaModel, *, owns: bool = False, path: Path | None = None) -> None:
+        """``path``: the file ``model`` was loaded from, whose facts (end-of-generation
+        tokens, byte coverage) are then remembered per file version
+        (:mod:`tandem.runtime.backends.file_facts`) instead of found again each load."""
         self.model = model
         self._owns = owns
+        self._path = path
         self._vocab = model.vocab
         self.metadata: dict[str, str] = model.metadata()
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
@@ -50,7 +55,7 @@ class LlamaVocab:
             model = _internals.LlamaModel(path_model=str(path), params=params, verbose=False)
         except (ValueError, RuntimeError) as exc:
             raise ModelFormatError(f"llama.cpp could not read the vocabulary of {path}: {exc}") from None
-        vocab = cls(model, owns=True)
+        vocab = cls(model, owns=True, path=path)
         vocab.path, vocab.name = path, path.stem
         return vocab
 
@@ -92,7 +97,7 @@ class LlamaVocab:
         return SpecialTokens(
             bos=bos,
             eos=eos,
-            eog=frozenset(t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(v, t)),
+            eog=frozenset(self._eog()),
             fim_prefix=tok(llama_cpp.llama_vocab_fim_pre),
             fim_suffix=tok(llama_cpp.llama_vocab_fim_suf),
             fim_middle=tok(llama_cpp.llama_vocab_fim_mid),
@@ -106,11 +111,38 @@ class LlamaVocab:
     # -- coverage guard -----------------------------------------------------------------
     @cached_property
     def _coverage(self) -> Callable[[str], bool] | None:
+        if self._recall("covers every byte") is True:
+            return None
         texts = (
             llama_cpp.llama_vocab_get_text(self._vocab, t).decode("utf-8", errors="replace")
             for t in range(self.n_vocab)
         )
-        return coverage_check(self.metadata.get("tokenizer.ggml.model"), texts)
+        covers = coverage_check(self.metadata.get("tokenizer.ggml.model"), texts)
+        if covers is None:
+            self._remember("covers every byte", True)
+        return covers
+
+    def _eog(self) -> list[int]:
+        found = self._recall("end-of-generation tokens")
+        if isinstance(found, list):
+            return found
+        found = [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)]
+        self._remember("end-of-generation tokens", found)
+        return found
+
+    def _recall(self, fact: str) -> Any:
+        """A fact of this vocabulary's file found on an earlier load, else ``None``."""
+        if self._path is None:
+            return None
+        from tandem.runtime.backends import file_facts
+
+        return file_facts.recall(self._path, fact)
+
+    def _remember(self, fact: str, value: Any) -> None:
+        if self._path is not None:
+            from tandem.runtime.backends import file_facts
+
+            file_facts.remember(self._path, fact, value)
 
     def _replace_uncovered(self, text: str, covers: Callable[[str], bool], special: bool) -> tuple[str, bool]:
         """Swap characters the vocabulary cannot encode for its unknown token, as HF does."""

@@ -38,7 +38,7 @@ def open_backend(path: str | Path, *, n_ctx: int | None = None, n_threads: int |
 
     backend = LlamaCppBackend(path, llama_config or LlamaConfig(n_ctx=n_ctx, n_threads=n_threads), on_load=on_load)
     try:
-        check_finite_logits(backend)
+        check_finite_once(backend)
     except BaseException:
         backend.close()
         raise
@@ -46,6 +46,22 @@ def open_backend(path: str | Path, *, n_ctx: int | None = None, n_threads: int |
 
 
 PROBE_TEXT = " The quick brown fox jumps over the lazy dog."
+
+
+def check_finite_once(backend: Backend) -> None:
+    """:func:`check_finite_logits`, once per file version and compute settings (the
+    answer is the file's: :mod:`tandem.runtime.backends.file_facts`)."""
+    from tandem.runtime.backends import file_facts
+
+    settings = backend.compute_settings()
+    if settings.model_file is None or settings.remote:
+        check_finite_logits(backend)
+        return
+    fact = f"finite logits|{settings.settings}"
+    if file_facts.recall(settings.model_file, fact) is True:
+        return
+    check_finite_logits(backend)
+    file_facts.remember(settings.model_file, fact, True)
 
 
 def check_finite_logits(backend: Backend) -> None:

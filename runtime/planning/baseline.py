@@ -83,14 +83,34 @@ def cache_file() -> Path:
 
 
 def _measure() -> MachineBaseline:
-    proc = subprocess.run(module_argv("tandem.runtime.planning.baseline"), capture_output=True, text=True,
-                          timeout=300, check=False)
+    global _PENDING
+    proc, _PENDING = _PENDING or _spawn(), None
+    try:
+        out, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
     if proc.returncode != 0:
-        raise TandemError(f"Could not measure this machine's process baseline: {proc.stderr.strip()[-500:]}")
-    return MachineBaseline(**json.loads(proc.stdout.strip().splitlines()[-1]))
+        raise TandemError(f"Could not measure this machine's process baseline: {err.strip()[-500:]}")
+    return MachineBaseline(**json.loads(out.strip().splitlines()[-1]))
+
+
+def _spawn() -> subprocess.Popen:
+    return subprocess.Popen(module_argv("tandem.runtime.planning.baseline"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+
+
+def measure_soon() -> None:
+    """Start measuring in the background when nothing is cached, so the child runs
+    beside whatever else a first run measures (:func:`machine_baseline` then waits for
+    it instead of starting one)."""
+    global _PENDING
+    if _CACHED is None and _PENDING is None and not cache_file().exists():
+        _PENDING = _spawn()
 
 
 _CACHED: MachineBaseline | None = None
+_PENDING: subprocess.Popen | None = None
 
 
 def machine_baseline() -> MachineBaseline:

@@ -119,14 +119,24 @@ class LlamaSizes:
             self._dirty = True
         return ContextSizes(int(hit["compute"]), int(hit["output"]), int(hit["context"]))
 
+    def start_soon(self) -> None:
+        """Start the child now when the cache lacks this model, so it loads beside the
+        other measurements of a first run; its answers are read when asked for."""
+        if "runtime" not in self._cache:
+            self._spawn()
+
+    def _spawn(self) -> None:
+        if self._proc is None:
+            self._proc = subprocess.Popen(
+                module_argv("tandem.runtime.planning.llama_sizes", str(self.model)),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )
+
     def _start(self) -> None:
-        if self._proc is not None:
+        if self._proc is not None and "runtime" in self._cache:
             return
-        self._proc = subprocess.Popen(
-            module_argv("tandem.runtime.planning.llama_sizes", str(self.model)),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        assert self._proc.stdout is not None
+        self._spawn()
+        assert self._proc is not None and self._proc.stdout is not None
         line = self._proc.stdout.readline()
         if not line:
             self._fail()

@@ -169,9 +169,25 @@ def detected_baseline() -> int:
 def make_plan(req: PlanRequest) -> Plan:
     """The fastest plan that fits ``req.machine``'s budgets (see the module docstring)."""
     try:
+        _measure_soon(req)
         return _make_plan(req)
     finally:
         close_all()  # the sizing children end with the plan; their answers are cached
+
+
+def _measure_soon(req: PlanRequest) -> None:
+    """Start every child process the plan will wait for (this machine's baseline,
+    llama.cpp's sizes of each model) at once, when their caches lack them: on a first
+    run they measure side by side instead of one after the other."""
+    from tandem.runtime.planning.llama_sizes import sizes_for
+
+    if req.baseline is None and (req.machine is None or req.machine.source == "detected"):
+        from tandem.runtime.planning.baseline import measure_soon
+
+        measure_soon()
+    for model in (req.target, req.draft):
+        if model is not None and Path(model).is_file():
+            sizes_for(model).start_soon()
 
 
 def _make_plan(req: PlanRequest) -> Plan:

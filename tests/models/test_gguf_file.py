@@ -6,6 +6,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import gguf
@@ -113,3 +114,32 @@ def test_loading_corrupted_models_end_in_one_message(tmp_path: Path, stories260k
         assert "Traceback" not in r.stderr, f"case {i}: {r.stderr[-2000:]}"
         if r.returncode != 0:
             assert r.stderr.startswith("tandem: error:"), r.stderr
+
+
+def test_truncated_inside_the_vocabulary_names_the_offset(tmp_path: Path, stories260k: Path) -> None:
+    """The vocabulary's strings are stepped over, not decoded, yet every length is checked."""
+    data = stories260k.read_bytes()
+    info = inspect_gguf(stories260k)
+    assert info.metadata["tokenizer.ggml.tokens"].length > 64  # summarised, so skipped
+    start = data.index(b"tokenizer.ggml.tokens")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: start + 2000])  # inside the token strings
+    with pytest.raises(ModelFormatError, match="truncated or corrupted"):
+        inspect_gguf(cut)
+
+
+def test_a_file_read_again_is_the_same_and_a_changed_one_is_read_afresh(tmp_path: Path, stories260k: Path) -> None:
+    import tandem.models.gguf_file as gguf_file
+
+    copy = tmp_path / "copy.gguf"
+    copy.write_bytes(stories260k.read_bytes())
+    old = time.time() - 60
+    os.utime(copy, (old, old))  # not racy: remembered
+    first = inspect_gguf(copy)
+    first.metadata["general.architecture"] = "changed by a caller"
+    again = inspect_gguf(copy)
+    assert again.architecture == "llama" and again.tensors == first.tensors
+    assert any(v[0] == copy.resolve() for v in gguf_file._READ)
+    copy.write_bytes(b"GGUF" + b"\0" * 100)  # a new version: read again, and refused
+    with pytest.raises(ModelFormatError):
+        inspect_gguf(copy)

@@ -1,0 +1,176 @@
+"""Which of llama.cpp's lossless CPU configurations runs a GGUF fastest on this machine.
+
+Two configurations compute every token as plain decoding does (greedy speculative output
+stays the target's own): the weights as stored (:attr:`LlamaConfig.exact`; verify calls
+of up to 7 tokens) and the weights repacked for llama.cpp's extra CPU kernels
+(:attr:`LlamaConfig.repack`; verify calls of up to 3). Which is faster depends on the
+CPU and the quantization: repacked decoding is 1.34x on AMD Zen 5 (AVX-512) at 2
+threads, and equal on an AVX2-only AMD, where the weights as stored prefill 1.18x faster.
+llama-cpp-python repacks by default, so the repacked configuration is never slower than
+it; the weights as stored are kept where they are not slower than repacked at decoding
+nor at prompt processing (their longer verify calls make drafting cheaper).
+
+The measurement (a prompt batch and a few decode steps in each, medians of 3) is
+taken once per model file, thread count, machine and software, in a child process
+started in the background when a run that found none closes its engine: that first run
+uses the weights as stored, later runs use the choice. It is cached like every
+per-machine measurement (:func:`tandem.runtime.machine.cache_key`).
+``TANDEM_KERNEL_PROBE=off`` disables the background measurement (tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from tandem.models.paths import cache_dir, write_cache_file
+from tandem.models.python_child import module_argv
+from tandem.runtime.machine import cache_key, file_version, machine_id, software_id
+
+KERNELS_VERSION = 1
+PROBE_PROMPT = 64
+"""Tokens of the timed prompt batch: one batch, long enough for the batched kernels."""
+PROBE_STEPS = 8
+"""Timed one-token decode steps per round."""
+PROBE_ROUNDS = 3
+PROBE_STALE_S = 600
+"""A probe's lock older than this is from a probe that died: another may start."""
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """The configuration chosen for one model, threads and machine, and why."""
+
+    repack: bool
+    why: str
+    threads: int
+    measured: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per configuration (``exact``, ``repacked``): decode seconds per token and prompt
+    seconds per token, medians of the probe's rounds."""
+    pending: bool = False
+    """Nothing measured yet: the default (weights as stored), and a probe is due."""
+
+    def as_dict(self) -> dict:
+        out = {"config": "repacked" if self.repack else "exact", "why": self.why}
+        if self.measured:
+            out["measured"] = self.measured
+        return out
+
+
+def choice_path(model: str | os.PathLike[str], threads: int) -> Path | None:
+    try:
+        version = file_version(model)
+    except OSError:
+        return None
+    return cache_dir() / "llama-kernels" / f"{cache_key(version, threads, machine_id(), software_id(), KERNELS_VERSION)}.json"
+
+
+def cached_choice(model: str | os.PathLike[str], threads: int) -> KernelChoice | None:
+    path = choice_path(model, threads)
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text())
+        return KernelChoice(bool(data["repack"]), str(data["why"]), threads, dict(data.get("measured") or {}))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def choose_kernels(model: str | os.PathLike[str], threads: int) -> KernelChoice:
+    """The cached choice for ``model`` at ``threads``, else the weights as stored with a
+    probe due (:func:`measure_later`)."""
+    return cached_choice(model, threads) or KernelChoice(
+        False, "weights as stored (the default) until this machine is measured: measured after this run",
+        threads, pending=True)
+
+
+def decide(exact: dict[str, float], repacked: dict[str, float], threads: int) -> KernelChoice:
+    """Repacked unless the weights as stored are at least as fast at decoding and at
+    prompt processing (``decode_s``, ``prompt_s``: seconds per token, lower is faster)."""
+    measured = {"exact": exact, "repacked": repacked}
+    d = repacked["decode_s"] / exact["decode_s"]
+    p = repacked["prompt_s"] / exact["prompt_s"]
+    figures = f"repacked decodes at {1 / d:.2f}x and processes prompts at {1 / p:.2f}x the weights as stored"
+    if d >= 1.0 and p >= 1.0:
+        return KernelChoice(False, f"measured here: {figures}; exact kept (longer verify calls)", threads, measured)
+    return KernelChoice(True, f"measured here: {figures}", threads, measured)
+
+
+def probe(model: str | os.PathLike[str], threads: int, *, rounds: int = PROBE_ROUNDS,
+          prompt_tokens: int = PROBE_PROMPT, steps: int = PROBE_STEPS) -> KernelChoice:
+    """Time both configurations of ``model``, one loaded at a time (never more memory
+    than a run of the model takes), each over ``rounds`` after a warm-up, and decide."""
+    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+
+    n_ctx = prompt_tokens + steps + 8
+    text = "def quicksort(items):\n    if len(items) <= 1:\n        return items\n" * 40
+    medians: dict[str, dict[str, float]] = {}
+    for name, repack in (("exact", False), ("repacked", True)):
+        times: dict[str, list[float]] = {"decode_s": [], "prompt_s": []}
+        with LlamaCppBackend(model, LlamaConfig(n_ctx=n_ctx, n_threads=threads, repack=repack)) as b:
+            prompt = b.tokenize(text)[:prompt_tokens]
+            for r in range(rounds + 1):  # the first round warms up (page faults, thread pools)
+                b.truncate(0)
+                start = time.perf_counter()
+                b.evaluate(prompt)
+                prompt_s = (time.perf_counter() - start) / len(prompt)
+                start = time.perf_counter()
+                for i in range(steps):
+                    b.evaluate([prompt[i % len(prompt)]])
+                decode_s = (time.perf_counter() - start) / steps
+                if r:
+                    times["prompt_s"].append(prompt_s)
+                    times["decode_s"].append(decode_s)
+        medians[name] = {k: round(statistics.median(v), 6) for k, v in times.items()}
+    return decide(medians["exact"], medians["repacked"], threads)
+
+
+def remember(model: str | os.PathLike[str], threads: int, choice: KernelChoice) -> None:
+    path = choice_path(model, threads)
+    if path is not None:
+        write_cache_file(path, json.dumps(asdict(replace(choice, pending=False))))
+
+
+def measure_later(model: str | os.PathLike[str], threads: int) -> bool:
+    """Start the probe in a detached, low-priority child (at most one per model and
+    threads at a time); returns whether one was started."""
+    if os.environ.get("TANDEM_KERNEL_PROBE", "").lower() in ("off", "0", "no"):
+        return False
+    path = choice_path(model, threads)
+    if path is None:
+        return False
+    lock = path.with_suffix(".probing")
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        if lock.exists() and time.time() - lock.stat().st_mtime < PROBE_STALE_S:
+            return False
+        lock.write_text(str(os.getpid()))
+        subprocess.Popen(module_argv("tandem.runtime.backends.llama_kernels", str(model), str(threads)),
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True, env={**os.environ, "TANDEM_KERNEL_PROBE": "off"})
+    except OSError:
+        return False
+    return True
+
+
+def _child(model: str, threads: int) -> int:
+    path = choice_path(model, threads)
+    try:
+        os.nice(10)  # after the user's run, and behind whatever they do next
+        remember(model, threads, probe(model, threads))
+        return 0
+    except Exception:  # noqa: BLE001 - best effort: measured again next time
+        return 1
+    finally:
+        if path is not None:
+            path.with_suffix(".probing").unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1], int(sys.argv[2])))

@@ -1,0 +1,89 @@
+"""llama.cpp's configuration chosen per machine and model: measured once (both lossless
+configurations timed in turn), cached, used by the engine and reported by `--json`."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.runtime.backends import llama_kernels
+from tandem.runtime.backends.llama import EXACT_BATCH, EXACT_BATCH_REPACKED
+from tandem.runtime.backends.llama_kernels import (
+    KernelChoice,
+    cached_choice,
+    choose_kernels,
+    decide,
+    probe,
+    remember,
+)
+from tandem.runtime.engine import EngineSpec, open_engine
+from tandem.runtime.generate import DoneEvent, generate
+
+
+def test_repacked_unless_the_weights_as_stored_are_not_slower_at_either() -> None:
+    fast, slow = {"decode_s": 0.05, "prompt_s": 0.02}, {"decode_s": 0.07, "prompt_s": 0.03}
+    assert decide(exact=slow, repacked=fast, threads=2).repack  # faster at both
+    assert not decide(exact=fast, repacked=slow, threads=2).repack  # slower at both
+    mixed = {"decode_s": 0.05, "prompt_s": 0.03}
+    assert decide(exact=mixed, repacked={"decode_s": 0.07, "prompt_s": 0.02}, threads=2).repack  # faster prompts
+    assert decide(exact=mixed, repacked={"decode_s": 0.04, "prompt_s": 0.04}, threads=2).repack  # faster decoding
+    tie = decide(exact=fast, repacked=dict(fast), threads=2)
+    assert not tie.repack and "1.00x" in tie.why  # equal: the longer verify calls win
+
+
+def test_probe_measures_both_and_the_choice_is_cached(stories260k: Path, tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    shutil.copy(stories260k, model)
+    pending = choose_kernels(model, 1)
+    assert pending.pending and not pending.repack and cached_choice(model, 1) is None
+    choice = probe(model, 1, rounds=1, prompt_tokens=16, steps=2)
+    assert set(choice.measured) == {"exact", "repacked"}
+    assert all(v["decode_s"] > 0 and v["prompt_s"] > 0 for v in choice.measured.values())
+    remember(model, 1, choice)
+    again = choose_kernels(model, 1)
+    assert again == KernelChoice(choice.repack, choice.why, 1, choice.measured) and not again.pending
+    assert cached_choice(model, 2) is None  # per thread count
+
+
+def test_measure_later_is_off_in_tests_and_once_at_a_time(stories260k: Path, monkeypatch) -> None:
+    assert not llama_kernels.measure_later(stories260k, 1)  # TANDEM_KERNEL_PROBE=off (conftest)
+    started: list[list[str]] = []
+    monkeypatch.setenv("TANDEM_KERNEL_PROBE", "on")
+    monkeypatch.setattr(llama_kernels.subprocess, "Popen", lambda cmd, **kw: started.append(cmd))
+    assert llama_kernels.measure_later(stories260k, 1)
+    assert not llama_kernels.measure_later(stories260k, 1)  # one probe at a time
+    assert len(started) == 1 and started[0][-2:] == [str(stories260k), "1"]
+
+
+@pytest.mark.parametrize("repack", [False, True])
+def test_engine_uses_the_cached_choice_and_stays_lossless(real_models, repack: bool) -> None:
+    """With the choice cached (either way), the engine opens that configuration, says so
+    in ``describe()`` (``tandem run --json``), and greedy speculative output is the
+    target's own greedy output."""
+    model = real_models.qwen_05b
+    remember(model, 2, KernelChoice(repack, "measured here: test", 2, {}))
+    prompt_text = "Rename the variable `count` to `total` in:\n\ndef f(xs):\n    count = 0\n" \
+                  "    for x in xs:\n        count += x\n    return count\n"
+    outputs = {}
+    for mode in ("off", "ngram"):
+        with open_engine(EngineSpec(model, draft_mode=mode, threads=2, n_ctx=512)) as engine:
+            assert engine.target.exact_batch == (EXACT_BATCH_REPACKED if repack else EXACT_BATCH)
+            kernels = engine.describe()["kernels"]
+            assert kernels["config"] == ("repacked" if repack else "exact") and kernels["why"].startswith("measured")
+            ids = engine.target.tokenize(prompt_text)
+            done = [e for e in generate(engine.target, ids, Sampler(SamplingParams(temperature=0.0)),
+                                        strategy=engine.strategy, max_tokens=48) if isinstance(e, DoneEvent)][0]
+            outputs[mode] = (done.tokens, done.stats.tokens_per_call)
+    assert outputs["ngram"][0] == outputs["off"][0]
+    assert outputs["ngram"][1] > 1.0  # it did speculate
+
+
+def test_an_explicit_flag_wins_over_the_machine(stories260k: Path) -> None:
+    remember(stories260k, 1, KernelChoice(True, "measured here: test", 1, {}))
+    with open_engine(EngineSpec(stories260k, repack=False, threads=1, draft_mode="off")) as engine:
+        assert engine.target.exact_batch == EXACT_BATCH and "kernels" not in engine.describe()
+    with open_engine(EngineSpec(stories260k, threads=1, draft_mode="off")) as engine:
+        assert engine.target.exact_batch == EXACT_BATCH_REPACKED
