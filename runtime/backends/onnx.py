@@ -70,7 +70,7 @@ def resolve_graph(path: Path, variant: str) -> tuple[Path, Path]:
 
 def make_session(graph: Path, device: str | None, n_threads: int | None):
     """An InferenceSession on CUDA when possible; returns (session, note or None)."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # local: the [onnx] extra, imported only to open an ONNX model
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
