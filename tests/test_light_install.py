@@ -189,3 +189,17 @@ def test_a_model_that_needs_a_missing_extra_names_it(files: dict[str, bytes], ex
     assert out.returncode == 8, (out.stdout, out.stderr)
     (line,) = out.stderr.strip().splitlines()
     assert line.startswith("tandem: error: ") and f'pip install "tandem[{extra}]"' in line, line
+
+
+def test_an_onnx_model_runs_with_the_onnx_extra_alone(isolated_home: Path, stories260k: Path, tmp_path: Path) -> None:
+    """[onnx] without [torch]: the ONNX backend opens an export without importing torch
+    (only the exporter needs it; the export is made here, where torch is installed)."""
+    from tandem.runtime.backends.onnx_export import export_onnx
+
+    export_onnx(stories260k, tmp_path / "onnx", n_ctx=128)
+    env = dict(light_env(isolated_home), TANDEM_HIDE_MODULES="torch safetensors matplotlib")
+    out = subprocess.run([sys.executable, "-m", "tandem.app.cli", "run", "-m", str(tmp_path / "onnx"), "-n", "6",
+                          "--temp", "0", "--threads", "1", "--json", "-p", "Once upon a time"],
+                         env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    assert len(json.loads(out.stdout)["token_ids"]) == 6
