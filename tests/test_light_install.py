@@ -50,6 +50,39 @@ def test_the_blocker_hides_every_extra(isolated_home: Path) -> None:
     assert out.stdout.strip() == "['numpy', 'llama_cpp', 'textual']"
 
 
+TORCH_MODULES = {
+    "tandem.kernels.hadamard", "tandem.kernels.kv_budget", "tandem.kernels.kv_quant",
+    "tandem.models.moefy",
+    "tandem.runtime.backends.onnx_export",
+    "tandem.runtime.backends.torch_engine.backend", "tandem.runtime.backends.torch_engine.cache",
+    "tandem.runtime.backends.torch_engine.llama", "tandem.runtime.backends.torch_engine.loader",
+    "tandem.runtime.kv.compress", "tandem.runtime.kv.store",
+    "tandem.runtime.moe.expert_cache", "tandem.runtime.moe.expert_store", "tandem.runtime.moe.layer",
+    "tandem.runtime.speculative.drafters.distill",
+}
+"""The modules that import torch at their top: the torch engine and what runs on it. The
+light path never imports them; every other module imports with no extra installed."""
+
+
+def test_only_the_torch_modules_need_an_extra_to_import(isolated_home: Path) -> None:
+    code = """
+import importlib, pathlib, sys
+for top in ("app", "runtime", "kernels", "models"):
+    for p in sorted(pathlib.Path(top).rglob("*.py")):
+        name = ".".join(["tandem", top, *[x for x in p.with_suffix("").parts[1:] if x != "__init__"]])
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            print(name, exc.name)
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=light_env(isolated_home),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    failed = dict(line.split() for line in out.stdout.splitlines())
+    assert set(failed) == TORCH_MODULES, f"unexpected: {set(failed) ^ TORCH_MODULES}"
+    assert set(failed.values()) == {"torch"}
+
+
 def test_default_dependencies_leave_the_heavy_ones_to_extras() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     names = {d.split("==")[0].split(">=")[0].split("[")[0].strip() for d in project["dependencies"]}
