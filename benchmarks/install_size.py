@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import unquote
 
 ROOT = Path(__file__).resolve().parents[1]
 SETS = {"default": "", "+plots": "plots", "+onnx": "onnx", "+torch (CPU)": "torch", "all": "all"}
@@ -55,7 +56,7 @@ def install_once(wheelhouse: Path, extras: str, work: Path) -> dict:
                     "--find-links", str(wheelhouse), "--report", str(report), spec],
                    check=True, capture_output=True, env=offline_env())
     seconds = time.perf_counter() - start
-    wheels = [Path(i["download_info"]["url"].removeprefix("file://"))
+    wheels = [Path(unquote(i["download_info"]["url"].removeprefix("file://")))
               for i in json.loads(report.read_text())["install"]]
     return {"seconds": seconds, "download": sum(w.stat().st_size for w in wheels),
             "installed": tree_bytes(site_packages(venv)) - empty, "packages": len(wheels)}
