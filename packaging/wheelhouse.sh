@@ -21,7 +21,13 @@ LLAMA=$(bash packaging/llama_wheel.sh "$PY")
 cp "$LLAMA"/llama_cpp_python-*.whl "$OUT"/
 # pip wheel builds Tandem's own wheel and fetches (or builds) one for every dependency;
 # the llama.cpp wheel above wins over the index's source release of the same version.
-"$PY" -m pip wheel --quiet --find-links "$OUT" --wheel-dir "$OUT" ".${EXTRAS:+[$EXTRAS]}"
+# Tandem is built from a clean copy of its sources: a stale build/ folder in the checkout
+# would otherwise put modules deleted since into the wheel.
+src=$(mktemp -d)
+trap 'rm -rf "$src"' EXIT
+cp -r app runtime kernels models pyproject.toml README.md "$src"/
+find "$src" -name __pycache__ -prune -exec rm -rf {} +
+"$PY" -m pip wheel --quiet --find-links "$OUT" --wheel-dir "$OUT" "$src${EXTRAS:+[$EXTRAS]}"
 # The tools a fresh venv's pip needs to install wheels offline.
 "$PY" -m pip download --quiet --only-binary :all: --dest "$OUT" pip setuptools wheel
 echo "wheelhouse: $OUT ($(find "$OUT" -name '*.whl' | wc -l) wheels, $(du -sh "$OUT" | cut -f1))" >&2
