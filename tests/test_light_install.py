@@ -236,3 +236,35 @@ def test_an_onnx_model_runs_with_the_onnx_extra_alone(isolated_home: Path, stori
                          env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stderr
     assert len(json.loads(out.stdout)["token_ids"]) == 6
+
+
+def _cli_with(monkeypatch: pytest.MonkeyPatch, error: BaseException):
+    """`tandem.app.cli.main` with one command, ``thing``, that raises ``error``."""
+    import argparse
+
+    from tandem.app import cli
+
+    def raise_it(args: argparse.Namespace) -> int:
+        raise error
+
+    def parser() -> argparse.ArgumentParser:
+        p = argparse.ArgumentParser(prog="tandem")
+        p.add_subparsers(dest="command").add_parser("thing").set_defaults(func=raise_it)
+        return p
+
+    monkeypatch.setattr(cli, "build_parser", parser)
+    return cli.main
+
+
+def test_an_unchecked_import_of_an_extra_still_names_it(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    main = _cli_with(monkeypatch, ModuleNotFoundError("No module named 'onnxruntime'", name="onnxruntime"))
+    assert main(["thing"]) == 8
+    assert capsys.readouterr().err == ('tandem: error: tandem thing needs onnxruntime, which is not installed: '
+                                       'pip install "tandem[onnx]"\n')
+
+
+def test_a_missing_module_that_is_no_extra_is_a_bug_not_a_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    main = _cli_with(monkeypatch, ModuleNotFoundError("No module named 'tandem.gone'", name="tandem.gone"))
+    with pytest.raises(ModuleNotFoundError):
+        main(["thing"])
