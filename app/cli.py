@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from tandem.models.errors import TandemError
+from tandem.models.extras import EXTRA_OF, MissingExtra, missing_message
 
 COMMAND_MODULES = [
     "tandem.app.commands.run",
@@ -50,6 +51,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TandemError as exc:
         print(f"tandem: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in EXTRA_OF:  # not an optional extra: a real bug
+            raise
+        # A path that forgot to ask `require` first still gets the one line naming the extra.
+        print(f"tandem: error: {missing_message(f'tandem {args.command}', EXTRA_OF[exc.name.partition('.')[0]], exc.name)}", file=sys.stderr)
+        return MissingExtra.exit_code
     except KeyboardInterrupt:
         print("\ntandem: interrupted", file=sys.stderr)
         return 130

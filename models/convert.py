@@ -129,6 +129,7 @@ class _SafetensorsIndex:
     """Every tensor of a (possibly sharded) safetensors checkpoint, loaded on demand."""
 
     def __init__(self, src: Path) -> None:
+        # local: the [torch] extra (`tandem convert` checks it is there first)
         from safetensors import safe_open
 
         files = sorted(src.glob("*.safetensors"))

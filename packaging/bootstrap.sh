@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Set up a development environment in .venv: Tandem editable, with its dev tools.
+# Set up a development environment in .venv: Tandem editable, with every extra and its dev
+# tools (a user's install is lighter: README, "Install").
 #
 # llama-cpp-python is built from source with flags chosen for this CPU
 # (packaging/cpu_flags.sh: portable, AMX off, llamafile off). The built wheel is kept in
-# a cache folder keyed by those flags, so the next run takes seconds and a machine of
-# another kind (or a change of flags) builds its own instead of reusing a wrong one.
+# a cache folder keyed by those flags (packaging/llama_wheel.sh), so the next run takes
+# seconds and a machine of another kind (or a change of flags) builds its own instead of
+# reusing a wrong one.
 # The RPC backend is built in, with a small RPC server (tandem rpc-server) beside it.
 # Setup ends with a self-check in a child process: load a quantized model, decode.
 set -euo pipefail
@@ -17,27 +19,23 @@ PYTHON="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip wheel setuptools
 
-LLAMA_CPP_VERSION=0.3.36
-export CMAKE_ARGS="${CMAKE_ARGS:-$(bash packaging/cpu_flags.sh)}"
-export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}"
-key=$(printf '%s %s %s' "$LLAMA_CPP_VERSION" "$CMAKE_ARGS" "$("$PYTHON" -c 'import sys; print(sys.version_info[:2])')" | sha256sum | cut -c1-16)
-WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/tandem-build/llama-cpp-python-$key"
+LLAMA_CPP_VERSION=$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml | cut -d= -f3)
+WHEELS=$(bash packaging/llama_wheel.sh .venv/bin/python)
 SDIST="$WHEELS/src/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz"
-if ! ls "$WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
-    echo "Building llama.cpp for this CPU (once; about 10 minutes on 2 cores): $CMAKE_ARGS" >&2
-    rm -rf "$WHEELS.tmp"
-    # The sdist is kept beside the wheel: the RPC server below compiles against its headers.
-    .venv/bin/python -m pip download --quiet --no-deps --no-binary :all: \
-        -d "$WHEELS.tmp/src" "llama-cpp-python==$LLAMA_CPP_VERSION"
-    .venv/bin/python -m pip wheel --quiet --no-deps --no-cache-dir \
-        -w "$WHEELS.tmp" "$WHEELS.tmp/src/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz"
-    rm -rf "$WHEELS" && mv "$WHEELS.tmp" "$WHEELS"
-    printf '%s\n' "$CMAKE_ARGS" > "$WHEELS/CMAKE_ARGS"
-fi
 .venv/bin/python -m pip install --quiet --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-*.whl
 
-# Tandem and its dependencies (llama_cpp itself imports typing_extensions, used below).
-.venv/bin/python -m pip install --quiet -e ".[dev]"
+# Tandem, every extra and the dev tools (llama_cpp itself imports typing_extensions, used
+# below). TANDEM_EXTRAS picks others, e.g. TANDEM_EXTRAS=gpu,plots,dev on an NVIDIA machine.
+# onnxruntime and onnxruntime-gpu install the same files: the one not asked for goes first.
+EXTRAS="${TANDEM_EXTRAS:-all,dev}"
+case ",$EXTRAS," in
+    *,gpu,*) drop=onnxruntime ;;
+    *) drop=onnxruntime-gpu ;;
+esac
+if .venv/bin/python -m pip show --quiet "$drop" >/dev/null 2>&1; then
+    .venv/bin/python -m pip uninstall --quiet --yes "$drop" onnxruntime onnxruntime-gpu
+fi
+.venv/bin/python -m pip install --quiet -e ".[$EXTRAS]"
 
 # tandem-rpc-server (packaging/rpc_server.cpp): llama.cpp's RPC server linked against the
 # wheel's own libggml, so it always speaks the client's protocol version. A few seconds

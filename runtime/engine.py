@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tandem.models.errors import TandemError
+from tandem.models.extras import require
 from tandem.runtime.backends.llama_kernels import KernelChoice, choose_kernels, measure_later
 from tandem.runtime.backends.opener import backend_kind, open_backend
 from tandem.runtime.backends.protocol import Backend
@@ -233,6 +234,14 @@ def check_spec(spec: EngineSpec, kind: str) -> None:
                           f"the {kind} engine.")
     if spec.device is not None and kind != "torch":
         raise TandemError("--device chooses the torch engine's device: add --engine torch.")
+    if kind == "torch":
+        flag = ("--kv-compress" if spec.kv_compress is not None else
+                "--moe-offload" if spec.moe_offload is not None else
+                "--engine torch" if spec.engine == "torch" else "a Hugging Face folder (the torch engine)")
+        hf_folder = backend_kind(spec.target) == "torch"  # a GGUF in the torch engine needs torch alone
+        require(flag, "torch", "torch", *(("safetensors", "tokenizers") if hf_folder else ()))
+    elif kind == "onnxruntime":
+        require("an ONNX model", "onnx", "onnxruntime", "tokenizers")
 
 
 def open_engine(spec: EngineSpec, notify: Notify | None = None,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from extras_skip import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 (hooks)
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(os.environ.get("TANDEM_FIXTURES", ROOT.parent / "shared" / "fixtures"))

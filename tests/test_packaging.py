@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tarfile
 import tomllib
 import zipfile
 from pathlib import Path
@@ -47,6 +48,8 @@ def test_wheel_installs_and_imports_as_tandem(tmp_path: Path) -> None:
     sources = {str(p.relative_to(ROOT)) for f in TOP for p in (ROOT / f).rglob("*.py")}
     in_wheel = {n.removeprefix("tandem/") for n in names if n.endswith(".py")}
     assert sources <= in_wheel, f"missing from wheel: {sorted(sources - in_wheel)[:5]}"
+    data = {str(p.relative_to(ROOT)) for f in TOP for p in (ROOT / f).rglob("*") if p.suffix == ".tcss"}
+    assert data and data <= {n.removeprefix("tandem/") for n in names}, "the chat app's stylesheet is missing"
     assert any(n.endswith("entry_points.txt") for n in names)
     target = tmp_path / "site"
     subprocess.run(
@@ -63,3 +66,22 @@ def test_wheel_installs_and_imports_as_tandem(tmp_path: Path) -> None:
         check=True, timeout=60, capture_output=True, text=True,
     ).stdout
     assert out.startswith(str(target))
+
+
+def test_sdist_holds_every_module_and_the_stylesheet(tmp_path: Path) -> None:
+    """pipx, uv and pip build from the source release (or the tree) alone: a module or the
+    chat app's .tcss left out of it is missing from every install made that way."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in [*TOP, "pyproject.toml", "README.md"]:
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, src / name)
+    code = "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
+    built = subprocess.run([sys.executable, "-c", code, str(tmp_path / "dist")], cwd=src, check=True,
+                           timeout=300, capture_output=True, text=True)
+    sdist = tmp_path / "dist" / built.stdout.strip().splitlines()[-1]
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    wanted = {str(p.relative_to(ROOT)) for f in TOP for p in (ROOT / f).rglob("*")
+              if p.suffix in (".py", ".tcss") and "__pycache__" not in p.parts}
+    assert wanted <= names, f"missing from the sdist: {sorted(wanted - names)[:5]}"
+    assert {"pyproject.toml", "README.md"} <= names

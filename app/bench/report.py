@@ -133,7 +133,7 @@ def plot_report(report: dict, path: str | Path) -> None:
     """One panel per workload: each configuration's median ratio to plain Tandem, with
     its min-max over prompts and repetitions; peers in grey, a Tandem configuration
     whose output differs from plain in red."""
-    import matplotlib
+    import matplotlib  # local: the [plots] extra (`tandem bench` checks it is there first)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

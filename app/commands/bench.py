@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tandem.app.bench.workloads import DEFAULT_WORKLOADS, WORKLOADS
 from tandem.models.errors import TandemError
+from tandem.models.extras import require
 from tandem.models.store import resolve_model
 from tandem.runtime.engine import LLAMA_KV_TYPES
 
@@ -100,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     if args.draft_max < 1 or (args.threads is not None and args.threads < 1) or (args.ctx is not None and args.ctx < 16):
         raise TandemError("--draft-max and --threads must be at least 1, --ctx at least 16.")
     if args.plot:
+        require("--plot", "plots", "matplotlib")
         _check_writable(Path(args.plot))
     if args.json_file:
         _check_writable(Path(args.json_file))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tandem.app.progress import Progress
 from tandem.models.convert import convert_hf
+from tandem.models.extras import require
 from tandem.models.quantize import FILE_TYPES, quantize_gguf
 
 
@@ -31,6 +32,7 @@ def _report(out: Path, start: float) -> None:
 
 
 def run_convert(args: argparse.Namespace) -> int:
+    require("tandem convert", "torch", "safetensors", "torch")  # reads safetensors shards as torch tensors
     start = time.perf_counter()
     with Progress(f"converting {args.src}") as progress:
         progress.stage("tensors")

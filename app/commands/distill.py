@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tandem.models.errors import TandemError
+from tandem.models.extras import require
 from tandem.models.store import resolve_model
 
 
@@ -34,6 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require("tandem distill", "torch", "torch")
+    # Trains in torch (imported at the distiller's module level): imported after the check.
     from tandem.runtime.speculative.drafters.distill import DistillConfig, distill
 
     for name in ("stories", "story_tokens", "dim", "layers", "heads", "ffn"):

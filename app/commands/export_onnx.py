@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from tandem.models.extras import require
 from tandem.models.store import resolve_model
 
 
@@ -24,6 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require("tandem export-onnx", "torch,onnx", "torch", "onnx", *(["onnxruntime"] if args.int8 else []))
+    # The exporter imports torch at module level: imported here, after the check, so
+    # `tandem` itself starts without it.
     from tandem.runtime.backends.onnx_export import export_onnx
 
     written = export_onnx(resolve_model(args.model), args.output, int8=args.int8, n_ctx=args.ctx)

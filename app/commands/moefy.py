@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tandem.models.errors import TandemError
+from tandem.models.extras import require
 
 if TYPE_CHECKING:  # torch is imported where moefy runs: `tandem` loads every command module
     import torch
@@ -130,6 +131,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require("tandem moefy", "torch", "torch")  # calibration runs the dense model in the torch engine
     text = None
     if args.text is not None:
         try:

@@ -23,8 +23,7 @@ import numpy as np
 from tandem.models.errors import ModelFormatError, ModelNotFound, TandemError
 from tandem.models.hf_tokenizer import read_json_optional
 from tandem.runtime.backends.llama_vocab import LlamaVocab, TokenizerDelegate
-from tandem.runtime.backends.onnx_export import FP32_FILE, INT8_FILE
-from tandem.runtime.backends.onnx_meta import read_onnx_meta
+from tandem.runtime.backends.onnx_meta import FP32_FILE, INT8_FILE, read_onnx_meta
 from tandem.runtime.backends.protocol import (
     ComputeSettings,
     MemoryReport,
@@ -71,7 +70,7 @@ def resolve_graph(path: Path, variant: str) -> tuple[Path, Path]:
 
 def make_session(graph: Path, device: str | None, n_threads: int | None):
     """An InferenceSession on CUDA when possible; returns (session, note or None)."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # local: the [onnx] extra, imported only to open an ONNX model
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3

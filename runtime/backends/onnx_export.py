@@ -31,14 +31,12 @@ import torch
 from torch import nn
 
 from tandem.models.errors import UnsupportedModel
-from tandem.runtime.backends.onnx_meta import OnnxMeta
+from tandem.runtime.backends.onnx_meta import FP32_FILE, INT8_FILE, OnnxMeta
 from tandem.runtime.backends.torch_engine.cache import PastCache
 from tandem.runtime.backends.torch_engine.config import ModelConfig
 from tandem.runtime.backends.torch_engine.decoder import LlamaModel, rope_tables
 from tandem.runtime.backends.torch_engine.loader import load_weights
 
-FP32_FILE = "model.onnx"
-INT8_FILE = "model.int8.onnx"
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json", "special_tokens_map.json")
 
 

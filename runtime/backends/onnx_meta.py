@@ -14,6 +14,10 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 META_FILE = "tandem-onnx.json"
+FP32_FILE = "model.onnx"
+INT8_FILE = "model.int8.onnx"
+"""The graphs an export folder holds (here, not in the exporter, so the ONNX backend
+opens a folder without importing torch)."""
 FORMAT = "tandem-decoder-with-past/2"
 _FORMAT_1_KEYS = {"n_layers": "n_layer", "n_kv_heads": "n_head_kv", "vocab_size": "n_vocab",
                   "context_length": "n_ctx_train"}

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tandem.models.errors import ModelFormatError
+from tandem.models.extras import require
 from tandem.runtime.backends.protocol import Backend
 
 
@@ -27,10 +28,12 @@ def open_backend(path: str | Path, *, n_ctx: int | None = None, n_threads: int |
     ``on_load`` hears the fraction loaded where the runtime reports it (llama.cpp)."""
     kind = backend_kind(path)
     if kind == "onnx":
+        require("an ONNX model", "onnx", "onnxruntime", "tokenizers")
         from tandem.runtime.backends.onnx import OnnxBackend, OnnxConfig
 
         return OnnxBackend(path, OnnxConfig(n_ctx=n_ctx, n_threads=n_threads))
     if kind == "torch":
+        require("a Hugging Face folder (the torch engine)", "torch", "torch", "safetensors", "tokenizers")
         from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
 
         return TorchBackend(path, TorchConfig(n_ctx=n_ctx, n_threads=n_threads))

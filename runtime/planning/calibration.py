@@ -128,7 +128,7 @@ def calibration_key(target_path: str, draft_path: str, opts: Sequence[Option], m
 
     gpu = ""
     if any("cuda" in (o.draft_device, o.target_device) for o in opts):
-        import torch
+        import torch  # local: a CUDA option exists only where torch found the GPU
 
         gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     raw = "|".join([ident(target_path), ident(draft_path), mode, machine_id(), gpu,

@@ -34,7 +34,7 @@ def torch_cuda_ok(machine: Machine) -> bool:
     gpu = machine.gpu
     if gpu is None or gpu.kind != "cuda" or machine.source != "detected" or machine.vram_budget <= 0:
         return False
-    import torch
+    import torch  # local: a detected CUDA GPU was found through torch, so it is installed
 
     return bool(torch.cuda.is_available())
 

@@ -188,8 +188,8 @@ def detect_gpus() -> tuple[GPU, ...]:
     if not (Path("/dev/nvidiactl").exists() or os.environ.get("TANDEM_PROBE_CUDA")):
         return ()
     try:
-        import torch
-    except ImportError:
+        import torch  # local and only on a machine with an NVIDIA driver: seconds to import
+    except ImportError:  # torch is the [torch]/[gpu] extra: without it, no GPU is used
         return ()
     if not torch.cuda.is_available():
         return ()

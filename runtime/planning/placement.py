@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 from tandem.kernels.acceptance import expected_tokens
 from tandem.models.errors import TandemError
+from tandem.models.extras import installed
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.machine import cpu_cores
 from tandem.runtime.planning.costs import TORCH_CUDA_DEVICE, TORCH_CUDA_HOST
@@ -147,9 +148,9 @@ def target_gpu_fits(plan) -> bool:
     can use, a llama.cpp plan with no layers offloaded (a build that can offload does it
     itself), the dequantized target (and a drafter already planned there) inside the VRAM
     budget, and room in the host budget for the float32 copy made while loading."""
-    if plan.target.n_gpu_layers or not plan.vram_budget:
-        return False
-    import torch
+    if plan.target.n_gpu_layers or not plan.vram_budget or not installed("torch"):
+        return False  # torch is an extra: without it there is no torch engine to place
+    import torch  # local: seconds to import, and only a GPU plan asks
 
     if not torch.cuda.is_available():
         return False
