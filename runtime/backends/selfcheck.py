@@ -14,13 +14,14 @@ crash is reported as one message naming the cause and the fix.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from tandem.models.errors import child_failure
 
 QUANT_TYPES = ("q4_0", "q4_1", "q4_k_m", "q8_0")
 """q4_k_m also writes Q6_K tensors: together these cover the kernels real GGUFs use."""
@@ -96,13 +97,11 @@ def decode_in_child(path: Path, timeout_s: float = 120.0) -> str | None:
 
 
 def describe_exit(returncode: int, stderr: str) -> str | None:
-    """``None`` for success, else one line: the signal that killed the child, or its last
-    line of error output."""
+    """``None`` for success, else one line: the signal that killed the child by name, or
+    its last line of error output (:func:`tandem.models.errors.child_failure`)."""
     if returncode == 0:
         return None
-    if returncode < 0:
-        return f"the process was killed by {signal.Signals(-returncode).name}"
-    return (stderr.strip().splitlines() or [f"exit status {returncode}"])[-1]
+    return child_failure("decoding child", returncode, stderr)
 
 
 def batch_step_difference(backend, ids: list[int], m: int) -> float:

@@ -23,7 +23,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tandem.models.errors import TandemError
+from tandem.models.errors import TandemError, child_failure
 from tandem.models.paths import cache_dir, write_cache_file
 from tandem.runtime.machine import cache_key, code_stamp, machine_id, software_id
 
@@ -85,7 +85,8 @@ def _measure() -> MachineBaseline:
     proc = subprocess.run([sys.executable, "-m", "tandem.runtime.planning.baseline"], capture_output=True, text=True,
                           timeout=300, check=False)
     if proc.returncode != 0:
-        raise TandemError(f"Could not measure this machine's process baseline: {proc.stderr.strip()[-500:]}")
+        why = child_failure("process baseline child", proc.returncode, proc.stderr)
+        raise TandemError(f"Could not measure this machine's process baseline: {why}")
     return MachineBaseline(**json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
