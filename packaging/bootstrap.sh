@@ -18,17 +18,30 @@ PYTHON="${PYTHON:-python3}"
 .venv/bin/python -m pip install --quiet --upgrade pip wheel setuptools
 
 LLAMA_CPP_VERSION=0.3.36
-export CMAKE_ARGS="${CMAKE_ARGS:-$(bash packaging/cpu_flags.sh)}"
+# This CPU's flags, plus CUDA's where an NVIDIA GPU and a CUDA toolkit are (packaging/
+# cuda_flags.sh: that GPU's architecture only, flash attention kernels on; TANDEM_CUDA=0|1
+# overrides). TANDEM_LLAMA_SDIST=PATH builds offline from that llama-cpp-python source archive.
+if [ -z "${CMAKE_ARGS:-}" ]; then
+    CMAKE_ARGS=$(bash packaging/llama_flags.sh)
+fi
+export CMAKE_ARGS
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}"
 key=$(printf '%s %s %s' "$LLAMA_CPP_VERSION" "$CMAKE_ARGS" "$("$PYTHON" -c 'import sys; print(sys.version_info[:2])')" | sha256sum | cut -c1-16)
 WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/tandem-build/llama-cpp-python-$key"
 SDIST="$WHEELS/src/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz"
 if ! ls "$WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
-    echo "Building llama.cpp for this CPU (once; about 10 minutes on 2 cores): $CMAKE_ARGS" >&2
+    case "$CMAKE_ARGS" in
+        *GGML_CUDA=ON*) echo "Building llama.cpp for this CPU and its NVIDIA GPU (once; about 4 minutes on 16 cores, longer on fewer): $CMAKE_ARGS" >&2 ;;
+        *) echo "Building llama.cpp for this CPU (once; about 10 minutes on 2 cores): $CMAKE_ARGS" >&2 ;;
+    esac
     rm -rf "$WHEELS.tmp"
     # The sdist is kept beside the wheel: the RPC server below compiles against its headers.
-    .venv/bin/python -m pip download --quiet --no-deps --no-binary :all: \
-        -d "$WHEELS.tmp/src" "llama-cpp-python==$LLAMA_CPP_VERSION"
+    if [ -n "${TANDEM_LLAMA_SDIST:-}" ]; then
+        mkdir -p "$WHEELS.tmp/src" && cp "$TANDEM_LLAMA_SDIST" "$WHEELS.tmp/src/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz"
+    else
+        .venv/bin/python -m pip download --quiet --no-deps --no-binary :all: \
+            -d "$WHEELS.tmp/src" "llama-cpp-python==$LLAMA_CPP_VERSION"
+    fi
     .venv/bin/python -m pip wheel --quiet --no-deps --no-cache-dir \
         -w "$WHEELS.tmp" "$WHEELS.tmp/src/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz"
     rm -rf "$WHEELS" && mv "$WHEELS.tmp" "$WHEELS"
