@@ -127,3 +127,18 @@ def test_the_device_context_is_priced_once_with_anything_on_the_gpu() -> None:
     assert cpu.gpu == 0
     contexts = [i for i in gpu.items if i.label == "GPU context"]
     assert len(contexts) == 1 and contexts[0].bytes == LLAMA_CPP.device_context
+
+
+def test_without_torch_the_gpu_is_found_through_llama_cpp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An install without torch and with a CUDA build: the card (and its free memory) is
+    what llama.cpp's registry reports; an RPC peer is no card."""
+    from tandem.runtime.planning import hardware
+
+    monkeypatch.setenv("TANDEM_PROBE_CUDA", "1")
+    monkeypatch.setattr(hardware, "_torch_gpus", lambda: ())
+    monkeypatch.setattr(llama_devices, "list_devices", lambda memory=False: (CPU, RPC_PEER, CUDA0))
+    (gpu,) = hardware.detect_gpus()
+    assert (gpu.name, gpu.free_bytes, gpu.total_bytes) == ("NVIDIA GeForce RTX 4070", CUDA0.free_bytes,
+                                                           CUDA0.total_bytes)
+    monkeypatch.setattr(llama_devices, "list_devices", lambda memory=False: (CPU, RPC_PEER))
+    assert hardware.detect_gpus() == ()
