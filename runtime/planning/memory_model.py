@@ -235,9 +235,11 @@ def model_items(shape: ModelShape, setup: Setup, kind: str = "llama.cpp", role: 
         items.append(Item(f"{role} heap kept by glibc (x{TORCH_HEAP_RETAINED} the KV)", role, "host",
                           int(TORCH_HEAP_RETAINED * (kv - kv_gpu))))
     if g or head_on_gpu:
-        # A GPU buffer is allocated whole (cudaMalloc), not as touched: count the reserve,
-        # which also holds the logits of a full batch when the head is offloaded.
-        gpu_compute = compute + (4 * t * shape.n_vocab if head_on_gpu else 0)
+        # A GPU buffer is allocated whole (cudaMalloc), not as touched: count the reserve.
+        # llama.cpp's scheduler sizes one per backend for the graph nodes it runs there:
+        # the blocks' attention and activations only when a block is on the GPU, and the
+        # logits of a full batch (no n_outputs_max is set) when the output layer is.
+        gpu_compute = (compute if g else 0) + (4 * t * shape.n_vocab if head_on_gpu else 0)
         items += [
             Item(f"{role} weights ({g}/{shape.n_layer} blocks" + (" and the output layer)" if head_on_gpu else ")"),
                  role, "gpu", w_gpu),

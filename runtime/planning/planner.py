@@ -350,6 +350,8 @@ def _layers(g: int, shape: ModelShape) -> str:
     """llama.cpp's ``n_gpu_layers`` in words: it counts the output layer, offloaded first."""
     if g < 0 or g > shape.n_layer:
         return "all layers"
+    if g == 1:
+        return f"the output layer (1/{shape.n_layer + 1} layers)"
     return f"{g}/{shape.n_layer + 1} layers (the output layer and the last {g - 1} of {shape.n_layer} blocks)"
 
 

@@ -142,3 +142,25 @@ def test_without_torch_the_gpu_is_found_through_llama_cpp(monkeypatch: pytest.Mo
                                                            CUDA0.total_bytes)
     monkeypatch.setattr(llama_devices, "list_devices", lambda memory=False: (CPU, RPC_PEER))
     assert hardware.detect_gpus() == ()
+
+
+def test_tandem_plan_says_where_each_part_goes(stories_twin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tandem.app.commands.plan import render
+
+    monkeypatch.setattr(llama_devices, "list_devices", lambda memory=False: (CPU, CUDA0))
+    text = render(_plan(stories_twin, _machine_with_a_gpu()))
+    where = next(line for line in text.splitlines() if line.startswith("where:"))
+    assert "target " in where and " GPU + " in where and "runtime " in where  # weights/KV on the card, the rest here
+    assert any(line.split()[2] == "gpu" and "GPU context" in line for line in text.splitlines() if line.startswith("  "))
+    monkeypatch.setattr(llama_devices, "list_devices", lambda memory=False: (CPU, RPC_PEER))
+    assert "where:" not in render(_plan(stories_twin, _machine_with_a_gpu()))
+
+
+def test_the_gpu_compute_buffer_follows_what_runs_there() -> None:
+    """The output layer alone on the GPU reserves the logits of a full batch there (what
+    llama.cpp's scheduler gives that backend), not the blocks' attention buffers."""
+    shape = _shape()
+    head_only = _gpu(model_items(shape, Setup(512, n_batch=256, n_gpu_layers=1)), "compute")
+    with_blocks = _gpu(model_items(shape, Setup(512, n_batch=256, n_gpu_layers=3)), "compute")
+    assert head_only == 4 * 256 * shape.n_vocab
+    assert with_blocks > head_only
