@@ -38,6 +38,9 @@ print(llama_cpp.llama_print_system_info().decode())
 print("registry:", list_devices(memory=True))
 print("offloads:", gpu_offload_build(), " llama_supports_gpu_offload:", bool(llama_cpp.llama_supports_gpu_offload()))'
 step selfcheck 240 python3 -m tandem.runtime.backends.selfcheck
+step baseline 240 python3 -c '
+from tandem.runtime.planning.baseline import machine_baseline
+print(machine_baseline())  # llama_context: host bytes per model, measured with a tiny CPU model on this build'
 step crash_bisect 600 python3 -m benchmarks.gpu_crash_bisect "$T" --out "$OUT" --timeout 120
 step gpu_tier 600 python3 -m pytest -q -rs -p no:cacheprovider tests/runtime/backends/test_llama_gpu.py \
     tests/app/server/test_infill_gpu.py tests/runtime/backends/test_llama_devices.py tests/runtime/planning/test_gpu_offload.py
