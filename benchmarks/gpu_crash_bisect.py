@@ -65,7 +65,7 @@ with tempfile.TemporaryDirectory() as d:
     b.close()
 """
 
-DEFAULT_LOG = "import ctypes, llama_cpp\nllama_cpp.llama_log_set(None, ctypes.c_void_p(0))"
+DEFAULT_LOG = "import ctypes, llama_cpp\nllama_cpp.llama_log_set(llama_cpp.llama_log_callback(), ctypes.c_void_p(0))  # NULL: llama.cpp's own"
 TORCH_FIRST = "import torch\ntorch.cuda.mem_get_info()"
 
 
