@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from tandem.models.errors import ModelFormatError, ModelNotFound, TandemError
+from tandem.models.errors import ModelFormatError, ModelNotFound, TandemError, child_failure
 from tandem.models.gguf_file import inspect_gguf
 from tandem.models.paths import cache_dir
 from tandem.models.python_child import code_argv
@@ -110,8 +110,8 @@ def cached_copy(src: str | os.PathLike[str], qtype: str) -> Path:
         proc = subprocess.run(code_argv(code, str(src), str(tmp), qtype),
                               capture_output=True, text=True, check=False)
         if proc.returncode != 0 or not tmp.is_file():
-            tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
-            raise ModelFormatError(f"Could not make a {qtype} copy of {src}: {tail[0]}")
+            why = child_failure("quantizer child", proc.returncode, proc.stderr) if proc.returncode else "no output"
+            raise ModelFormatError(f"Could not make a {qtype} copy of {src}: {why}")
         os.replace(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)

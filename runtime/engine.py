@@ -165,6 +165,7 @@ class Engine:
                                "exact_batch": self.target.exact_batch}  # None: not token-identical
         if self.plan is not None:
             out["kv_type"] = self.plan.target.type_k
+            out["n_gpu_layers"] = self.plan.target.n_gpu_layers  # llama.cpp's count, the output layer first
         if self.spec.kv_compress is not None:
             out["kv_compress"] = self.torch_plan.kv_label if self.torch_plan else True
         if self.spec.moe_offload is not None and self.torch_plan is not None:

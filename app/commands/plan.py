@@ -59,6 +59,18 @@ def mib(n: int) -> str:
     return f"{n / 1024**2:.3f} MiB"
 
 
+def where_parts(plan: Plan) -> list[str]:
+    """Each part's bytes on the GPU and on the host (``target 1.1 GiB GPU + 0.2 GiB host``)."""
+    names = {"target": "target", "draft": "drafter", "speculation": "speculation", "runtime": "runtime"}
+    parts = []
+    for role, name in names.items():
+        shares = [f"{format_size(plan.memory.total(device, role))} {label}"
+                  for device, label in (("gpu", "GPU"), ("host", "host")) if plan.memory.total(device, role)]
+        if shares:
+            parts.append(f"{name} " + " + ".join(shares))
+    return parts
+
+
 def render(plan: Plan) -> str:
     """The plan as a few readable lines."""
     t, d = plan.target, plan.draft
@@ -79,6 +91,8 @@ def render(plan: Plan) -> str:
         lines.append(f"  {mib(plan.baseline):>12}  host  process baseline (interpreter and libraries, measured)")
         for item in plan.memory.items:
             lines.append(f"  {mib(item.bytes):>12}  {item.device:4}  {item.label}")
+        if plan.memory.gpu:
+            lines.append("where:   " + "; ".join(where_parts(plan)))
         lines.append(f"speed:   ~{plan.tokens_per_s:.1f} tok/s plain, ~{plan.tokens_per_s * plan.speedup:.1f} "
                      f"tok/s speculative (predicted)")
     lines.append("why:")

@@ -6,7 +6,9 @@ decode (ggml-org/llama.cpp#20824). A segfault in a test or in a user's first cha
 nothing useful, so setup ends with this check: a tiny Llama model with random weights
 is written, quantized with llama.cpp's own quantizer to the types real models use
 (Q4_0, Q4_K, Q6_K, Q8_0), and a child process loads each and decodes a few tokens. A
-crash is reported as one message naming the cause and the fix.
+build that offloads (llama.cpp lists a GPU, :mod:`tandem.runtime.backends.llama_devices`)
+decodes each on the GPU too, every layer offloaded. A crash is reported as one message
+naming the cause (a signal by name) and the fix.
 
 ``python -m tandem.runtime.backends.selfcheck`` exits 0 when all runs, 1 otherwise.
 """
@@ -14,7 +16,6 @@ crash is reported as one message naming the cause and the fix.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tandem.models.errors import child_failure
 from tandem.models.python_child import code_argv
 
 QUANT_TYPES = ("q4_0", "q4_1", "q4_k_m", "q8_0")
@@ -78,19 +80,19 @@ def write_tiny_llama(path: Path, seed: int = 0) -> Path:
     return path
 
 
-def decode_in_child(path: Path, timeout_s: float = 120.0) -> str | None:
-    """Load ``path`` and decode 8 tokens in a child process; ``None`` if that worked, else
-    what went wrong (a signal, an error message, a hang)."""
+def decode_in_child(path: Path, timeout_s: float = 120.0, n_gpu_layers: int = 0) -> str | None:
+    """Load ``path`` and decode 8 tokens in a child process (``n_gpu_layers=-1``: all on the
+    GPU); ``None`` if that worked, else what went wrong (a signal, an error message, a hang)."""
     code = (
         "import sys, numpy as np\n"
         "from tandem.runtime.backends.llama import LlamaCppBackend, LlamaConfig\n"
-        "b = LlamaCppBackend(sys.argv[1], LlamaConfig(n_ctx=64, n_threads=1))\n"
+        "b = LlamaCppBackend(sys.argv[1], LlamaConfig(n_ctx=64, n_threads=1, n_gpu_layers=int(sys.argv[2])))\n"
         "logits = b.evaluate([1, 72, 101, 108, 108, 111], logits_for=range(6))\n"
         "for _ in range(8): logits = b.evaluate([int(np.argmax(logits[-1]))])\n"
         "assert np.isfinite(logits).all(), 'non-finite logits'\n"
     )
     try:
-        done = subprocess.run(code_argv(code, str(path)), capture_output=True, text=True,
+        done = subprocess.run(code_argv(code, str(path), str(n_gpu_layers)), capture_output=True, text=True,
                               timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return f"decoding hung for {timeout_s:.0f} s"
@@ -98,13 +100,11 @@ def decode_in_child(path: Path, timeout_s: float = 120.0) -> str | None:
 
 
 def describe_exit(returncode: int, stderr: str) -> str | None:
-    """``None`` for success, else one line: the signal that killed the child, or its last
-    line of error output."""
+    """``None`` for success, else one line: the signal that killed the child by name, or
+    its last line of error output (:func:`tandem.models.errors.child_failure`)."""
     if returncode == 0:
         return None
-    if returncode < 0:
-        return f"the process was killed by {signal.Signals(-returncode).name}"
-    return (stderr.strip().splitlines() or [f"exit status {returncode}"])[-1]
+    return child_failure("decoding child", returncode, stderr)
 
 
 def batch_step_difference(backend, ids: list[int], m: int) -> float:
@@ -120,19 +120,26 @@ def batch_step_difference(backend, ids: list[int], m: int) -> float:
     return float(np.abs(batch - steps).max())
 
 
-def run_selfcheck() -> list[str]:
-    """One problem line per quantization type that does not run (empty: all fine)."""
+def run_selfcheck(on_gpu: bool | None = None) -> list[str]:
+    """One problem line per quantization type and device that does not run (empty: all
+    fine). ``on_gpu``: also decode with every layer on the GPU (default: when this build
+    offloads)."""
     from tandem.models.quantize import quantize_gguf
 
+    if on_gpu is None:
+        from tandem.runtime.backends.llama_devices import gpu_offload_build
+
+        on_gpu = gpu_offload_build()
     problems = []
     with tempfile.TemporaryDirectory(prefix="tandem-selfcheck-") as tmp:
         f32 = write_tiny_llama(Path(tmp) / "tiny-f32.gguf")
         for qtype in QUANT_TYPES:
             out = Path(tmp) / f"tiny-{qtype}.gguf"
             quantize_gguf(f32, out, qtype)
-            problem = decode_in_child(out)
-            if problem:
-                problems.append(f"{qtype}: {problem}")
+            for where, layers in (("CPU", 0), ("GPU", -1))[: 2 if on_gpu else 1]:
+                problem = decode_in_child(out, n_gpu_layers=layers)
+                if problem:
+                    problems.append(f"{qtype} on the {where}: {problem}")
     return problems
 
 
@@ -144,15 +151,28 @@ ADVICE = (
     "      --no-binary llama-cpp-python llama-cpp-python==0.3.36\n"
     "(bash packaging/bootstrap.sh does this; remove ~/.cache/tandem-build to force a rebuild)."
 )
+GPU_ADVICE = (
+    "llama.cpp, as built here, cannot run quantized models on this GPU. Check that the driver\n"
+    "supports the CUDA toolkit the build used (nvidia-smi, nvcc --version), or build for the CPU\n"
+    "only: TANDEM_CUDA=0 bash packaging/bootstrap.sh"
+)
 
 
 def main() -> int:
     os.environ.setdefault("TANDEM_LLAMA_LOG", "")
-    problems = run_selfcheck()
+    from tandem.runtime.backends.llama_devices import gpu_devices, gpu_offload_build
+
+    on_gpu = gpu_offload_build()
+    problems = run_selfcheck(on_gpu)
     if not problems:
-        print(f"self-check: llama.cpp runs {', '.join(QUANT_TYPES)} models on this CPU")
+        where = "this CPU"
+        if on_gpu:
+            where += " and on the GPU (" + ", ".join(f"{d.name}: {d.description}" for d in gpu_devices()) + ")"
+        print(f"self-check: llama.cpp runs {', '.join(QUANT_TYPES)} models on {where}")
         return 0
-    print("self-check FAILED:\n  " + "\n  ".join(problems) + "\n" + ADVICE, file=sys.stderr)
+    advice = "\n".join(a for a, tag in ((ADVICE, " on the CPU: "), (GPU_ADVICE, " on the GPU: "))
+                       if any(tag in p for p in problems))
+    print("self-check FAILED:\n  " + "\n  ".join(problems) + "\n" + advice, file=sys.stderr)
     return 1
 
 

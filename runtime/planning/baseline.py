@@ -23,7 +23,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tandem.models.errors import TandemError
+from tandem.models.errors import TandemError, child_failure
 from tandem.models.paths import cache_dir, write_cache_file
 from tandem.models.python_child import module_argv
 from tandem.runtime.machine import cache_key, code_stamp, machine_id, software_id
@@ -91,7 +91,8 @@ def _measure() -> MachineBaseline:
         proc.kill()
         out, err = proc.communicate()
     if proc.returncode != 0:
-        raise TandemError(f"Could not measure this machine's process baseline: {err.strip()[-500:]}")
+        why = child_failure("process baseline child", proc.returncode, err)
+        raise TandemError(f"Could not measure this machine's process baseline: {why}")
     return MachineBaseline(**json.loads(out.strip().splitlines()[-1]))
 
 

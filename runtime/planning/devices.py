@@ -53,14 +53,21 @@ def cuda_context_held() -> bool:
 
 
 def gpu_offload_ok(machine: Machine) -> bool:
-    """Whether llama.cpp can offload layers here (a CUDA/Metal build) or in the profile."""
+    """Whether llama.cpp can offload layers here, or in the profile.
+
+    On this machine that takes a GPU in the plan *and* a llama.cpp build that lists a
+    local GPU device (:func:`tandem.runtime.backends.llama_devices.gpu_offload_build`):
+    ``llama_supports_gpu_offload()`` is also true for a CPU build with the RPC backend,
+    and a plan trusting it would set ``n_gpu_layers`` and price GPU memory llama.cpp
+    never allocates. A ``--vram`` on a machine without a GPU plans a hypothetical one,
+    which this build cannot offload to either."""
     if not machine.gpus or machine.vram_budget <= 0:
         return False
     if machine.source != "detected":
         return True
-    import llama_cpp
+    from tandem.runtime.backends.llama_devices import gpu_offload_build
 
-    return bool(llama_cpp.llama_supports_gpu_offload())
+    return gpu_offload_build()
 
 
 def fits(est: Estimate, machine: Machine, baseline: int) -> bool:

@@ -184,9 +184,26 @@ def cpu_features() -> frozenset[str]:
 
 
 def detect_gpus() -> tuple[GPU, ...]:
-    """NVIDIA GPUs through torch.cuda (free memory is what other processes left)."""
+    """NVIDIA GPUs through torch.cuda (free memory is what other processes left), else
+    through llama.cpp's device registry when torch is absent or sees none (an install
+    without torch, with a CUDA build of llama.cpp)."""
     if not (Path("/dev/nvidiactl").exists() or os.environ.get("TANDEM_PROBE_CUDA")):
         return ()
+    return _torch_gpus() or _llama_gpus()
+
+
+LLAMA_GPU_BANDWIDTH = 300.0
+"""GB/s assumed for a GPU only llama.cpp reports (it gives no memory clock or bus width)."""
+
+
+def _llama_gpus() -> tuple[GPU, ...]:
+    from tandem.runtime.backends.llama_devices import gpu_devices
+
+    return tuple(GPU(d.description or d.name, d.total_bytes, d.free_bytes, LLAMA_GPU_BANDWIDTH, index=i)
+                 for i, d in enumerate(gpu_devices()) if d.total_bytes)
+
+
+def _torch_gpus() -> tuple[GPU, ...]:
     try:
         import torch  # local and only on a machine with an NVIDIA driver: seconds to import
     except ImportError:  # torch is the [torch]/[gpu] extra: without it, no GPU is used

@@ -34,7 +34,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tandem.models.errors import TandemError
+from tandem.models.errors import TandemError, child_failure
 from tandem.models.paths import cache_dir, write_cache_file
 from tandem.models.python_child import module_argv
 from tandem.runtime.machine import cache_key, file_version, machine_id, software_id
@@ -144,15 +144,19 @@ class LlamaSizes:
         self._dirty = True
 
     def _fail(self) -> None:
-        err = ""
+        """The child closed its output: say how it ended (a signal by name)."""
+        why = "the probe exited"
         if self._proc is not None:
-            self._proc.kill()
-            err = (self._proc.stderr.read() if self._proc.stderr else "").strip()
-            if not os.environ.get("TANDEM_LLAMA_LOG"):  # one line: the child's last
-                err = err.splitlines()[-1][-500:] if err else ""
-            self._proc.wait()
-            self._proc = None
-        raise TandemError(f"Could not read llama.cpp's buffer sizes for {self.model}: {err or 'the probe exited'}")
+            proc, self._proc = self._proc, None
+            try:
+                returncode: int | None = proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # alive, but answering nothing
+                proc.kill()
+                proc.wait()
+                returncode = None
+            err = (proc.stderr.read() if proc.stderr else "").strip()[-500:]
+            why = child_failure("llama.cpp sizing child", returncode, err)
+        raise TandemError(f"Could not read llama.cpp's buffer sizes for {self.model}: {why}")
 
     def close(self) -> None:
         """End the child (if any) and write what it answered to the cache."""
@@ -198,6 +202,22 @@ def _rss_anon() -> int:
 
 
 def _serve(model: str) -> int:
+    """Answer size questions about ``model`` (see the module docstring)."""
+    import ctypes
+
+    import llama_cpp
+
+    from tandem.runtime.backends import llama as backend
+
+    try:
+        return _answer(model)
+    finally:
+        # The callback _answer installed dies with its frame: llama.cpp must not keep a
+        # pointer to it (a context or backend freed at exit logs through it).
+        llama_cpp.llama_log_set(backend._llama_log, ctypes.c_void_p(0))
+
+
+def _answer(model: str) -> int:
     import ctypes
 
     import llama_cpp

@@ -107,11 +107,24 @@ def torch_capacity(tokens: int, start: int = 256) -> int:
     return cap
 
 
-def _gpu_layers(shape: ModelShape, n_gpu_layers: int) -> tuple[int, bool]:
-    """(blocks on the GPU, output head on the GPU) for llama.cpp's ``n_gpu_layers``."""
-    if n_gpu_layers < 0 or n_gpu_layers > shape.n_layer:
-        return shape.n_layer, True
-    return n_gpu_layers, False
+def gpu_layers(n_layer: int, n_gpu_layers: int) -> tuple[int, bool]:
+    """(blocks on the GPU, output layer on the GPU) for llama.cpp's ``n_gpu_layers``.
+
+    llama.cpp counts ``n_layer + 1`` layers, the output layer (final norm and head) being
+    the last, and offloads the last ``n_gpu_layers`` of them (``i_gpu_start = n_layer + 1
+    - n_gpu_layers`` in ``llama_model::load_tensors``): the head goes first, then the
+    blocks from the top down. A negative value means all of them."""
+    if n_gpu_layers < 0 or n_gpu_layers > n_layer:
+        return n_layer, True
+    return max(n_gpu_layers - 1, 0), n_gpu_layers > 0
+
+
+def gpu_head_bytes(shape: ModelShape) -> int:
+    """Bytes the output layer takes on the GPU: its own tensors, and for a model whose
+    head is tied to the token embedding (no ``output.weight``) a copy of that embedding,
+    which llama.cpp loads a second time for the output layer's device (``TENSOR_DUPLICATED``)
+    while the input layer keeps its own on the CPU."""
+    return shape.output_bytes + (shape.input_bytes if shape.tied else 0)
 
 
 def _kv(shape: ModelShape, setup: Setup, kind: str) -> int:
@@ -187,10 +200,11 @@ def model_items(shape: ModelShape, setup: Setup, kind: str = "llama.cpp", role: 
     if uses_llama_sizes(shape, setup, kind):
         return llama_cpu_items(shape, setup, role)
     costs = COSTS[kind]
-    g, head_on_gpu = _gpu_layers(shape, setup.n_gpu_layers)
-    first_gpu = shape.n_layer - g
-    w_gpu = sum(shape.layer_bytes[first_gpu:]) + (shape.output_bytes if head_on_gpu else 0)
-    w_host = (shape.file_bytes or shape.weights_bytes) - w_gpu  # llama.cpp maps the whole file
+    g, head_on_gpu = gpu_layers(shape.n_layer, setup.n_gpu_layers)
+    w_moved = sum(shape.layer_bytes[shape.n_layer - g:]) + (shape.output_bytes if head_on_gpu else 0)
+    w_gpu = w_moved + (gpu_head_bytes(shape) - shape.output_bytes if head_on_gpu else 0)
+    # llama.cpp maps the whole file and unmaps what it uploaded; the embedding stays.
+    w_host = (shape.file_bytes or shape.weights_bytes) - w_moved
     kv = _kv(shape, setup, kind)
     kv_gpu = kv * g // max(shape.n_layer, 1)
     k = padded_ctx(setup.n_ctx, kind)
@@ -218,12 +232,15 @@ def model_items(shape: ModelShape, setup: Setup, kind: str = "llama.cpp", role: 
     if kind == "torch":
         items.append(Item(f"{role} heap kept by glibc (x{TORCH_HEAP_RETAINED} the KV)", role, "host",
                           int(TORCH_HEAP_RETAINED * (kv - kv_gpu))))
-    if g:
-        # A GPU buffer is allocated whole (cudaMalloc), not as touched: count the reserve,
-        # which also holds the logits of a full batch when the head is offloaded.
-        gpu_compute = compute + (4 * t * shape.n_vocab if head_on_gpu else 0)
+    if g or head_on_gpu:
+        # A GPU buffer is allocated whole (cudaMalloc), not as touched: count the reserve.
+        # llama.cpp's scheduler sizes one per backend for the graph nodes it runs there:
+        # the blocks' attention and activations only when a block is on the GPU, and the
+        # logits of a full batch (no n_outputs_max is set) when the output layer is.
+        gpu_compute = (compute if g else 0) + (4 * t * shape.n_vocab if head_on_gpu else 0)
         items += [
-            Item(f"{role} weights ({g}/{shape.n_layer} layers)", role, "gpu", w_gpu),
+            Item(f"{role} weights ({g}/{shape.n_layer} blocks" + (" and the output layer)" if head_on_gpu else ")"),
+                 role, "gpu", w_gpu),
             Item(f"{role} KV cache ({g} layers)", role, "gpu", kv_gpu),
             Item(f"{role} compute buffer", role, "gpu", gpu_compute),
         ]

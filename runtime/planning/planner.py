@@ -358,7 +358,12 @@ def _finish(machine: Machine, baseline: int, t_shape: ModelShape, d_shape: Model
 
 
 def _layers(g: int, shape: ModelShape) -> str:
-    return "all layers" if g < 0 or g > shape.n_layer else f"{g}/{shape.n_layer} layers"
+    """llama.cpp's ``n_gpu_layers`` in words: it counts the output layer, offloaded first."""
+    if g < 0 or g > shape.n_layer:
+        return "all layers"
+    if g == 1:
+        return f"the output layer (1/{shape.n_layer + 1} layers)"
+    return f"{g}/{shape.n_layer + 1} layers (the output layer and the last {g - 1} of {shape.n_layer} blocks)"
 
 
 def plan_for_run(target_path: str | Path, draft_path: str | Path | None = None, budget: int | str | None = None,

@@ -193,7 +193,7 @@ def test_setup_self_check_runs_quantized_models_here() -> None:
 
 
 def test_self_check_names_a_native_crash() -> None:
-    assert describe_exit(-11, "") == "the process was killed by SIGSEGV"
+    assert describe_exit(-11, "") == "the decoding child died of SIGSEGV (a crash inside native code)"
     assert describe_exit(1, "boom\nValueError: bad\n") == "ValueError: bad"
     assert describe_exit(0, "") is None
 

@@ -139,8 +139,13 @@ def test_place_applies_the_choice_and_refuses_a_device_the_plan_lacks(target, st
 
 
 def test_target_on_gpu_needs_a_cuda_gpu_and_room(stories_twin: Path, stories260k: Path, monkeypatch) -> None:
+    """The torch engine's target on the GPU, next to a llama.cpp that keeps it on the CPU
+    (a CUDA build of llama.cpp would take the layers itself: as if it were a CPU build)."""
     import torch
 
+    from tandem.runtime.backends import llama_devices
+
+    monkeypatch.setattr(llama_devices, "gpu_offload_build", lambda: False)
     plan = plan_for_run(stories_twin, stories260k, ctx=512, threads=2, drop_slow_draft=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert not target_gpu_fits(plan)

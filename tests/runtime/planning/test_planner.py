@@ -284,12 +284,12 @@ def test_drafter_goes_to_the_gpu_through_torch_when_llama_cpp_cannot_offload(
     """Dovetail placement on a detected CUDA GPU with a CPU-only llama.cpp build."""
     from dataclasses import replace
 
-    import llama_cpp
     import torch
 
+    from tandem.runtime.backends import llama_devices
     from tandem.runtime.planning.hardware import GPU
 
-    monkeypatch.setattr(llama_cpp, "llama_supports_gpu_offload", lambda: False)
+    monkeypatch.setattr(llama_devices, "gpu_offload_build", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     base = resolve_machine(None, "6GiB", None)  # room for the torch CUDA host side whatever the baseline
     gpu = GPU("test GPU", 8 * 1024**3, 8 * 1024**3, 300.0)
@@ -349,12 +349,12 @@ def _cuda_machine(monkeypatch: pytest.MonkeyPatch, budget: str, vram: int):
     """This machine with a simulated CUDA GPU, a CPU-only llama.cpp and torch seeing CUDA."""
     from dataclasses import replace
 
-    import llama_cpp
     import torch
 
+    from tandem.runtime.backends import llama_devices
     from tandem.runtime.planning.hardware import GPU
 
-    monkeypatch.setattr(llama_cpp, "llama_supports_gpu_offload", lambda: False)
+    monkeypatch.setattr(llama_devices, "gpu_offload_build", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     base = resolve_machine(None, budget, None, measure_bandwidth=False)
     gpu = GPU("test GPU", 8 * 1024**3, 8 * 1024**3, 300.0)

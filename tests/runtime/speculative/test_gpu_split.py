@@ -57,9 +57,14 @@ def test_target_on_gpu_drafter_on_cpu(stories260k: Path) -> None:
 
 
 @pytest.mark.parametrize("device", ["auto", "gpu", "target-gpu"])
-def test_placement_through_the_planner_is_lossless(stories_twin: Path, stories260k: Path, device: str) -> None:
+def test_placement_through_the_planner_is_lossless(stories_twin: Path, stories260k: Path, device: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """What `tandem run` does: plan, measure the options (incl. the target on the GPU),
-    place, generate: the output is the placed target's own greedy output."""
+    place, generate: the output is the placed target's own greedy output. llama.cpp is
+    taken as a CPU build (a CUDA build offloads the drafter itself: tests/gpu covers it)."""
+    from tandem.runtime.backends import llama_devices
+
+    monkeypatch.setattr(llama_devices, "gpu_offload_build", lambda: False)
     from tandem.runtime.planning.calibration import place
     from tandem.runtime.planning.planner import plan_for_run
     from tandem.runtime.speculative.factory import SpecOptions, build_strategy

@@ -1,0 +1,132 @@
+"""Which setting makes a CUDA build of llama.cpp crash under Tandem: one child per variant.
+
+On a CUDA build, `tandem run` and the process baseline child died of SIGSEGV while
+llama-cpp-python's own ``Llama`` decoded the same file. The variants below differ from
+each other by one thing each (the peer's defaults, our exact configuration, GPU layers,
+the Python log callback, flash attention, threads, torch's CUDA context in the same
+process, the tiny F32 model the baseline child runs, the baseline child itself, the CLI),
+so the first column that says "died" names the cause. Each child runs with Python's
+faulthandler on: a crash prints the Python frame it happened under, shown here.
+
+    python -m benchmarks.gpu_crash_bisect MODEL.gguf [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tandem.models.errors import child_failure
+
+DECODE = """
+ids = [(i * 7919) % 30000 + 100 for i in range(300)]
+def run(evaluate):
+    evaluate(ids[:291]); evaluate(ids[291:300], rows=9)
+    for t in range(16): evaluate([ids[t]])
+"""
+
+PEER = """
+import sys, llama_cpp
+llm = llama_cpp.Llama(sys.argv[1], n_gpu_layers={ngl}, n_ctx=1024, n_batch=512, verbose=False, logits_all=True)
+""" + DECODE + """
+run(lambda toks, rows=1: llm.eval(toks))
+llm.close()
+"""
+
+OURS = """
+import sys
+{before}
+from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+{after}
+b = LlamaCppBackend(sys.argv[1], LlamaConfig(n_ctx=1024, n_batch=256, n_gpu_layers={ngl}, flash_attn={fa},
+                                             n_threads={threads}))
+""" + DECODE + """
+run(lambda toks, rows=1: b.evaluate(toks, logits_for=range(len(toks) - rows, len(toks))))
+b.close()
+"""
+
+TINY = """
+import sys, tempfile
+from pathlib import Path
+from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.selfcheck import write_tiny_llama
+with tempfile.TemporaryDirectory() as d:
+    path = write_tiny_llama(Path(d) / "tiny.gguf")
+    b = LlamaCppBackend(path, LlamaConfig(n_ctx=256, n_batch=256))
+    b.evaluate([3 + i % 250 for i in range(240)])
+    b.evaluate([5] * 9, logits_for=list(range(9)))
+    for _ in range(4):
+        b.evaluate([7])
+    b.close()
+"""
+
+DEFAULT_LOG = "import ctypes, llama_cpp\nllama_cpp.llama_log_set(llama_cpp.llama_log_callback(), ctypes.c_void_p(0))  # NULL: llama.cpp's own"
+TORCH_FIRST = "import torch\ntorch.cuda.mem_get_info()"
+
+
+def variants(model: str, threads: int) -> list[tuple[str, list[str]]]:
+    py = [sys.executable, "-X", "faulthandler"]
+
+    def ours(ngl: int = -1, fa: bool = False, n_threads: int | None = None, before: str = "", after: str = ""):
+        return py + ["-c", OURS.format(ngl=ngl, fa=fa, threads=n_threads, before=before, after=after), model]
+
+    return [
+        ("llama-cpp-python Llama, all layers on the GPU", py + ["-c", PEER.format(ngl=-1), model]),
+        ("llama-cpp-python Llama, no GPU layers", py + ["-c", PEER.format(ngl=0), model]),
+        ("Tandem backend (exact), all layers on the GPU", ours()),
+        ("Tandem backend (exact), no GPU layers", ours(ngl=0)),
+        ("... all on GPU, llama.cpp's own logger (no Python callback)", ours(after=DEFAULT_LOG)),
+        ("... all on GPU, flash attention on", ours(fa=True)),
+        ("... all on GPU, 1 thread", ours(n_threads=1)),
+        (f"... all on GPU, {threads} threads", ours(n_threads=threads)),
+        ("... all on GPU, torch's CUDA context made first", ours(before=TORCH_FIRST)),
+        ("tiny F32 model on the CPU, as the baseline child runs it", py + ["-c", TINY]),
+        ("the process baseline child", py + ["-m", "tandem.runtime.planning.baseline"]),
+        ("tandem run --draft-mode off", py + ["-m", "tandem.app.cli", "run", "-m", model, "-p", "def fib(n):",
+                                              "-n", "16", "--raw", "--json", "--draft-mode", "off"]),
+        ("tandem run --draft-mode ngram", py + ["-m", "tandem.app.cli", "run", "-m", model, "-p", "def fib(n):",
+                                                "-n", "16", "--raw", "--json", "--draft-mode", "ngram"]),
+    ]
+
+
+def crash_frame(stderr: str) -> str:
+    """The innermost Python frame faulthandler printed (the line after its header)."""
+    lines = stderr.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(("Current thread", "Thread 0x")) and i + 1 < len(lines):
+            return lines[i + 1].strip()
+    return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--timeout", type=float, default=240.0)
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for name, cmd in variants(args.model, os.cpu_count() or 1):
+        start = time.perf_counter()
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            rc, err = done.returncode, done.stderr
+        except subprocess.TimeoutExpired as exc:
+            rc, err = None, (exc.stderr or b"").decode("utf-8", "replace") if isinstance(exc.stderr, bytes) else ""
+        said = "ok" if rc == 0 else ("hung" if rc is None else child_failure("child", rc, ""))
+        results.append({"variant": name, "returncode": rc, "result": said, "frame": crash_frame(err),
+                        "seconds": round(time.perf_counter() - start, 1), "stderr_tail": err[-4000:]})
+        print(f"{said[:60]:60}  {name}" + (f"\n{'':60}  at {results[-1]['frame']}" if results[-1]["frame"] else ""),
+              flush=True)
+    (out / "gpu_crash_bisect.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
