@@ -39,7 +39,7 @@ def test_layer_imports_point_one_way(layer: str) -> None:
 
 RUNTIME_LAYERS: tuple[tuple[str, ...], ...] = (
     ("engine", "chat"),
-    ("autocomplete",),
+    ("autocomplete", "chat_fit", "constrained"),
     ("planning",),
     ("speculative",),
     ("generate",),
@@ -49,7 +49,8 @@ RUNTIME_LAYERS: tuple[tuple[str, ...], ...] = (
 )
 """The runtime's parts, top to bottom: a module may import its own part and the parts
 of lower rows, never a part of its own row or above. The engine builder opens and plans
-everything; the planner prices drafters and strategies (speculative) and the torch
+everything; chat fits conversations (chat_fit) and constrains replies (constrained:
+grammar masks around any speculative strategy); the planner prices drafters and strategies (speculative) and the torch
 engine's KV compression and expert offload (kv, moe); speculation runs on the
 generation loop (generate); kv and moe extend the torch engine's backend; backends sit
 on the machine facts and text helpers. Names are sub-packages or top-level modules of

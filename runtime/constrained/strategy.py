@@ -37,8 +37,9 @@ from tandem.runtime.constrained.target import MaskedTarget
 from tandem.runtime.generate import Commit, DecodeStats, Strategy
 from tandem.runtime.speculative.drafters.base import Drafter
 from tandem.runtime.speculative.drafters.chain import ChainDrafter
+from tandem.runtime.speculative.drafting import draft_sources
 from tandem.runtime.speculative.factory import SpeculativeStrategy
-from tandem.runtime.speculative.loop import draft_sources, speculative
+from tandem.runtime.speculative.loop import speculative
 
 
 def _cache_all_but_last(target: Backend, context: Sequence[int]) -> None:
