@@ -4,7 +4,8 @@ A call's JSON is always decoded under :func:`~tandem.app.server.tools.call_schem
 grammar, so its name is one of the tools' and its arguments fit that tool's schema:
 
 - ``required`` or a named function: the reply opens with ``<tool_call>`` (written for
-  the model) and the call's JSON follows under the grammar;
+  the model) and the call's JSON follows under the grammar; the reply is that one call
+  (a model left free after it may ramble on in text);
 - ``auto``: the model writes freely until it opens a ``<tool_call>`` itself; then the
   call's JSON is decoded under the grammar, and after its ``</tool_call>`` the model may
   go on (another call when ``parallel_tool_calls``, or text);
@@ -83,7 +84,7 @@ def _phases(lane: Lane, prompt: list[int], req: GenRequest, tools: ToolRequest, 
             calls += 1
             opened = False
             kept = done.tokens
-            more = tools.parallel and calls < MAX_CALLS
+            more = tools.parallel and calls < MAX_CALLS and not tools.forced
         else:  # free text, until the model opens a call
             done = yield from _run(lane, ids, replace(req, max_tokens=left), [*stops, CALL_OPEN], cancel, client,
                                    None if phases else cache)

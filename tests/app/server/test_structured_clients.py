@@ -16,18 +16,19 @@ jsonschema = pytest.importorskip("jsonschema")
 openai = pytest.importorskip("openai")
 pydantic = pytest.importorskip("pydantic")
 
-SMALL, BIG = "qwen-0.5b", "qwen-1.5b"
+SMALL, BIG, SMOL = "qwen-0.5b", "qwen-1.5b", "smollm2"
 
 
 @pytest.fixture(scope="module")
 def server(real_models):
-    """One server, both coders (a request picks one with ``model``)."""
+    """One server, both coders and SmolLM2 (a request picks one with ``model``)."""
     from tandem.app.server.app import ServerConfig, create_app
     from tandem.app.server.models import make_slot
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 
     slots = [make_slot(LlamaCppBackend(path, LlamaConfig(n_ctx=4096, n_threads=1)), name=name)
-             for name, path in ((SMALL, real_models.qwen_05b), (BIG, real_models.qwen_15b))]
+             for name, path in ((SMALL, real_models.qwen_05b), (BIG, real_models.qwen_15b),
+                                (SMOL, real_models.smollm2))]
     app = create_app(slots, ServerConfig())
     with running(app, start_timeout=120) as url:
         yield url
@@ -260,3 +261,15 @@ def test_streamed_tool_call_deltas_reassemble_to_the_same_call(client) -> None:
     assert len(deltas) > 2  # the arguments came in pieces
     arguments = "".join(d.function.arguments or "" for d in deltas)
     assert [(c.function.name, c.function.arguments) for c in whole] == [("get_weather", arguments)]
+
+
+def test_a_template_without_tools_still_calls(client) -> None:
+    """SmolLM2's template knows no tools: they go in the system message, and a required
+    call is still a valid call to one of them."""
+    r = client.chat.completions.create(model=SMOL, messages=ASK, tools=[WEATHER_TOOL, TIME_TOOL],
+                                       tool_choice="required", temperature=0, max_tokens=60)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    call = choice.message.tool_calls[0]
+    schema = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER_TOOL, TIME_TOOL)}
+    jsonschema.validate(json.loads(call.function.arguments), schema[call.function.name])
