@@ -19,6 +19,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Label, OptionList
@@ -147,7 +148,9 @@ class ChatScreen(ChatActions, ReplyActions, ModelLoading, Screen):
         self.set_interval(1.0, self._tick)
 
     def set_status(self, text: str) -> None:
-        self.query_one("#status", Label).update(text)
+        # Content, not markup: an error's `pip install "tandem[torch]"` or a path in
+        # brackets is shown as written, not read as a style tag.
+        self.query_one("#status", Label).update(Content(text))
 
     # -- chats --------------------------------------------------------------------
     def refresh_chat_list(self) -> None:
