@@ -158,7 +158,9 @@ def test_serve_answers_without_extras(isolated_home: Path, stories260k: Path) ->
     assert "Traceback" not in err, err
 
 
-def test_chat_in_a_terminal_without_extras(isolated_home: Path, stories260k: Path) -> None:
+def _chat_in_tmux(home: Path, chat_args: list[str], steps) -> str:
+    """Run `tandem chat CHAT_ARGS` with the extras hidden in a private tmux server, call
+    ``steps(tmux)``, and return the pane once the app has exited."""
     if shutil.which("tmux") is None:
         message = "tmux is not installed (packaging/bootstrap.sh installs it)"
         if IN_CI:
@@ -171,21 +173,39 @@ def test_chat_in_a_terminal_without_extras(isolated_home: Path, stories260k: Pat
         assert out.returncode == 0, f"tmux {args[0]} failed: {out.stderr}"
         return out.stdout
 
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in light_env(isolated_home).items()
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in light_env(home).items()
                    if k in ("TANDEM_HOME", "HF_HUB_OFFLINE", "PYTHONPATH"))
     command = (f"env {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m tandem.app.cli chat "
-               f"-m {shlex.quote(str(stories260k))} --temp 0 -n 16 --threads 1; echo TANDEM-EXITED $?; sleep 30")
+               f"{shlex.join(chat_args)}; echo TANDEM-EXITED $?; sleep 30")
     try:
         tmux("new-session", "-d", "-s", "chat", "-x", "110", "-y", "30", command)
+        steps(tmux)
+        tmux("send-keys", "-t", "chat", "C-q")
+        return wait_for(tmux, "TANDEM-EXITED")
+    finally:
+        subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, timeout=30)
+
+
+def test_chat_in_a_terminal_without_extras(isolated_home: Path, stories260k: Path) -> None:
+    def chat(tmux) -> None:
         wait_for(tmux, "Model stories260K")
         tmux("send-keys", "-t", "chat", "-l", "Once upon a time")
         tmux("send-keys", "-t", "chat", "Enter")
         wait_for(tmux, "16 tokens")
-        tmux("send-keys", "-t", "chat", "C-q")
-        pane = wait_for(tmux, "TANDEM-EXITED")
-        assert "TANDEM-EXITED 0" in pane and "Traceback" not in pane, pane
-    finally:
-        subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, timeout=30)
+
+    pane = _chat_in_tmux(isolated_home, ["-m", str(stories260k), "--temp", "0", "-n", "16", "--threads", "1"], chat)
+    assert "TANDEM-EXITED 0" in pane and "Traceback" not in pane, pane
+
+
+def test_chat_names_a_missing_extra_as_written(isolated_home: Path, stories260k: Path) -> None:
+    """The chat app's status line shows the one-line message, its `[torch]` intact (not
+    read as a markup tag)."""
+    seen: list[str] = []
+    pane = _chat_in_tmux(isolated_home, ["-m", str(stories260k), "--engine", "torch", "--threads", "1"],
+                         lambda tmux: seen.append(wait_for(tmux, "Could not load")))
+    status = " ".join(line.strip(" ▕") for line in seen[0].splitlines())
+    assert 'needs torch, which is not installed: pip install "tandem[torch]"' in status, seen[0]
+    assert "TANDEM-EXITED 0" in pane and "Traceback" not in pane, pane
 
 
 @pytest.mark.parametrize(("args", "extra"), [
