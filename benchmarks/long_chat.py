@@ -82,10 +82,11 @@ def fitting(target, rounds: int, max_tokens: int) -> None:
 
 
 def ttft(target, turns: int, max_tokens: int, mode: str, count_only: bool) -> tuple[float, float | None, int, int]:
-    """For the reply at turn ``turns`` (user messages counted): seconds fitting takes,
+    """For the reply to a chat of ``turns`` messages (the last one the user's, as in the
+    201-turn chat above): seconds fitting takes,
     seconds to the first token (``None`` with ``count_only``), tokens to prefill, prompt
     tokens."""
-    msgs = chat(2 * turns - 1)
+    msgs = chat(turns)
     engine = ChatEngine(target)
     params = SamplingParams(temperature=0.0)
     if mode == "cached":
@@ -125,15 +126,16 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--turns", default="1,50,200")
+    ap.add_argument("--turns", default="1,51,201", help="chat lengths in messages (odd: the user's turn last)")
     ap.add_argument("--skip-fit", action="store_true")
+    ap.add_argument("--modes", default="one-at-a-time,cached")
     ap.add_argument("--count-only", action="store_true", help="fit and count prefill tokens; no model evaluation")
     args = ap.parse_args()
     target = LlamaCppBackend(args.model, LlamaConfig(n_ctx=args.ctx, n_threads=args.threads))
     if not args.skip_fit:
         fitting(target, args.rounds, args.max_tokens)
     for n in (int(t) for t in args.turns.split(",")):
-        for mode in ("one-at-a-time", "cached"):
+        for mode in args.modes.split(","):
             fit_s, took, evaluated, prompt = ttft(target, n, args.max_tokens, mode, args.count_only)
             first = "" if took is None else f"TTFT {took:7.2f} s, "
             print(f"turn {n:3d} {mode:14s}: {first}fit {fit_s:.3f} s, prefill {evaluated} of {prompt} prompt tokens",

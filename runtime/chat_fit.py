@@ -37,7 +37,7 @@ class TokenMemo:
     ``max_chars`` characters of cached text. Not thread-safe: the chat engine's lock
     guards it."""
 
-    def __init__(self, tokenize: Callable[..., list[int]], max_chars: int = 16_000_000) -> None:
+    def __init__(self, tokenize: Callable[..., list[int]], max_chars: int = 2_000_000) -> None:
         self._tokenize = tokenize
         self._max_chars = max_chars
         self._chars = 0

@@ -72,6 +72,10 @@ def test_broken_bodies_signals_and_unsupported_fields(real_models) -> None:
         empty_bias = httpx.post(url, timeout=120, json={"messages": [{"role": "user", "content": "Hi"}],
                                                         "logit_bias": {}, "max_tokens": 2})
         assert empty_bias.status_code == 200  # nothing asked: nothing to refuse
+        history = [{"role": "user", "content": "hi"}] * 400 + [{"role": "user", "content": "word " * 3000}]
+        huge = httpx.post(url, timeout=60, json={"messages": history, "max_tokens": 8})
+        assert huge.status_code == 400 and huge.json()["error"]["code"] == "context_length_exceeded"
+        assert "401 messages" in huge.json()["error"]["message"]  # how big it was
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
         log = proc.stderr.read() if proc.stderr else ""

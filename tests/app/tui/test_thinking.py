@@ -46,7 +46,7 @@ class ThinkingEngine:
         self.sent = 0
         self.allowed = 0
 
-    def stream(self, messages, params, max_tokens, stop=(), cancel=None, reply_prefix=""):
+    def stream(self, messages, params, max_tokens, stop=(), cancel=None, reply_prefix="", keep_start=False):
         for i, text in enumerate(self.FRAGMENTS):
             while self.allowed <= i:
                 time.sleep(0.01)
