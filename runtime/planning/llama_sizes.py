@@ -154,8 +154,11 @@ class LlamaSizes:
                 proc.kill()
                 proc.wait()
                 returncode = None
-            err = (proc.stderr.read() if proc.stderr else "").strip()[-500:]
-            why = child_failure("llama.cpp sizing child", returncode, err)
+            err = (proc.stderr.read() if proc.stderr else "").strip()
+            if os.environ.get("TANDEM_LLAMA_LOG") and returncode is not None and returncode > 0:
+                why = err or "the probe exited"  # llama.cpp's whole log, as asked
+            else:  # one line: the child's last (llama.cpp's reason), or the signal by name
+                why = child_failure("llama.cpp sizing child", returncode, err[-500:])
         raise TandemError(f"Could not read llama.cpp's buffer sizes for {self.model}: {why}")
 
     def close(self) -> None:
