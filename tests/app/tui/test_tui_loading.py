@@ -97,6 +97,6 @@ async def test_message_queued_through_a_failed_load_is_answered_by_the_next_mode
         await until(pilot, lambda: screen.load_progress is None)
         assert screen.engine is None and "Could not load gone" in status(screen)
         assert [m.role for m in app.history.messages(screen.chat.id)] == ["user"]
-        screen.load_model(screen.choice.__class__(stories260k, n_threads=1))
+        screen.load_model(screen.choice.with_models(stories260k, None))
         await until(pilot, lambda: screen.replies_done == 1, timeout=60)
         assert [m.role for m in app.history.messages(screen.chat.id)] == ["user", "assistant"]
