@@ -127,5 +127,10 @@ def test_the_build_flags_are_todays_on_a_cpu_machine_and_gain_cuda_with_a_gpu(tm
 
 
 def test_bootstrap_takes_its_flags_from_llama_flags_and_stops_when_they_fail() -> None:
-    text = (ROOT / "packaging" / "bootstrap.sh").read_text()
-    assert "CMAKE_ARGS=$(bash packaging/llama_flags.sh)" in text  # a plain assignment: set -e sees a failure
+    # bootstrap.sh takes the wheel folder from llama_wheel.sh, which takes its flags from
+    # llama_flags.sh: both plain assignments under `set -e`, so a failure stops setup.
+    bootstrap = (ROOT / "packaging" / "bootstrap.sh").read_text()
+    wheel = (ROOT / "packaging" / "llama_wheel.sh").read_text()
+    assert "set -euo pipefail" in bootstrap and "set -euo pipefail" in wheel
+    assert "WHEELS=$(bash packaging/llama_wheel.sh" in bootstrap
+    assert "CMAKE_ARGS=$(bash packaging/llama_flags.sh)" in wheel

@@ -55,9 +55,9 @@ TORCH_MODULES = {
     "tandem.models.moefy",
     "tandem.runtime.backends.onnx_export",
     "tandem.runtime.backends.torch_engine.backend", "tandem.runtime.backends.torch_engine.cache",
-    "tandem.runtime.backends.torch_engine.llama", "tandem.runtime.backends.torch_engine.loader",
+    "tandem.runtime.backends.torch_engine.decoder", "tandem.runtime.backends.torch_engine.loader",
     "tandem.runtime.kv.compress", "tandem.runtime.kv.store",
-    "tandem.runtime.moe.expert_cache", "tandem.runtime.moe.expert_store", "tandem.runtime.moe.layer",
+    "tandem.runtime.moe.expert_cache", "tandem.runtime.moe.expert_store", "tandem.runtime.backends.torch_engine.moe_layer",
     "tandem.runtime.speculative.drafters.distill",
 }
 """The modules that import torch at their top: the torch engine and what runs on it. The
@@ -200,11 +200,24 @@ def test_chat_in_a_terminal_without_extras(isolated_home: Path, stories260k: Pat
 def test_chat_names_a_missing_extra_as_written(isolated_home: Path, stories260k: Path) -> None:
     """The chat app's status line shows the one-line message, its `[torch]` intact (not
     read as a markup tag)."""
+    want = 'needs torch, which is not installed: pip install "tandem[torch]"'
     seen: list[str] = []
+
+    def status_line(tmux) -> None:
+        """The status line under the error's notification, once the notification (which
+        covers it for a few seconds) has gone."""
+        wait_for(tmux, "Could not load")
+        deadline = time.monotonic() + 60
+        while True:
+            pane = tmux("capture-pane", "-p", "-t", "chat")
+            seen[:] = [" ".join(line.strip(" ▕") for line in pane.splitlines())]
+            if want in seen[0] or time.monotonic() > deadline:
+                return
+            time.sleep(0.2)
+
     pane = _chat_in_tmux(isolated_home, ["-m", str(stories260k), "--engine", "torch", "--threads", "1"],
-                         lambda tmux: seen.append(wait_for(tmux, "Could not load")))
-    status = " ".join(line.strip(" ▕") for line in seen[0].splitlines())
-    assert 'needs torch, which is not installed: pip install "tandem[torch]"' in status, seen[0]
+                         status_line)
+    assert want in seen[0], seen[0]
     assert "TANDEM-EXITED 0" in pane and "Traceback" not in pane, pane
 
 

@@ -25,5 +25,14 @@ class _HidingPathFinder:
     def invalidate_caches() -> None:
         PathFinder.invalidate_caches()
 
+    @staticmethod
+    def find_distributions(*args, **kwargs):
+        """Installed packages' metadata (``importlib.metadata`` asks the meta path's
+        finders), less the hidden ones (``onnxruntime-gpu`` counts as ``onnxruntime``)."""
+        for dist in PathFinder.find_distributions(*args, **kwargs):
+            name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+            if name.split("-")[0] not in HIDDEN:
+                yield dist
+
 
 sys.meta_path[:] = [_HidingPathFinder if f is PathFinder else f for f in sys.meta_path]

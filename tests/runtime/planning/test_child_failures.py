@@ -28,10 +28,11 @@ def test_the_process_baseline_child(dying: str) -> None:
                                         f"the process baseline child died of {dying} (")
 
 
-def test_the_llama_cpp_sizing_child(dying: str, stories260k: Path) -> None:
-    from tandem.runtime.planning.llama_sizes import LlamaSizes
+def test_the_llama_cpp_sizing_child(dying: str, stories260k: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tandem.runtime.planning import llama_sizes
 
-    sizes = LlamaSizes(stories260k, persist=False)
+    monkeypatch.setattr(llama_sizes, "_MEMO", {})  # sizes an earlier test read stay out: a child must run
+    sizes = llama_sizes.LlamaSizes(stories260k, persist=False)
     with pytest.raises(TandemError, match=f"the llama.cpp sizing child died of {dying} "):
         _ = sizes.runtime
     sizes.close()
