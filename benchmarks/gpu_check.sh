@@ -1,63 +1,90 @@
 #!/usr/bin/env bash
-# Every GPU check of llama.cpp on CUDA in one run on a GPU machine, after the kit has built
-# CUDA llama.cpp and the real-shape models (../shared/gpu/README.md):
+# Every GPU check of llama.cpp on CUDA in prepared runs on a GPU machine, after the kit has built
+# CUDA llama.cpp and the real-shape models (../shared/gpu/README.md). Larger real shapes (7B dense,
+# Qwen3-30B-A3B MoE) are written there by benchmarks/gpu_shapes.py, started before the kit's build:
 #
-#   bash .gpu-kit/on-device.sh 'bash benchmarks/gpu_check.sh'
+#   export RUN_T0=$(date +%s); bash benchmarks/gpu_shapes.sh &
+#   bash .gpu-kit/on-device.sh 'bash benchmarks/gpu_check.sh runs fit'     # issue 25 (first call)
+#   bash benchmarks/gpu_again.sh 'bash benchmarks/gpu_check.sh speed'      # issue 26 (warm machine)
 #
-# In order of what matters most if time runs out: the build and the card, the self-check,
-# the crash bisection (which setting makes a CUDA build die), the GPU test tier and the
-# four planner tests that failed there, `tandem plan/run/serve/bench` on the kit's models,
-# predicted against allocated VRAM (benchmarks/gpu_vram.py), the peer's own timings.
-# Each step has a time limit; every log goes under $OUT; a table of steps ends the output.
+# Phases: runs: what crashes and what runs (crash bisection, self-check, the GPU test tier, the
+# planner tests that failed there, `tandem plan/run/serve/bench`), all at once since they look for
+# failures, not timings; fit: predicted against allocated VRAM (alone on the card); speed: costs
+# and tok/s (alone, one after another). Each step has a time limit, cut to what is left before
+# $RUN_T0 + $RUN_LIMIT; every log goes under $LOGS, packed into $OUT/logs.tar.gz at the end (a
+# device run brings back at most 8 files); a table of steps and the key logs' tails end the output.
 set -u
 OUT=${OUT:-/tmp/gpu-check}
-mkdir -p "$OUT"
+LOGS=/tmp/gpu-logs/$(date +%s)
+mkdir -p "$OUT" "$LOGS"
 export PYTHONFAULTHANDLER=1  # a native crash prints the Python frame it happened under
 M=${KIT_MODELS:?run this through .gpu-kit/on-device.sh (it sets KIT_MODELS)}
 T=$M/qwen2.5-coder-1.5b.gguf
 D=$M/qwen2.5-coder-0.5b.gguf
+S=${SHAPES:-/tmp/shapes}
 CLI=(python3 -m tandem.app.cli)
 T0=$(date +%s)
-: > "$OUT/steps.txt"
+END=$(( ${RUN_T0:-$T0} + ${RUN_LIMIT:-570} ))
+touch "$LOGS/steps.txt"
 
-step() {  # step NAME LIMIT_S COMMAND...: run, log to $OUT/NAME.log, record rc and seconds
+left() { echo $(( END - $(date +%s) )); }
+
+STATE=/tmp/gpu-state  # steps already run on this (warm) machine: a second call skips them
+mkdir -p "$STATE"
+
+step() {  # step NAME LIMIT_S COMMAND...: run, log to $LOGS/NAME.log, record rc and seconds
     local name=$1 limit=$2 start rc
     shift 2
+    if [ -f "$STATE/$name" ]; then
+        printf '%-28s done in an earlier call: %s\n' "$name" "$(cat "$STATE/$name")" | tee -a "$LOGS/steps.txt"; return
+    fi
+    (( limit > $(left) )) && limit=$(left)
+    if (( limit < 8 )); then
+        printf '%-28s skipped (no time left)\n' "$name" | tee -a "$LOGS/steps.txt"; return
+    fi
     start=$(date +%s)
-    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    timeout -k 5 "$limit" "$@" > "$LOGS/$name.log" 2>&1
     rc=$?
+    (( rc != 124 && rc != 137 )) && echo "rc=$rc" > "$STATE/$name"  # a step cut short runs again next call
     printf '%-28s rc=%-4s %4ss  (t=%ss)\n' "$name" "$rc" "$(( $(date +%s) - start ))" "$(( $(date +%s) - T0 ))" \
-        | tee -a "$OUT/steps.txt"
+        | tee -a "$LOGS/steps.txt"
 }
 
-nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,compute_cap --format=csv > "$OUT/card.csv" 2>&1
-step build 60 python3 -c '
+wait_shape() {  # wait_shape NAME: the model benchmarks/gpu_shapes.sh writes, once complete (at most 60 s)
+    local f=$S/$1.gguf until=$(( $(date +%s) + 60 ))
+    while [ ! -f "$f.done" ] && (( $(left) > 20 && $(date +%s) < until )); do sleep 2; done
+    [ -f "$f.done" ] && echo "$f"
+}
+
+runs() {
+    nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,compute_cap --format=csv > "$LOGS/card.csv" 2>&1
+    tail -3 /tmp/kit/build.log > "$LOGS/build_tail.log" 2>/dev/null
+    step build 60 python3 -c '
 import llama_cpp
 from tandem.runtime.backends.llama_devices import gpu_offload_build, list_devices
 print(llama_cpp.llama_print_system_info().decode())
 print("registry:", list_devices(memory=True))
 print("offloads:", gpu_offload_build(), " llama_supports_gpu_offload:", bool(llama_cpp.llama_supports_gpu_offload()))'
-step selfcheck 240 python3 -m tandem.runtime.backends.selfcheck
-step baseline 240 python3 -c '
+    # Everything below looks for crashes and wrong results, not timings: all at once.
+    step crash_bisect 100 python3 -m benchmarks.gpu_crash_bisect "$T" --out "$LOGS" --timeout 90 &
+    step selfcheck 150 python3 -m tandem.runtime.backends.selfcheck &
+    step baseline 150 python3 -c '
 from tandem.runtime.planning.baseline import machine_baseline
-print(machine_baseline())  # llama_context: host bytes per model, measured with a tiny CPU model on this build'
-step crash_bisect 600 python3 -m benchmarks.gpu_crash_bisect "$T" --out "$OUT" --timeout 120
-step gpu_tier 600 python3 -m pytest -q -rs -p no:cacheprovider tests/runtime/backends/test_llama_gpu.py \
-    tests/app/server/test_infill_gpu.py tests/runtime/backends/test_llama_devices.py tests/runtime/planning/test_gpu_offload.py
-step once_failing 400 python3 -m pytest -q -rs -p no:cacheprovider \
-    tests/runtime/planning/test_placement.py::test_target_on_gpu_needs_a_cuda_gpu_and_room \
-    tests/runtime/speculative/test_gpu_split.py::test_placement_through_the_planner_is_lossless
-step plan 120 "${CLI[@]}" plan -m "$T" --draft "$D"
-step plan_small_vram 120 "${CLI[@]}" plan -m "$T" --vram 700MiB
-for mode in off ngram; do
-    step "run_$mode" 180 "${CLI[@]}" run -m "$T" -p "def quicksort(items):" -n 96 --raw --json --draft-mode "$mode"
-done
-step run_model 180 "${CLI[@]}" run -m "$T" --draft "$D" -p "def quicksort(items):" -n 96 --raw --json --draft-mode model
-step run_kv_q4_0 180 "${CLI[@]}" run -m "$T" -p "def quicksort(items):" -n 64 --raw --json --kv-type q4_0
-step vram 600 python3 -m benchmarks.gpu_vram --target "$T" --draft "$D" --out "$OUT"
-step serve 240 bash -c '
+print(machine_baseline())' &
+    step gpu_tier 200 python3 -m pytest -q -rs -p no:cacheprovider -o addopts="" tests/runtime/backends/test_llama_gpu.py \
+        tests/app/server/test_infill_gpu.py tests/runtime/backends/test_llama_devices.py tests/runtime/planning/test_gpu_offload.py &
+    step once_failing 200 python3 -m pytest -q -rs -p no:cacheprovider -o addopts="" \
+        tests/runtime/planning/test_placement.py::test_target_on_gpu_needs_a_cuda_gpu_and_room \
+        "tests/runtime/speculative/test_gpu_split.py::test_placement_through_the_planner_is_lossless" &
+    step plan 60 "${CLI[@]}" plan -m "$T" --draft "$D" &
+    step plan_small_vram 60 "${CLI[@]}" plan -m "$T" --vram 700MiB &
+    step run_off 120 "${CLI[@]}" run -m "$T" -p "def quicksort(items):" -n 96 --raw --json --draft-mode off &
+    step run_ngram 120 "${CLI[@]}" run -m "$T" -p "def quicksort(items):" -n 96 --raw --json --draft-mode ngram &
+    step run_model 120 "${CLI[@]}" run -m "$T" --draft "$D" -p "def quicksort(items):" -n 96 --raw --json --draft-mode model &
+    step run_kv_q8_0 120 "${CLI[@]}" run -m "$T" -p "def quicksort(items):" -n 64 --raw --json --kv-type q8_0 &
+    step serve 150 bash -c '
 port=18080
-python3 -m tandem.app.cli serve -m "$1" --port $port > "$2/serve.server.log" 2>&1 & pid=$!
+python3 -m tandem.app.cli serve -m "$1" --port $port > "$2/serve_server.log" 2>&1 & pid=$!
 trap "kill $pid 2>/dev/null; wait $pid 2>/dev/null" EXIT
 python3 - $port <<EOF
 import json, sys, time, urllib.request
@@ -67,23 +94,55 @@ def post(path, body):
     return json.loads(urllib.request.urlopen(req, timeout=120).read())
 for _ in range(240):
     try:
-        urllib.request.urlopen(url + "/v1/models", timeout=2); break
+        urllib.request.urlopen(url + "/health", timeout=2); break
     except OSError:
         time.sleep(0.5)
 chat = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16, "temperature": 0})
 fill = post("/infill", {"input_prefix": "def add(a, b):\n    ", "input_suffix": "\n", "n_predict": 16})
 print("chat:", json.dumps(chat)[:400]); print("infill:", json.dumps(fill)[:400])
-EOF' serve "$T" "$OUT"
-step bench 420 "${CLI[@]}" bench -m "$T" --draft "$D" -n 64 --workloads edit,codegen --prompts 1 --reps 1 \
-    --configs plain,ngram,auto+model --json "$OUT/bench.json"
-[ -f .gpu-kit/ck.py ] && step peer_ck 180 python3 .gpu-kit/ck.py "$T" 99 "$(nproc)"
+EOF' serve "$T" "$LOGS" &
+    step bench 150 "${CLI[@]}" bench -m "$T" --draft "$D" -n 48 --workloads edit --prompts 1 --reps 1 \
+        --configs plain,ngram,auto+model --json "$LOGS/bench.json" &
+    wait
+}
 
+fit() {
+    step vram 150 python3 -m benchmarks.gpu_vram --target "$T" --draft "$D" --out "$LOGS" --timeout 60
+    local big
+    big=$(wait_shape qwen2.5-7b) && step plan_7b_3gib 60 "${CLI[@]}" plan -m "$big" --draft "$D" --vram 3GiB
+}
+
+speed() {
+    local big moe
+    step costs_15b 60 python3 -m benchmarks.gpu_costs "$T" --ngl -1 --peer
+    step costs_05b 40 python3 -m benchmarks.gpu_costs "$D" --ngl -1 --ks 1 --peer
+    step bench_gpu 100 "${CLI[@]}" bench --gpu -m "$T" --draft "$D" --acceptance benchmarks/figures/acceptance-qwen-coder.json \
+        --json "$LOGS/bench_gpu.json" --plot "$OUT/bench_gpu.png"
+    if big=$(wait_shape qwen2.5-7b); then
+        step costs_7b_gpu 60 python3 -m benchmarks.gpu_costs "$big" --ngl -1 --peer
+        # bigger than the card: a 3 GiB budget (the planner's layers), the target on CPU threads
+        local ngl
+        ngl=$(python3 -c '
+import json, subprocess, sys
+out = subprocess.run([sys.executable, "-m", "tandem.app.cli", "plan", "-m", sys.argv[1], "--vram", "3GiB", "--json"],
+                     capture_output=True, text=True).stdout
+print(json.loads(out)["target"]["n_gpu_layers"])' "$big" 2>/dev/null || echo 12)
+        step costs_7b_3gib 90 python3 -m benchmarks.gpu_costs "$big" --ngl "$ngl,0" --ks 1,2,3,4,6,8 --reps 5 --peer
+    fi
+    if moe=$(wait_shape qwen3-30b-a3b); then
+        step moe 90 python3 -m benchmarks.gpu_moe "$moe" --vram 8GiB --out "$LOGS"
+    fi
+}
+
+for phase in "$@"; do "$phase"; done
+
+cp /tmp/shapes.log "$LOGS/" 2>/dev/null
+tar -czf "$OUT/logs.tar.gz" -C "$LOGS" .
 echo
-echo "== steps (logs in $OUT) =="
-cat "$OUT/steps.txt"
-echo "== crash bisection =="
-grep -v '^$' "$OUT/crash_bisect.log" | tail -30
-echo "== GPU tier =="
-tail -15 "$OUT/gpu_tier.log"
-echo "== VRAM =="
-cat "$OUT/vram.log" | tail -10
+echo "== build =="; tail -2 /tmp/kit/build.log 2>/dev/null | cut -c1-400
+echo "== steps (all logs in logs.tar.gz) =="
+cat "$LOGS/steps.txt"
+for f in crash_bisect gpu_tier once_failing vram plan_7b_3gib costs_15b costs_05b bench_gpu costs_7b_gpu costs_7b_3gib moe; do
+    [ -f "$LOGS/$f.log" ] && { echo "== $f =="; grep -v '^$' "$LOGS/$f.log" | tail -${TAIL:-20} | cut -c1-300; }
+done
+exit 0

@@ -69,6 +69,13 @@ DEFAULT_LOG = "import ctypes, llama_cpp\nllama_cpp.llama_log_set(llama_cpp.llama
 TORCH_FIRST = "import torch\ntorch.cuda.mem_get_info()"
 
 
+def patched(function: str, line: str) -> str:
+    """Code that wraps the backend's ``model_params``/``context_params`` to change one field
+    (``line`` sets it on ``p``) toward llama-cpp-python's defaults."""
+    return (f"import tandem.runtime.backends.llama as L\n_orig = L.{function}\n"
+            f"def _patched(*a):\n    p = _orig(*a)\n    {line}\n    return p\nL.{function} = _patched")
+
+
 def variants(model: str, threads: int) -> list[tuple[str, list[str]]]:
     py = [sys.executable, "-X", "faulthandler"]
 
@@ -85,6 +92,14 @@ def variants(model: str, threads: int) -> list[tuple[str, list[str]]]:
         ("... all on GPU, 1 thread", ours(n_threads=1)),
         (f"... all on GPU, {threads} threads", ours(n_threads=threads)),
         ("... all on GPU, torch's CUDA context made first", ours(before=TORCH_FIRST)),
+        ("... all on GPU, use_extra_bufts on (the peer's default)",
+         ours(after=patched("model_params", "p.use_extra_bufts = True"))),
+        ("... all on GPU, flash attention auto (the peer's default)",
+         ours(after=patched("context_params", "p.flash_attn_type = -1"))),
+        ("... all on GPU, kv_unified on", ours(after=patched("context_params", "p.kv_unified = True"))),
+        ("... all on GPU, perf counters on", ours(after=patched("context_params", "p.no_perf = False"))),
+        ("... all on GPU, n_ubatch 512 as the peer",
+         ours(after=patched("context_params", "p.n_batch = p.n_ubatch = 512"))),
         ("tiny F32 model on the CPU, as the baseline child runs it", py + ["-c", TINY]),
         ("the process baseline child", py + ["-m", "tandem.runtime.planning.baseline"]),
         ("tandem run --draft-mode off", py + ["-m", "tandem.app.cli", "run", "-m", model, "-p", "def fib(n):",
@@ -107,23 +122,34 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--timeout", type=float, default=240.0)
+    ap.add_argument("--timeout", type=float, default=90.0, help="for all variants together (they run at once)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    todo = variants(args.model, os.cpu_count() or 1)
+    # Every variant at once (crashes, not timings, are looked for): the whole bisection takes
+    # as long as its slowest child. Each child logs llama.cpp's whole output to its stderr.
+    env = {**os.environ, "TANDEM_LLAMA_LOG": "1"}
+    start = time.perf_counter()
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _, cmd in todo]
     results = []
-    for name, cmd in variants(args.model, os.cpu_count() or 1):
-        start = time.perf_counter()
+    for (name, _), proc in zip(todo, procs, strict=True):
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-            rc, err = done.returncode, done.stderr
-        except subprocess.TimeoutExpired as exc:
-            rc, err = None, (exc.stderr or b"").decode("utf-8", "replace") if isinstance(exc.stderr, bytes) else ""
+            _, err = proc.communicate(timeout=max(1.0, args.timeout - (time.perf_counter() - start)))
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            rc = None
         said = "ok" if rc == 0 else ("hung" if rc is None else child_failure("child", rc, ""))
         results.append({"variant": name, "returncode": rc, "result": said, "frame": crash_frame(err),
                         "seconds": round(time.perf_counter() - start, 1), "stderr_tail": err[-4000:]})
         print(f"{said[:60]:60}  {name}" + (f"\n{'':60}  at {results[-1]['frame']}" if results[-1]["frame"] else ""),
               flush=True)
+        if rc != 0:
+            tail = [line for line in err.splitlines() if line.strip()][-6:]
+            print("\n".join(f"{'':62}| {line[:150]}" for line in tail), flush=True)
     (out / "gpu_crash_bisect.json").write_text(json.dumps(results, indent=1))
     return 0
 

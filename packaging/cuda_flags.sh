@@ -11,6 +11,9 @@
 #     "8.9" -> 89-real: no PTX for other cards, a smaller wheel and a shorter build), or
 #     for TANDEM_CUDA_ARCH (e.g. "89" or "86;89") to build for a card that is not here;
 #   * flash attention kernels on (GGML_CUDA_FA=ON): a quantized V cache needs them.
+#     TANDEM_CUDA_FA=0 leaves them out for a shorter build (a quantized V cache then
+#     computes attention on the CPU: slower, same results);
+#   * NCCL off (GGML_CUDA_NCCL=OFF): one process drives one machine's cards here.
 #
 # nvcc is looked up on PATH, then as $CUDACXX, then in $CUDA_HOME/bin (default /usr/local/cuda).
 # Usage: bash packaging/cuda_flags.sh
@@ -55,6 +58,12 @@ if [ -z "$archs" ]; then
     echo "error: TANDEM_CUDA=1 but nvidia-smi lists no GPU to build for: set TANDEM_CUDA_ARCH (e.g. 89) to build for a card that is not here" >&2
     exit 1
 fi
-flags="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$archs -DGGML_CUDA_FA=ON"
+fa=ON
+case "${TANDEM_CUDA_FA:-1}" in
+    1) ;;
+    0) fa=OFF ;;
+    *) echo "error: TANDEM_CUDA_FA must be 0 or 1, not '${TANDEM_CUDA_FA}'" >&2; exit 1 ;;
+esac
+flags="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$archs -DGGML_CUDA_FA=$fa -DGGML_CUDA_NCCL=OFF"
 [ "$(command -v nvcc 2>/dev/null || true)" = "$nvcc" ] || flags="$flags -DCMAKE_CUDA_COMPILER=$nvcc"
 echo "$flags"

@@ -17,7 +17,9 @@ PY="${1:-python3}"
 VERSION=$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml | cut -d= -f3)
 # This CPU's flags, plus CUDA's where an NVIDIA GPU and a CUDA toolkit are (packaging/
 # cuda_flags.sh: that GPU's architecture only, flash attention kernels on; TANDEM_CUDA=0|1
-# overrides). TANDEM_LLAMA_SDIST=PATH builds offline from that llama-cpp-python source archive.
+# overrides). TANDEM_LLAMA_SDIST=PATH builds offline from that llama-cpp-python source archive,
+# with the build tools PYTHON already has (scikit-build-core, cmake, ninja): offline, pip
+# cannot fetch them into an isolated build environment.
 if [ -z "${CMAKE_ARGS:-}" ]; then
     CMAKE_ARGS=$(bash packaging/llama_flags.sh)
 fi
@@ -31,13 +33,15 @@ if ! ls "$WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
         *) echo "Building llama.cpp for this CPU (once; about 10 minutes on 2 cores): $CMAKE_ARGS" >&2 ;;
     esac
     rm -rf "$WHEELS.tmp"
+    isolation=()
     if [ -n "${TANDEM_LLAMA_SDIST:-}" ]; then
         mkdir -p "$WHEELS.tmp/src" && cp "$TANDEM_LLAMA_SDIST" "$WHEELS.tmp/src/llama_cpp_python-$VERSION.tar.gz"
+        isolation=(--no-build-isolation)
     else
         "$PY" -m pip download --quiet --no-deps --no-binary :all: \
             -d "$WHEELS.tmp/src" "llama-cpp-python==$VERSION" >&2
     fi
-    "$PY" -m pip wheel --quiet --no-deps --no-cache-dir \
+    "$PY" -m pip wheel --quiet --no-deps --no-cache-dir "${isolation[@]}" \
         -w "$WHEELS.tmp" "$WHEELS.tmp/src/llama_cpp_python-$VERSION.tar.gz" >&2
     rm -rf "$WHEELS" && mv "$WHEELS.tmp" "$WHEELS"
     printf '%s\n' "$CMAKE_ARGS" > "$WHEELS/CMAKE_ARGS"

@@ -11,6 +11,22 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 
+def wait_healthy(proc, port: int, timeout_s: float) -> None:
+    """Wait until the `tandem serve` child ``proc`` answers ``/health`` on ``port``; fail
+    with its stderr if it exits first, or after ``timeout_s`` seconds."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+            return
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, "tandem serve did not come up"
+            time.sleep(0.1)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

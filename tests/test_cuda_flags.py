@@ -49,9 +49,17 @@ def test_an_nvidia_gpu_with_a_toolkit_builds_for_its_architecture_only(tmp_path:
     done = _run(tmp_path, gpus=["8.9"], nvcc=True)
     assert done.returncode == 0, done.stderr
     flags = done.stdout.split()
-    assert "-DGGML_CUDA=ON" in flags and "-DGGML_CUDA_FA=ON" in flags
+    assert "-DGGML_CUDA=ON" in flags and "-DGGML_CUDA_FA=ON" in flags and "-DGGML_CUDA_NCCL=OFF" in flags
     assert "-DCMAKE_CUDA_ARCHITECTURES=89-real" in flags
     assert not any(f.startswith("-DCMAKE_CUDA_COMPILER") for f in flags)  # nvcc is on PATH
+
+
+def test_flash_attention_kernels_can_be_left_out_for_a_shorter_build(tmp_path: Path) -> None:
+    off = _run(tmp_path, gpus=["9.0"], nvcc=True, env={"TANDEM_CUDA_FA": "0"})
+    assert off.returncode == 0 and "-DGGML_CUDA_FA=OFF" in off.stdout.split()
+    wrong = _run(tmp_path, gpus=["9.0"], nvcc=True, env={"TANDEM_CUDA_FA": "yes"})
+    assert wrong.returncode == 1 and wrong.stdout == ""
+    assert wrong.stderr.strip() == "error: TANDEM_CUDA_FA must be 0 or 1, not 'yes'"
 
 
 def test_two_cards_of_two_kinds_get_both_architectures_once(tmp_path: Path) -> None:

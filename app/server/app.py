@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from tandem.app.server.catalog import PlanCache, store_models
 from tandem.app.server.guard import Guard, GuardConfig
-from tandem.app.server.models import ModelSlot
+from tandem.app.server.loaded_models import ModelSlot
 from tandem.app.server.openai import ApiError
 from tandem.app.server.request_log import RequestLog, logged_stream, record
 from tandem.app.server.routes import Routes

@@ -14,7 +14,7 @@ its text when one is free (:mod:`.worker`).
 
 from __future__ import annotations
 
-from tandem.app.server.models import Lane
+from tandem.app.server.loaded_models import Lane
 from tandem.runtime.backends.protocol import common_prefix_len
 
 

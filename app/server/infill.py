@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tandem.app.server import cache_owner
-from tandem.app.server.models import Lane, ModelSlot
+from tandem.app.server.loaded_models import Lane, ModelSlot
 from tandem.app.server.openai import ApiError, GenRequest, parse_common
 from tandem.kernels.sampling import Sampler
 from tandem.runtime.autocomplete.fim import (

@@ -14,7 +14,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass, replace
 
 from tandem.app.server import cache_owner
-from tandem.app.server.models import Lane, ModelSlot
+from tandem.app.server.loaded_models import Lane, ModelSlot
 from tandem.app.server.openai import GenRequest
 from tandem.kernels.sampling import Sampler
 from tandem.runtime.autocomplete.superposed import SuperposedResult

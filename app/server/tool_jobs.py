@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 from tandem.app.server.jobs import PromptCache, _generate
-from tandem.app.server.models import Lane, ModelSlot
+from tandem.app.server.loaded_models import Lane, ModelSlot
 from tandem.app.server.openai import GenRequest
 from tandem.app.server.tool_calls import CALL_CLOSE, CALL_OPEN
 from tandem.app.server.tools import ToolRequest, plain_messages, template_has_tools

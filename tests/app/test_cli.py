@@ -93,7 +93,7 @@ def test_run_chat_serve_share_the_engine_flags_and_defaults(stories260k: Path) -
 
     from tandem.app.cli import build_parser
     from tandem.app.commands.engine_flags import spec_from_args
-    from tandem.app.server.models import isolated
+    from tandem.app.server.loaded_models import isolated
 
     parser = build_parser()
     common = ["-m", str(stories260k)]

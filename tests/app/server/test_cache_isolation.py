@@ -23,7 +23,7 @@ REQUESTS = {
 @pytest.fixture(scope="module")
 def server(stories260k):
     from tandem.app.server.app import ServerConfig, create_app
-    from tandem.app.server.models import make_slot
+    from tandem.app.server.loaded_models import make_slot
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 
     slot = make_slot(LlamaCppBackend(stories260k, LlamaConfig(n_ctx=256, n_threads=1)), name="stories")

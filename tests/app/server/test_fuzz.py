@@ -68,7 +68,7 @@ PATHS = st.sampled_from(["/v1/chat/completions", "/v1/completions", "/infill", "
 @pytest.fixture(scope="module")
 def fuzz_server(stories260k):
     from tandem.app.server.app import ServerConfig, create_app
-    from tandem.app.server.models import make_slot
+    from tandem.app.server.loaded_models import make_slot
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 
     slot = make_slot(LlamaCppBackend(stories260k, LlamaConfig(n_ctx=128, n_threads=1)), name="stories")

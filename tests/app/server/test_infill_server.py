@@ -26,7 +26,7 @@ def _request(name: str, **override) -> dict:
 def qwen_server(real_models):
     """The server as `tandem serve` builds it (speculative decoding on, the default)."""
     from tandem.app.server.app import ServerConfig, create_app
-    from tandem.app.server.models import make_slot
+    from tandem.app.server.loaded_models import make_slot
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 
     target = LlamaCppBackend(real_models.qwen_05b, LlamaConfig(n_ctx=2048, n_threads=2))
@@ -162,7 +162,7 @@ def test_cache_reuse_keeps_the_extra_chunks_that_moved(real_models) -> None:
     ``tandem serve --cache-reuse N`` the chunks both requests share are shifted into place
     rather than evaluated again, and the fill is still the right one."""
     from tandem.app.server.app import ServerConfig, create_app
-    from tandem.app.server.models import make_slot
+    from tandem.app.server.loaded_models import make_slot
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 
     base = _request("llama_vim_fim", n_predict=16, t_max_predict_ms=0)
@@ -184,7 +184,7 @@ def test_asking_again_with_the_accepted_part_drafts_the_rest(real_models) -> Non
     accepted, and the fill is the one a fresh request from another client gets (lossless).
     A fixed draft length, so the test does not depend on this CPU's verify costs."""
     from tandem.app.server.app import ServerConfig, create_app
-    from tandem.app.server.models import isolated, slot_for
+    from tandem.app.server.loaded_models import isolated, slot_for
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
     from tandem.runtime.engine import EngineSpec, engine_for
 

@@ -16,7 +16,7 @@ QUESTIONS = ["Name a colour.", "What is 2 + 2?", "Say hello in French.", "Name a
 @pytest.fixture(scope="module")
 def two_slot_server(real_models):
     from tandem.app.server.app import ServerConfig, create_app
-    from tandem.app.server.models import make_slot
+    from tandem.app.server.loaded_models import make_slot
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 
     target = LlamaCppBackend(real_models.smollm2, LlamaConfig(n_ctx=512, n_threads=1, n_seq=2))

@@ -21,7 +21,7 @@ PROMPT = "Once upon a time"
 def server(stories260k):
     """One server for the module: stories260K, speculative default, real sockets."""
     from tandem.app.server.app import ServerConfig, create_app
-    from tandem.app.server.models import make_slot
+    from tandem.app.server.loaded_models import make_slot
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 
     target = LlamaCppBackend(stories260k, LlamaConfig(n_ctx=256, n_threads=1))

@@ -9,11 +9,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
-from live_server import free_port
+from live_server import free_port, wait_healthy
 
 TANDEM = Path(sys.executable).with_name("tandem")
 
@@ -43,15 +42,7 @@ def test_broken_bodies_signals_and_unsupported_fields(real_models) -> None:
                              "--threads", "1", "--no-spec", "--request-log", "off"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "tandem serve did not come up"
-                time.sleep(0.1)
+        wait_healthy(proc, port, 120)
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         # a chunk size that is not hex, a body cut after 5 bytes, a chunk size past any limit
         raw(port, post_head(port, "Transfer-Encoding: chunked\r\n"), b"zz\r\n{}\r\n0\r\n\r\n")

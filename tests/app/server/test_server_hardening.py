@@ -17,14 +17,14 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from live_server import free_port, running
+from live_server import free_port, running, wait_healthy
 
 PROMPT = "Once upon a time"
 
 
 
 def _slot(path, max_queue: int = 1):
-    from tandem.app.server.models import make_slot
+    from tandem.app.server.loaded_models import make_slot
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 
     target = LlamaCppBackend(path, LlamaConfig(n_ctx=256, n_threads=1))
@@ -352,15 +352,7 @@ def _tandem_serve(model) -> Iterator[tuple[int, subprocess.Popen]]:
                              "--port", str(port), "--ctx", "2048", "--threads", "1", "--no-spec"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "tandem serve did not come up"
-                time.sleep(0.1)
+        wait_healthy(proc, port, 60)
         yield port, proc
         # uvicorn re-raises the signal after its graceful shutdown, so the status says "terminated"
         assert proc.wait(timeout=30) in (0, -signal.SIGTERM)

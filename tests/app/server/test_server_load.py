@@ -19,7 +19,7 @@ CLIENTS, REQUESTS, TOKENS = 16, 3, 4
 @pytest.fixture(scope="module")
 def qwen_server(real_models):
     from tandem.app.server.app import ServerConfig, create_app
-    from tandem.app.server.models import make_slot
+    from tandem.app.server.loaded_models import make_slot
     from tandem.runtime.backends.opener import open_backend
 
     slot = make_slot(open_backend(real_models.qwen_05b, n_ctx=1024), name="qwen", max_queue=CLIENTS * REQUESTS)

@@ -9,12 +9,11 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-from live_server import free_port
+from live_server import free_port, wait_healthy
 from tui_pilot import wait_for
 
 HOSTILE = ("bisect", "json", "numpy")
@@ -51,15 +50,7 @@ def test_serve_ignores_code_in_the_working_directory(hostile_dir, real_models) -
                              "--ctx", "1024", "--threads", "1"], cwd=hostile_dir,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "tandem serve did not come up"
-                time.sleep(0.1)
+        wait_healthy(proc, port, 120)
         r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=120,
                        json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
         assert r.status_code == 200
