@@ -90,6 +90,23 @@ def max_gpu_layers(shape: ModelShape, setup: Setup, machine: Machine, baseline: 
     return 0
 
 
+def place_experts(shape: ModelShape, setup: Setup, machine: Machine, baseline: int, others: Estimate,
+                  ) -> tuple[int, int]:
+    """(``n_gpu_layers``, ``host_expert_layers``) for a MoE GGUF under ``--moe-offload``: every
+    layer on the GPU with the experts of as few blocks as it takes in host memory; when
+    even all of them there leave too little room, all experts stay home and the most
+    layers that then fit go to the GPU. ``(0, 0)`` without offload or experts."""
+    experts = shape.expert_layers
+    if not gpu_offload_ok(machine) or not experts:
+        return 0, 0
+    for n in range(len(experts) + 1):
+        est = estimate(shape, replace(setup, n_gpu_layers=-1, host_expert_layers=n))
+        if fits(Estimate(est.items + others.items), machine, baseline):
+            return -1, n
+    every = replace(setup, host_expert_layers=len(experts))
+    return max_gpu_layers(shape, every, machine, baseline, others), len(experts)
+
+
 def place_draft(machine: Machine, baseline: int, gpu_ok: bool, torch_cuda: bool, t_shape: ModelShape,
                 target: ModelPlan, k: int, d_shape: ModelShape, draft: ModelPlan,
                 ) -> tuple[ModelPlan, ModelPlan, Estimate] | None:

@@ -44,6 +44,7 @@ from tandem.runtime.planning.devices import (
     gpu_offload_ok,
     max_gpu_layers,
     place_draft,
+    place_experts,
     torch_cuda_ok,
 )
 from tandem.runtime.planning.hardware import Machine, format_size, resolve_machine
@@ -201,6 +202,9 @@ def _make_plan(req: PlanRequest) -> Plan:
     else:
         baseline = PROFILE_BASELINE
     t_shape = shape_from_gguf(req.target)
+    if req.moe_offload and not t_shape.expert_bytes:
+        raise TandemError(f"{t_shape.name} is not a mixture-of-experts GGUF (no blk.N.ffn_*_exps tensors): "
+                          "--moe-offload has no experts to keep in host memory.")
     d_shapes: dict[str | None, ModelShape] = {}
     quant = None
     if req.draft:
@@ -269,8 +273,12 @@ def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelSh
         # Model-free drafting verifies k drafts too, with or without a draft model.
         target = ModelPlan(str(req.target), ctx + k, t_batch, kv, kv, n_threads=req.threads, n_seq=req.n_seq)
         if draft_cfg is None or d_shape is None or req.draft is None:
-            g = max_gpu_layers(t_shape, target.setup(k + 1), machine, baseline, Estimate()) if gpu_ok else 0
-            target = replace(target, n_gpu_layers=g)
+            if req.moe_offload and t_shape.expert_bytes:
+                g, n_home = place_experts(t_shape, target.setup(k + 1), machine, baseline, Estimate())
+                target = replace(target, n_gpu_layers=g, host_expert_layers=n_home)
+            else:
+                g = max_gpu_layers(t_shape, target.setup(k + 1), machine, baseline, Estimate()) if gpu_ok else 0
+                target = replace(target, n_gpu_layers=g)
             est = estimate(t_shape, target.setup(k + 1), k=k)
             if fits(est, machine, baseline):
                 return _finish(machine, baseline, t_shape, d_shape, target, None, k, est, note, reasons,
@@ -314,6 +322,10 @@ def _finish(machine: Machine, baseline: int, t_shape: ModelShape, d_shape: Model
     else:
         reasons.append("target on CPU threads" + (" (no GPU offload in this llama.cpp build)"
                                                   if machine.gpus and not gpu_offload_ok(machine) else ""))
+    if target.host_expert_layers:
+        reasons.append(f"experts of {target.host_expert_layers}/{len(t_shape.expert_layers)} layers in host memory "
+                       f"({t_shape.host_expert_bytes(target.host_expert_layers) / 2**30:.2f} GiB), "
+                       "the rest of every offloaded layer on the GPU")
     if target.n_batch < 256:
         reasons.append(f"prefill batch {target.n_batch} to shrink the compute buffer (prefill is slower)")
     if draft is not None and d_shape is not None:
