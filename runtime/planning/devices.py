@@ -95,7 +95,8 @@ def place_experts(shape: ModelShape, setup: Setup, machine: Machine, baseline: i
     """(``n_gpu_layers``, ``host_expert_layers``) for a MoE GGUF under ``--moe-offload``: every
     layer on the GPU with the experts of as few blocks as it takes in host memory; when
     even all of them there leave too little room, all experts stay home and the most
-    layers that then fit go to the GPU. ``(0, 0)`` without offload or experts."""
+    layers that then fit go to the GPU. ``(0, 0)`` when no layer goes to the GPU (the
+    experts are in host memory anyway), without offload or without experts."""
     experts = shape.expert_layers
     if not gpu_offload_ok(machine) or not experts:
         return 0, 0
@@ -103,8 +104,8 @@ def place_experts(shape: ModelShape, setup: Setup, machine: Machine, baseline: i
         est = estimate(shape, replace(setup, n_gpu_layers=-1, host_expert_layers=n))
         if fits(Estimate(est.items + others.items), machine, baseline):
             return -1, n
-    every = replace(setup, host_expert_layers=len(experts))
-    return max_gpu_layers(shape, every, machine, baseline, others), len(experts)
+    g = max_gpu_layers(shape, replace(setup, host_expert_layers=len(experts)), machine, baseline, others)
+    return (g, len(experts)) if g else (0, 0)
 
 
 def place_draft(machine: Machine, baseline: int, gpu_ok: bool, torch_cuda: bool, t_shape: ModelShape,

@@ -324,7 +324,7 @@ def _finish(machine: Machine, baseline: int, t_shape: ModelShape, d_shape: Model
                                                   if machine.gpus and not gpu_offload_ok(machine) else ""))
     if target.host_expert_layers:
         reasons.append(f"experts of {target.host_expert_layers}/{len(t_shape.expert_layers)} layers in host memory "
-                       f"({t_shape.host_expert_bytes(target.host_expert_layers) / 2**30:.2f} GiB), "
+                       f"({format_size(t_shape.host_expert_bytes(target.host_expert_layers))}), "
                        "the rest of every offloaded layer on the GPU")
     if target.n_batch < 256:
         reasons.append(f"prefill batch {target.n_batch} to shrink the compute buffer (prefill is slower)")
@@ -382,7 +382,7 @@ def plan_for_run(target_path: str | Path, draft_path: str | Path | None = None, 
                  ctx: int | None = None, *, vram: int | str | None = None, profile: str | None = None,
                  threads: int | None = None, draft_max: int = 8, acceptance: float = ACCEPTANCE_PRIOR,
                  drop_slow_draft: bool = True, model_free: bool | None = None, kv_type: str | None = None,
-                 n_seq: int = 1) -> Plan:
+                 n_seq: int = 1, moe_offload: bool = False) -> Plan:
     """The one call ``tandem run`` / ``tandem chat`` make: plan for this machine (or a
     profile) and raise :class:`BudgetError` with suggestions when nothing fits.
 
@@ -397,7 +397,8 @@ def plan_for_run(target_path: str | Path, draft_path: str | Path | None = None, 
     machine = resolve_machine(profile, budget, vram, measure_bandwidth=False)
     req = PlanRequest(Path(target_path), Path(draft_path) if draft_path else None, ctx, machine,
                       draft_max=draft_max, threads=threads, acceptance=acceptance,
-                      drop_slow_draft=drop_slow_draft, model_free=model_free, kv_type=kv_type, n_seq=n_seq)
+                      drop_slow_draft=drop_slow_draft, model_free=model_free, kv_type=kv_type, n_seq=n_seq,
+                      moe_offload=moe_offload)
     plan = make_plan(req).check()
     if plan.draft is not None and plan.draft.quant and plan.draft.source:
         from tandem.models.quantize import cached_copy

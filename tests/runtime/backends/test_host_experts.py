@@ -10,12 +10,12 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 import pytest
+from tiny_moe import N_LAYER, write_tiny_moe
 
 from tandem.models.errors import TandemError
 from tandem.runtime.backends import llama as llama_backend
 from tandem.runtime.backends.host_experts import ALL_LAYERS, HostExperts, expert_layers, host_layers
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
-from tests.tiny_moe import N_LAYER, write_tiny_moe
 
 
 @pytest.fixture(scope="module")

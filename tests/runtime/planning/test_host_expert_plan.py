@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from tiny_moe import N_LAYER, write_tiny_moe
 
 from tandem.models.errors import TandemError
 from tandem.runtime.backends import llama_devices
@@ -17,7 +18,6 @@ from tandem.runtime.planning.memory_model import Setup, estimate
 from tandem.runtime.planning.plan import PlanRequest
 from tandem.runtime.planning.planner import make_plan
 from tandem.runtime.planning.shapes import shape_from_gguf
-from tests.tiny_moe import N_LAYER, write_tiny_moe
 
 CPU = LlamaDevice("CPU", "host", "cpu", "CPU")
 CUDA0 = LlamaDevice("CUDA0", "NVIDIA GeForce RTX 4070", "gpu", "CUDA", 11 * 1024**3, 12 * 1024**3)
@@ -80,12 +80,15 @@ def test_fewest_layers_whose_experts_stay_home_under_several_budgets(tiny_moe: P
 def test_too_small_a_budget_keeps_all_experts_home_and_offloads_fewer_layers(tiny_moe: Path,
                                                                                cuda_build: None) -> None:
     shape = shape_from_gguf(tiny_moe)
-    all_home = estimate(shape, Setup(136, n_gpu_layers=-1, output_rows=9, host_expert_layers=N_LAYER)).gpu
-    vram = int(all_home * 0.9)
+    two = estimate(shape, Setup(136, n_gpu_layers=2, output_rows=9, host_expert_layers=N_LAYER)).gpu
+    vram = int(two / (1 - SAFETY)) + 1024  # the output layer and one block, all experts at home
     plan = _plan(tiny_moe, vram)
-    assert plan.fits and plan.target.host_expert_layers == N_LAYER
-    assert 0 <= plan.target.n_gpu_layers <= N_LAYER
-    assert plan.memory.gpu <= vram
+    assert plan.fits and plan.target.host_expert_layers == N_LAYER and plan.target.n_gpu_layers == 2
+    assert plan.memory.gpu <= vram * (1 - SAFETY)
+    # no room for even the GPU context: nothing offloaded, so nothing to keep home either
+    plan = _plan(tiny_moe, 64 * MiB)
+    assert plan.fits and plan.target.n_gpu_layers == 0 and plan.target.host_expert_layers == 0
+    assert plan.memory.gpu == 0
 
 
 def test_without_the_flag_the_experts_are_not_kept_home(tiny_moe: Path, cuda_build: None) -> None:
