@@ -14,12 +14,14 @@ import numpy as np
 N_EMBD, N_FF, N_LAYER, N_HEAD, N_EXPERT, N_USED = 64, 128, 3, 4, 4, 2
 
 
-def write_tiny_moe(path: Path, seed: int = 0, *, n_expert: int = N_EXPERT) -> Path:
-    """A Llama GGUF with ``n_expert`` experts per layer (0: a dense FFN instead)."""
+def write_tiny_moe(path: Path, seed: int = 0, *, n_expert: int = N_EXPERT, arch: str = "llama") -> Path:
+    """A Llama GGUF with ``n_expert`` experts per layer (0: a dense FFN instead);
+    ``arch="qwen3moe"``: Qwen3-MoE's layout (per-head q/k norms, its own expert width),
+    the shape of Qwen3-30B-A3B."""
     import gguf
 
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_name("tandem-tiny-moe" if n_expert else "tandem-tiny-dense")
     w.add_context_length(256)
     w.add_embedding_length(N_EMBD)
@@ -32,6 +34,8 @@ def write_tiny_moe(path: Path, seed: int = 0, *, n_expert: int = N_EXPERT) -> Pa
     if n_expert:
         w.add_expert_count(n_expert)
         w.add_expert_used_count(N_USED)
+        if arch == "qwen3moe":
+            w.add_expert_feed_forward_length(N_FF)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     tokens = [b"<unk>", b"<s>", b"</s>"] + [f"<0x{i:02X}>".encode() for i in range(256)]
     w.add_tokenizer_model("llama")
@@ -50,6 +54,9 @@ def write_tiny_moe(path: Path, seed: int = 0, *, n_expert: int = N_EXPERT) -> Pa
     for i in range(N_LAYER):
         for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
             w.add_tensor(f"blk.{i}.{name}.weight", mat(N_EMBD, N_EMBD))
+        if arch == "qwen3moe":
+            for name in ("attn_q_norm", "attn_k_norm"):
+                w.add_tensor(f"blk.{i}.{name}.weight", np.ones(N_EMBD // N_HEAD, dtype=np.float32))
         if n_expert:
             w.add_tensor(f"blk.{i}.ffn_gate_inp.weight", mat(n_expert, N_EMBD))
             w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", mat(n_expert, N_FF, N_EMBD))

@@ -107,3 +107,21 @@ def test_dense_model_is_refused(tiny_dense: Path) -> None:
 def test_too_many_layers_is_refused(tiny_moe: Path) -> None:
     with pytest.raises(TandemError, match=f"experts in {N_LAYER} layers"):
         LlamaCppBackend(tiny_moe, LlamaConfig(n_ctx=64, n_threads=1, host_expert_layers=N_LAYER + 1))
+
+
+def test_qwen3_moe_layout(tmp_path: Path) -> None:
+    """Qwen3-MoE (the Qwen3-30B-A3B layout): the same overrides, the same greedy output."""
+    model = write_tiny_moe(tmp_path / "tiny-qwen3moe.gguf", arch="qwen3moe")
+    prompt = [1, 72, 101, 108, 108, 111]
+    plain = LlamaCppBackend(model, LlamaConfig(n_ctx=64, n_threads=1))
+    try:
+        want = greedy(plain, prompt, 12)
+    finally:
+        plain.close()
+    with llama_log() as lines:
+        hosted = LlamaCppBackend(model, LlamaConfig(n_ctx=64, n_threads=1, host_expert_layers=1))
+    try:
+        assert sorted(overridden(lines)) == sorted(f"blk.0.ffn_{p}_exps.weight" for p in ("gate", "up", "down"))
+        assert greedy(hosted, prompt, 12) == want
+    finally:
+        hosted.close()
