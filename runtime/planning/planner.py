@@ -293,7 +293,8 @@ def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelSh
             path = str(cached_copy_path(req.draft, q))
         draft = ModelPlan(path, d_ctx, d_batch, d_kv, d_kv, n_threads=req.threads, window=window, quant=q,
                           source=str(req.draft) if q else None)
-        placed = place_draft(machine, baseline, gpu_ok, torch_cuda, t_shape, target, k, d_shapes[q], draft)
+        placed = place_draft(machine, baseline, gpu_ok, torch_cuda, t_shape, target, k, d_shapes[q], draft,
+                             req.moe_offload)
         if placed is None:
             continue
         target, draft, est = placed

@@ -99,3 +99,18 @@ def test_a_dense_gguf_is_refused(tmp_path: Path, cuda_build: None) -> None:
     dense = write_tiny_moe(tmp_path / "dense.gguf", n_expert=0)
     with pytest.raises(TandemError, match="not a mixture-of-experts GGUF"):
         _plan(dense, 4 * 1024**3)
+
+
+def test_a_drafter_on_the_gpu_leaves_the_target_less_room(tiny_moe: Path, tmp_path: Path, cuda_build: None) -> None:
+    """With a drafter named, its GPU share comes first: more of the target's experts stay home."""
+    draft = write_tiny_moe(tmp_path / "draft.gguf", seed=1, n_expert=0)
+    shape = shape_from_gguf(tiny_moe)
+    vram = int(estimate(shape, Setup(136, n_gpu_layers=-1, output_rows=9, host_expert_layers=0)).gpu
+               / (1 - SAFETY)) + 1024  # the target alone fits with every expert on the GPU
+    alone = _plan(tiny_moe, vram)
+    assert alone.target.host_expert_layers == 0
+    both = make_plan(PlanRequest(tiny_moe, draft, 128, _machine(vram), baseline=40 * MiB, model_free=False,
+                                 drop_slow_draft=False, moe_offload=True))
+    assert both.fits and both.draft is not None and both.memory.gpu <= vram * (1 - SAFETY)
+    assert both.draft.n_gpu_layers != 0 and both.target.n_gpu_layers != 0
+    assert both.target.host_expert_layers > alone.target.host_expert_layers
