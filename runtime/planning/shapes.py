@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tandem.models.errors import TandemError
 from tandem.models.shape import KV_TYPE_SIZES, DecoderShape, dims_from_hf
+from tandem.runtime.backends.host_experts import EXPERT_TENSOR
 
 KV_PAD = 256
 """llama.cpp rounds the KV cache's cell count up to this many (padding for kernels)."""
@@ -64,8 +65,6 @@ class ModelShape(DecoderShape):
 
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
-EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(?:up|down|gate)_exps\.weight$")
-"""A block's routed experts (as :data:`tandem.runtime.backends.host_experts.EXPERT_TENSOR`)."""
 
 
 QUANT_COPY_TYPES = ("q8_0", "f16")
