@@ -135,11 +135,15 @@ def compare(reference: tuple[list[int], list[np.ndarray]], candidate: list[int])
     return {"equal": True, "tokens": len(tokens)}
 
 
-def run(model: Path, vram: str, out_dir: Path, tokens: int, rounds: int, ctx: int, home: int | None = None) -> dict:
+def run(model: Path, vram: str, out_dir: Path, tokens: int, rounds: int, ctx: int, home: int | None = None,
+        time_budget_s: float = 40.0) -> dict:
+    """``time_budget_s``: no timed round starts after this many seconds of the run (at least
+    one always runs), so a slow host cannot push the run past its time limit."""
     from tandem.runtime.backends.host_experts import ALL_LAYERS
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
     from tandem.runtime.backends.llama_devices import gpu_devices, gpu_offload_build
 
+    began = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     result_path = out_dir / "gpu_moe.json"
     result: dict = {"model": str(model), "vram": vram, "tokens_per_round": tokens, "rounds": rounds,
@@ -173,7 +177,10 @@ def run(model: Path, vram: str, out_dir: Path, tokens: int, rounds: int, ctx: in
             b.evaluate(prompt)
             decode_round(b, prompt, 2)  # warm-up: first-call allocations, kernel selection
         times: dict[str, list[float]] = {name: [] for name in backends}
-        for _ in range(rounds):
+        for r in range(rounds):
+            if r and time.perf_counter() - began > time_budget_s:
+                result["rounds_run"] = r  # stopped early: the time budget was spent
+                break
             for name, b in backends.items():
                 seconds, _ = decode_round(b, prompt, tokens)
                 times[name].append(tokens / seconds)
@@ -206,6 +213,12 @@ def table(result: dict) -> str:
         rows.append(f"{name:10} {load['n_gpu_layers']:>10} {home:>12} "
                     + (f"{s['median']:>15.2f} {s['min']:>8.2f}-{s['max']:<8.2f} {s['median'] / base:>6.2f}"
                        if s and base else f"{'-':>15}"))
+    plan = result.get("plan", {})
+    planned = result.get("loads", {}).get("planned", {}).get("model_buffers_mib", {})
+    gpu_mib = sum(v for k, v in planned.items() if not k.startswith("CPU") and not k.endswith("_Host"))
+    rows.append(f"planned: predicted {plan.get('predicted_gpu_bytes', 0) / 2**20:.0f} MiB GPU of a "
+                f"{plan.get('vram_budget', 0) / 2**20:.0f} MiB budget; llama.cpp's GPU model buffers "
+                f"{gpu_mib:.0f} MiB")
     check = result.get("greedy_planned_vs_cpu")
     if check:
         rows.append("greedy planned vs cpu: " + ("equal" if check["equal"] else
@@ -222,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=24, help="decoded tokens per timed round (default 24)")
     p.add_argument("--rounds", type=int, default=5, help="alternating timed rounds (default 5)")
     p.add_argument("--ctx", type=int, default=256)
+    p.add_argument("--time-budget", type=float, default=40.0, metavar="S",
+                   help="start no timed round after S seconds (default 40; at least one round runs)")
     p.add_argument("--home", type=int, default=None, metavar="N",
                    help="use all GPU layers with the experts of N layers at home instead of the plan's choice "
                         "(to check this script on a CPU build, where the plan offloads nothing)")
@@ -229,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     from tandem.models.errors import TandemError
 
     try:
-        result = run(args.model, args.vram, args.out, args.tokens, args.rounds, args.ctx, args.home)
+        result = run(args.model, args.vram, args.out, args.tokens, args.rounds, args.ctx, args.home,
+                     args.time_budget)
     except TandemError as exc:
         print(f"gpu_moe: error: {exc}", file=sys.stderr)
         return 2

@@ -37,3 +37,13 @@ def test_dense_model_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFix
     assert main([str(dense), "--vram", "1GiB", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a mixture-of-experts GGUF" in err[0]
+
+
+def test_no_round_starts_after_the_time_budget(tmp_path: Path) -> None:
+    model = write_tiny_moe(tmp_path / "tiny-moe.gguf")
+    out = tmp_path / "out"
+    assert main([str(model), "--vram", "1GiB", "--out", str(out), "--tokens", "2", "--rounds", "5",
+                 "--time-budget", "0"]) == 0
+    result = json.loads((out / "gpu_moe.json").read_text())
+    assert result["rounds_run"] == 1
+    assert all(len(s["all"]) == 1 for s in result["decode_tok_s"].values())
