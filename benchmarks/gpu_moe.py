@@ -100,6 +100,11 @@ def planned_layers(model: Path, vram: str, ctx: int) -> tuple[int, int, dict]:
         "predicted_host_bytes": plan.memory.host, "reasons": plan.reasons}
 
 
+def say(text: str) -> None:
+    """Progress, on stderr (stdout is the table)."""
+    print(f"gpu_moe: {text}", file=sys.stderr, flush=True)
+
+
 def decode_round(backend, prompt: list[int], n: int) -> tuple[float, list[int]]:
     """Seconds for ``n`` one-token greedy steps after ``prompt`` (the prompt is kept in the
     cache between rounds, so only decoding is timed), and the tokens."""
@@ -152,6 +157,7 @@ def run(model: Path, vram: str, out_dir: Path, tokens: int, rounds: int, ctx: in
     def save() -> None:
         result_path.write_text(json.dumps(result, indent=2))
 
+    say("planning --moe-offload --vram " + vram)
     g, n_home, plan = planned_layers(model, vram, ctx)
     result["plan"] = {"n_gpu_layers": g, "host_expert_layers": n_home, **plan}
     if home is not None:  # checking this script on a CPU build, where the plan offloads nothing
@@ -166,6 +172,7 @@ def run(model: Path, vram: str, out_dir: Path, tokens: int, rounds: int, ctx: in
     try:
         result["loads"] = {}
         for name, cfg in configs.items():
+            say(f"loading {name} (n_gpu_layers {cfg.n_gpu_layers}, experts home {cfg.host_expert_layers})")
             start = time.perf_counter()
             log.take()
             backends[name] = LlamaCppBackend(model, cfg)
@@ -181,12 +188,14 @@ def run(model: Path, vram: str, out_dir: Path, tokens: int, rounds: int, ctx: in
             if r and time.perf_counter() - began > time_budget_s:
                 result["rounds_run"] = r  # stopped early: the time budget was spent
                 break
+            say(f"timed round {r + 1}/{rounds}")
             for name, b in backends.items():
                 seconds, _ = decode_round(b, prompt, tokens)
                 times[name].append(tokens / seconds)
         result["decode_tok_s"] = {name: {"median": statistics.median(v), "min": min(v), "max": max(v), "all": v}
                                   for name, v in times.items()}
         save()
+        say(f"greedy check, {CHECK_TOKENS} tokens")
         reference = greedy_with_logits(backends["cpu"], prompt, CHECK_TOKENS)
         planned, _ = greedy_with_logits(backends["planned"], prompt, CHECK_TOKENS)
         result["greedy_planned_vs_cpu"] = compare(reference, planned)
