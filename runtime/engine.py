@@ -226,10 +226,15 @@ def check_spec(spec: EngineSpec, kind: str) -> None:
             raise TandemError(f"Unknown --kv-type {spec.kv_type!r}; choose one of {', '.join(LLAMA_KV_TYPES)}.")
         if kind != "llama.cpp":
             raise TandemError("--kv-type sets llama.cpp's KV cache; in the torch engine use --kv-compress.")
-    if (spec.kv_compress is not None or spec.moe_offload is not None) and kind != "torch":
-        flag = "--kv-compress" if spec.kv_compress is not None else "--moe-offload"
-        raise TandemError(f"{flag} works in the torch engine: add --engine torch (the target runs there "
+    if spec.kv_compress is not None and kind != "torch":
+        raise TandemError("--kv-compress works in the torch engine: add --engine torch (the target runs there "
                           "dequantized, on CUDA when torch sees a GPU, else on the CPU).")
+    if spec.moe_offload is not None and kind not in ("torch", "llama.cpp"):
+        raise TandemError("--moe-offload applies to a mixture-of-experts GGUF (llama.cpp, or --engine torch).")
+    if spec.moe_offload is not None and kind == "llama.cpp" and spec.moe_offload != MoeOffloadSpec():
+        raise TandemError("--moe-offload BUDGET and its --moe-* options set the torch engine's expert cache: "
+                          "add --engine torch. In llama.cpp, plain --moe-offload keeps as many layers' experts "
+                          "in host memory as --vram needs.")
     if spec.rpc and kind != "llama.cpp":
         raise TandemError("--rpc splits a GGUF target in llama.cpp over RPC servers; it does not apply to "
                           f"the {kind} engine.")
@@ -331,7 +336,8 @@ def _open_llama(spec: EngineSpec, say: Notify, on_load: Callable[[float], None] 
     say("planning memory")
     plan = plan_for_run(spec.target, planned_draft, spec.budget, spec.n_ctx, vram=spec.vram, threads=spec.threads,
                         draft_max=spec.draft_max, drop_slow_draft=False, kv_type=spec.kv_type,
-                        model_free=spec.draft_mode in ("auto", "ngram"), n_seq=spec.parallel)
+                        model_free=spec.draft_mode in ("auto", "ngram"), n_seq=spec.parallel,
+                        moe_offload=spec.moe_offload is not None)
     notes = plan_notes(plan, planned_draft is not None)
     mode = spec.draft_mode
     if planned_draft is not None and plan.draft is None:

@@ -89,9 +89,10 @@ def add_technique_flags(p: argparse.ArgumentParser) -> None:
                         + "; ".join(f"{name}: {preset.summary}" for name, preset in PRESETS.items())
                         + " (quality costs: `tandem plan --engine torch`)")
     g.add_argument("--moe-offload", nargs="?", const="25%", default=None, metavar="BUDGET",
-                   help="torch engine, mixture-of-experts GGUF: keep experts in the file (CPU) or pinned RAM "
-                        "(CUDA) behind a cache of BUDGET device bytes, e.g. 2GiB or 25%% of the experts "
-                        "(default 25%%); lossless at full precision")
+                   help="mixture-of-experts GGUF. llama.cpp (plain --moe-offload): keep the experts of as few "
+                        "layers as --vram needs in host memory, everything else on the GPU. Torch engine: keep "
+                        "experts in the file (CPU) or pinned RAM (CUDA) behind a cache of BUDGET device bytes, "
+                        "e.g. 2GiB or 25%% of the experts (default 25%%); lossless at full precision")
     g.add_argument("--moe-eviction", choices=EVICTIONS, default="lru", help="expert cache eviction (default lru)")
     g.add_argument("--moe-prefetch", action="store_true", help="prefetch the next layer's guessed experts "
                    "(cross-layer gate; did not pay in the measured settings)")

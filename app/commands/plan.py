@@ -122,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
     plan = make_plan(PlanRequest(target, draft, args.ctx, machine, draft_max=args.draft_max,
                                  allow_kv_quant=not args.no_kv_quant, kv_type=args.kv_type, threads=args.threads,
                                  drop_slow_draft=draft is None, baseline=run_baseline(machine),
-                                 model_free=args.draft_mode in ("auto", "ngram")))
+                                 model_free=args.draft_mode in ("auto", "ngram"),
+                                 moe_offload=spec.moe_offload is not None))
     choice = calibrated(plan) if args.calibrate and plan.fits and plan.draft is not None else None
     n_ctx = plan.target.n_ctx
     options = [*llama_kv_options(target, n_ctx, plan.target.type_k if plan.fits else None),

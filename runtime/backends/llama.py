@@ -22,6 +22,7 @@ from tandem.models.errors import ModelFormatError, TandemError, UnsupportedModel
 from tandem.models.gguf_file import check_runnable, inspect_gguf
 from tandem.models.shape import KV_TYPE_SIZES, DecoderShape
 from tandem.runtime.backends.embedding_rows import EmbeddingRows
+from tandem.runtime.backends.host_experts import HostExperts
 from tandem.runtime.backends.llama_vocab import LlamaVocab, TokenizerDelegate, load_model
 from tandem.runtime.backends.protocol import (
     ComputeSettings,
@@ -74,6 +75,11 @@ class LlamaConfig:
     (llama.cpp's ``n_seq_max`` with ``kv_unified`` off): the server's parallel slots,
     decoded together by :mod:`tandem.runtime.backends.llama_batch`. The backend's own
     ``evaluate`` uses sequence 0; with more than one, use the batcher's views instead."""
+    host_expert_layers: int = 0
+    """A mixture-of-experts GGUF: the experts of its first N expert layers stay in host
+    memory while the rest goes where ``n_gpu_layers`` puts it (llama.cpp's ``--n-cpu-moe
+    N``); ``-1``: every layer's experts (``-ot exps=CPU``). A dense model is refused
+    (see :mod:`tandem.runtime.backends.host_experts`)."""
 
 
 EXACT_BATCH = 7
@@ -177,6 +183,10 @@ class LlamaCppBackend(TokenizerDelegate, TokenCache):
         n_ctx = cfg.n_ctx or min(trained, 4096)
         threads = cfg.n_threads or cpu_cores()
         params, self._rpc = model_params(cfg), None
+        self.host_experts = (HostExperts.for_model(cfg.host_expert_layers, [t.name for t in self.info.tensors])
+                             if cfg.host_expert_layers else None)
+        if self.host_experts is not None:
+            self.host_experts.apply(params)  # the array lives on self.host_experts past the load
         progress = load_progress(on_load) if on_load is not None else None
         if progress is not None:
             params.progress_callback = progress  # referenced by ``progress`` until __init__ ends

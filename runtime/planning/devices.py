@@ -90,21 +90,44 @@ def max_gpu_layers(shape: ModelShape, setup: Setup, machine: Machine, baseline: 
     return 0
 
 
+def place_experts(shape: ModelShape, setup: Setup, machine: Machine, baseline: int, others: Estimate,
+                  ) -> tuple[int, int]:
+    """(``n_gpu_layers``, ``host_expert_layers``) for a MoE GGUF under ``--moe-offload``: every
+    layer on the GPU with the experts of as few blocks as it takes in host memory; when
+    even all of them there leave too little room, all experts stay home and the most
+    layers that then fit go to the GPU. ``(0, 0)`` when no layer goes to the GPU (the
+    experts are in host memory anyway), without offload or without experts."""
+    experts = shape.expert_layers
+    if not gpu_offload_ok(machine) or not experts:
+        return 0, 0
+    for n in range(len(experts) + 1):
+        est = estimate(shape, replace(setup, n_gpu_layers=-1, host_expert_layers=n))
+        if fits(Estimate(est.items + others.items), machine, baseline):
+            return -1, n
+    g = max_gpu_layers(shape, replace(setup, host_expert_layers=len(experts)), machine, baseline, others)
+    return (g, len(experts)) if g else (0, 0)
+
+
 def place_draft(machine: Machine, baseline: int, gpu_ok: bool, torch_cuda: bool, t_shape: ModelShape,
-                target: ModelPlan, k: int, d_shape: ModelShape, draft: ModelPlan,
+                target: ModelPlan, k: int, d_shape: ModelShape, draft: ModelPlan, experts_home: bool = False,
                 ) -> tuple[ModelPlan, ModelPlan, Estimate] | None:
     """(target, drafter, estimate) with the drafter on every device it fits on, or None.
 
     A llama.cpp build that offloads gives the small drafter GPU layers first and the
     target the rest. Otherwise the drafter is priced on the CPU (llama.cpp, host memory)
     and, with a usable CUDA GPU, in the torch engine there (VRAM, plus the CUDA
-    runtime's host side); ``devices`` lists those that fit, the GPU first."""
+    runtime's host side); ``devices`` lists those that fit, the GPU first. ``experts_home``
+    (``--moe-offload``): the target's experts stay home as :func:`place_experts` chooses."""
     t_setup = target.setup(k + 1)
     if gpu_ok:
         g = max_gpu_layers(d_shape, draft.setup(), machine, baseline, Estimate())
         draft = replace(draft, n_gpu_layers=g)
         d_est = estimate(d_shape, draft.setup(), include_process=False)
-        target = replace(target, n_gpu_layers=max_gpu_layers(t_shape, t_setup, machine, baseline, d_est))
+        if experts_home and t_shape.expert_bytes:
+            g, n_home = place_experts(t_shape, t_setup, machine, baseline, d_est)
+            target = replace(target, n_gpu_layers=g, host_expert_layers=n_home)
+        else:
+            target = replace(target, n_gpu_layers=max_gpu_layers(t_shape, t_setup, machine, baseline, d_est))
         est = estimate(t_shape, target.setup(k + 1), d_shape, draft.setup(), k=k)
         return (target, draft, est) if fits(est, machine, baseline) else None
     options = {"cpu": estimate(t_shape, t_setup, d_shape, draft.setup(), k=k)}

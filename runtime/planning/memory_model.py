@@ -62,6 +62,8 @@ class Setup:
     n_gpu_layers: int = 0
     output_rows: int = 1
     """Most logits rows asked for in one call (k+1 for a verifying target)."""
+    host_expert_layers: int = 0
+    """A MoE GGUF: the experts of its first N expert blocks stay in host memory (-1: all)."""
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,15 @@ def llama_context_overhead() -> int:
     return machine_baseline().llama_context
 
 
+def experts_kept_home(shape: ModelShape, g: int, host_expert_layers: int) -> int:
+    """Expert bytes of the ``g`` offloaded blocks (the last ``g``) that stay in host memory
+    because they are among the first ``host_expert_layers`` expert blocks (-1: all)."""
+    if not host_expert_layers or not shape.expert_bytes:
+        return 0
+    layers = shape.expert_layers if host_expert_layers < 0 else shape.expert_layers[:host_expert_layers]
+    return sum(shape.expert_bytes[i] for i in layers if i >= shape.n_layer - g)
+
+
 def model_items(shape: ModelShape, setup: Setup, kind: str = "llama.cpp", role: str = "target",
                 first_in_process: bool = True) -> list[Item]:
     """Weights, KV, compute and per-model runtime bytes of one model, by device.
@@ -201,7 +212,8 @@ def model_items(shape: ModelShape, setup: Setup, kind: str = "llama.cpp", role: 
         return llama_cpu_items(shape, setup, role)
     costs = COSTS[kind]
     g, head_on_gpu = gpu_layers(shape.n_layer, setup.n_gpu_layers)
-    w_moved = sum(shape.layer_bytes[shape.n_layer - g:]) + (shape.output_bytes if head_on_gpu else 0)
+    w_moved = (sum(shape.layer_bytes[shape.n_layer - g:]) + (shape.output_bytes if head_on_gpu else 0)
+               - experts_kept_home(shape, g, setup.host_expert_layers))
     w_gpu = w_moved + (gpu_head_bytes(shape) - shape.output_bytes if head_on_gpu else 0)
     # llama.cpp maps the whole file and unmaps what it uploaded; the embedding stays.
     w_host = (shape.file_bytes or shape.weights_bytes) - w_moved

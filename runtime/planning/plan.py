@@ -61,9 +61,13 @@ class ModelPlan:
     KV in its own stream. Priced as one context of ``n_seq * n_ctx``: the KV cache is
     exactly that, the compute buffer a little less (attention spans one stream)."""
 
+    host_expert_layers: int = 0
+    """Target only, a MoE GGUF with ``--moe-offload``: the experts of its first N expert
+    blocks stay in host memory, the rest of each offloaded block on the GPU (-1: all)."""
+
     def setup(self, output_rows: int = 1) -> Setup:
         return Setup(self.n_ctx * self.n_seq, self.n_batch, self.type_k, self.type_v, self.flash_attn,
-                     self.n_gpu_layers, output_rows)
+                     self.n_gpu_layers, output_rows, self.host_expert_layers)
 
     def llama_config(self):
         """The :class:`~tandem.runtime.backends.llama.LlamaConfig` that realises this plan."""
@@ -71,7 +75,7 @@ class ModelPlan:
 
         return LlamaConfig(n_ctx=self.n_ctx, n_batch=self.n_batch, n_threads=self.n_threads,
                            n_gpu_layers=self.n_gpu_layers, type_k=self.type_k, type_v=self.type_v,
-                           flash_attn=self.flash_attn, n_seq=self.n_seq)
+                           flash_attn=self.flash_attn, n_seq=self.n_seq, host_expert_layers=self.host_expert_layers)
 
     def torch_config(self, device: str | None = None):
         """The :class:`~tandem.runtime.backends.torch_engine.backend.TorchConfig` the planner priced
@@ -156,6 +160,9 @@ class PlanRequest:
     """Resident bytes before the models load; ``None``: this process's RSS plus the
     llama.cpp code it will still fault in (:func:`tandem.runtime.planning.memprobe.unresident_code`),
     or the profile constant when planning another machine."""
+    moe_offload: bool = False
+    """A MoE GGUF target on a GPU: keep the experts of as few blocks as it takes in host
+    memory for everything else to fit the VRAM budget (``--moe-offload``)."""
 
 
 

@@ -44,6 +44,7 @@ from tandem.runtime.planning.devices import (
     gpu_offload_ok,
     max_gpu_layers,
     place_draft,
+    place_experts,
     torch_cuda_ok,
 )
 from tandem.runtime.planning.hardware import Machine, format_size, resolve_machine
@@ -201,6 +202,9 @@ def _make_plan(req: PlanRequest) -> Plan:
     else:
         baseline = PROFILE_BASELINE
     t_shape = shape_from_gguf(req.target)
+    if req.moe_offload and not t_shape.expert_bytes:
+        raise TandemError(f"{t_shape.name} is not a mixture-of-experts GGUF (no blk.N.ffn_*_exps tensors): "
+                          "--moe-offload has no experts to keep in host memory.")
     d_shapes: dict[str | None, ModelShape] = {}
     quant = None
     if req.draft:
@@ -269,8 +273,12 @@ def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelSh
         # Model-free drafting verifies k drafts too, with or without a draft model.
         target = ModelPlan(str(req.target), ctx + k, t_batch, kv, kv, n_threads=req.threads, n_seq=req.n_seq)
         if draft_cfg is None or d_shape is None or req.draft is None:
-            g = max_gpu_layers(t_shape, target.setup(k + 1), machine, baseline, Estimate()) if gpu_ok else 0
-            target = replace(target, n_gpu_layers=g)
+            if req.moe_offload and t_shape.expert_bytes:
+                g, n_home = place_experts(t_shape, target.setup(k + 1), machine, baseline, Estimate())
+                target = replace(target, n_gpu_layers=g, host_expert_layers=n_home)
+            else:
+                g = max_gpu_layers(t_shape, target.setup(k + 1), machine, baseline, Estimate()) if gpu_ok else 0
+                target = replace(target, n_gpu_layers=g)
             est = estimate(t_shape, target.setup(k + 1), k=k)
             if fits(est, machine, baseline):
                 return _finish(machine, baseline, t_shape, d_shape, target, None, k, est, note, reasons,
@@ -285,7 +293,8 @@ def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelSh
             path = str(cached_copy_path(req.draft, q))
         draft = ModelPlan(path, d_ctx, d_batch, d_kv, d_kv, n_threads=req.threads, window=window, quant=q,
                           source=str(req.draft) if q else None)
-        placed = place_draft(machine, baseline, gpu_ok, torch_cuda, t_shape, target, k, d_shapes[q], draft)
+        placed = place_draft(machine, baseline, gpu_ok, torch_cuda, t_shape, target, k, d_shapes[q], draft,
+                             req.moe_offload)
         if placed is None:
             continue
         target, draft, est = placed
@@ -314,6 +323,10 @@ def _finish(machine: Machine, baseline: int, t_shape: ModelShape, d_shape: Model
     else:
         reasons.append("target on CPU threads" + (" (no GPU offload in this llama.cpp build)"
                                                   if machine.gpus and not gpu_offload_ok(machine) else ""))
+    if target.host_expert_layers:
+        reasons.append(f"experts of {target.host_expert_layers}/{len(t_shape.expert_layers)} layers in host memory "
+                       f"({format_size(t_shape.host_expert_bytes(target.host_expert_layers))}), "
+                       "the rest of every offloaded layer on the GPU")
     if target.n_batch < 256:
         reasons.append(f"prefill batch {target.n_batch} to shrink the compute buffer (prefill is slower)")
     if draft is not None and d_shape is not None:
@@ -370,7 +383,7 @@ def plan_for_run(target_path: str | Path, draft_path: str | Path | None = None, 
                  ctx: int | None = None, *, vram: int | str | None = None, profile: str | None = None,
                  threads: int | None = None, draft_max: int = 8, acceptance: float = ACCEPTANCE_PRIOR,
                  drop_slow_draft: bool = True, model_free: bool | None = None, kv_type: str | None = None,
-                 n_seq: int = 1) -> Plan:
+                 n_seq: int = 1, moe_offload: bool = False) -> Plan:
     """The one call ``tandem run`` / ``tandem chat`` make: plan for this machine (or a
     profile) and raise :class:`BudgetError` with suggestions when nothing fits.
 
@@ -385,7 +398,8 @@ def plan_for_run(target_path: str | Path, draft_path: str | Path | None = None, 
     machine = resolve_machine(profile, budget, vram, measure_bandwidth=False)
     req = PlanRequest(Path(target_path), Path(draft_path) if draft_path else None, ctx, machine,
                       draft_max=draft_max, threads=threads, acceptance=acceptance,
-                      drop_slow_draft=drop_slow_draft, model_free=model_free, kv_type=kv_type, n_seq=n_seq)
+                      drop_slow_draft=drop_slow_draft, model_free=model_free, kv_type=kv_type, n_seq=n_seq,
+                      moe_offload=moe_offload)
     plan = make_plan(req).check()
     if plan.draft is not None and plan.draft.quant and plan.draft.source:
         from tandem.models.quantize import cached_copy

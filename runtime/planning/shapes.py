@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tandem.models.errors import TandemError
 from tandem.models.shape import KV_TYPE_SIZES, DecoderShape, dims_from_hf
+from tandem.runtime.backends.host_experts import EXPERT_TENSOR
 
 KV_PAD = 256
 """llama.cpp rounds the KV cache's cell count up to this many (padding for kernels)."""
@@ -43,6 +44,20 @@ class ModelShape(DecoderShape):
     file_bytes: int = 0
     """Bytes of the file llama.cpp maps (the whole file is resident while it loads:
     header and tensor data); 0: not a GGUF."""
+    expert_bytes: tuple[int, ...] = ()
+    """Bytes of each block's routed experts (``blk.N.ffn_{gate,up,down}_exps``), in
+    order, included in :attr:`layer_bytes`; empty for a dense model. What keeping the
+    experts of a block in host memory takes off the GPU."""
+
+    @property
+    def expert_layers(self) -> tuple[int, ...]:
+        """The blocks that hold experts, in order (the ones ``host_expert_layers`` counts)."""
+        return tuple(i for i, b in enumerate(self.expert_bytes) if b)
+
+    def host_expert_bytes(self, n: int) -> int:
+        """Expert bytes of the first ``n`` expert blocks (``-1``: all)."""
+        layers = self.expert_layers if n < 0 else self.expert_layers[:n]
+        return sum(self.expert_bytes[i] for i in layers)
 
     @property
     def weights_bytes(self) -> int:
@@ -81,6 +96,7 @@ def shape_from_gguf(path_or_info, as_type: str | None = None) -> ModelShape:
     dims = info.shape()
     n_layer = dims.n_layer
     layers = [0] * n_layer
+    experts = [0] * n_layer
     inp = out = 0
     types: dict[int, int] = {}
     for t in info.tensors:
@@ -88,6 +104,8 @@ def shape_from_gguf(path_or_info, as_type: str | None = None) -> ModelShape:
         m = _BLOCK.match(t.name)
         if m and int(m.group(1)) < n_layer:
             layers[int(m.group(1))] += nbytes
+            if EXPERT_TENSOR.match(t.name):
+                experts[int(m.group(1))] += nbytes
             types[t.ggml_type] = types.get(t.ggml_type, 0) + nbytes
         elif t.name.startswith("token_embd"):
             inp += nbytes
@@ -101,6 +119,7 @@ def shape_from_gguf(path_or_info, as_type: str | None = None) -> ModelShape:
         layer_bytes=tuple(layers), input_bytes=inp, output_bytes=out, weight_type=as_type or wtype,
         n_params=info.n_params, path=str(info.path),
         file_bytes=info.file_size - info.weights_bytes + inp + out + sum(layers),
+        expert_bytes=tuple(experts) if any(experts) else (),
     )
 
 
