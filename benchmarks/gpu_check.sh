@@ -129,9 +129,15 @@ out = subprocess.run([sys.executable, "-m", "tandem.app.cli", "plan", "-m", sys.
 print(json.loads(out)["target"]["n_gpu_layers"])' "$big" 2>/dev/null || echo 12)
         step costs_7b_3gib 90 python3 -m benchmarks.gpu_costs "$big" --ngl "$ngl,0" --ks 1,2,3,4,6,8 --reps 5 --peer
     fi
+    # issue 27: the 16-core host's CPU (this build's CPU llama.cpp): exact, repacked and the peer at 8 threads
+    step cpu_kernels_8t 90 env PYTHONPATH="$CPU_PYTHONPATH" python3 -m benchmarks.kernels "$T" --threads 8 \
+        --prompt 480 --steps 24 --rounds 3
     if moe=$(wait_shape qwen3-30b-a3b); then
         step moe 90 python3 -m benchmarks.gpu_moe "$moe" --vram 8GiB --out "$LOGS"
     fi
+    # issue 28: 4 parallel slots against one worker on the GPU (plain decoding: no drafts to accept)
+    step server_load 120 python3 -m benchmarks.server_load --model "$T" --threads 8 --parallel 4 --clients 4 \
+        --seconds 10 --idle-infills 4 --rounds 1
 }
 
 for phase in "$@"; do "$phase"; done
@@ -142,7 +148,7 @@ echo
 echo "== build =="; tail -2 /tmp/kit/build.log 2>/dev/null | cut -c1-400
 echo "== steps (all logs in logs.tar.gz) =="
 cat "$LOGS/steps.txt"
-for f in crash_bisect gpu_tier once_failing vram plan_7b_3gib costs_15b costs_05b bench_gpu costs_7b_gpu costs_7b_3gib moe; do
+for f in crash_bisect gpu_tier once_failing vram plan_7b_3gib costs_15b costs_05b bench_gpu costs_7b_gpu costs_7b_3gib cpu_kernels_8t moe server_load; do
     [ -f "$LOGS/$f.log" ] && { echo "== $f =="; grep -v '^$' "$LOGS/$f.log" | tail -${TAIL:-20} | cut -c1-300; }
 done
 exit 0

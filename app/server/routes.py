@@ -23,8 +23,8 @@ from starlette.responses import JSONResponse
 from tandem.app.server import infill as infill_api
 from tandem.app.server import jobs, llama_completion
 from tandem.app.server.cache_owner import client_identity
-from tandem.app.server.logprobs import parse_logprobs, shape
 from tandem.app.server.loaded_models import ModelSlot
+from tandem.app.server.logprobs import parse_logprobs, shape
 from tandem.app.server.openai import (
     ApiError,
     GenRequest,
