@@ -45,8 +45,9 @@ def is_model_source(source: str) -> bool:
     return not all(part in MODEL_FREE_SOURCES for part in source.split("+") if part)
 
 
-def record_reply(engine: Engine, prompt: list[int], n: int) -> tuple[list[int], list[Round]]:
-    """One greedy reply of ``n`` tokens with a fresh strategy, and its rounds.
+def record_reply(engine: Engine, prompt: list[int], n: int, **changes) -> tuple[list[int], list[Round]]:
+    """One greedy reply of ``n`` tokens with a fresh strategy (its options with
+    ``changes``), and its rounds.
 
     The rounds are what the strategy's policy observes (every round of the loop tells it
     what was drafted, accepted and evaluated, timing rounds padded to a call size the
@@ -54,7 +55,7 @@ def record_reply(engine: Engine, prompt: list[int], n: int) -> tuple[list[int], 
     one evaluated token. The first round of speculative decoding evaluates the last prompt
     token with the first drafts, so plain decoding's first round is the last prompt
     token's own call."""
-    strategy = engine.fresh_strategy(suffix_memory="request")
+    strategy = engine.fresh_strategy(suffix_memory="request", **changes)
     rounds: list[Round] = []
     policy = strategy.policy
     try:
@@ -84,13 +85,18 @@ def record_reply(engine: Engine, prompt: list[int], n: int) -> tuple[list[int], 
 
 def record_acceptance(cfg: BenchConfig) -> dict:
     """Every configuration of ``cfg`` (no peers) on every prompt of its workloads: the
-    rounds and whether the output equals plain decoding's."""
+    rounds and whether the output equals plain decoding's.
+
+    Besides the bench's configurations, ``ngram@k`` for each of ``cfg.lengths``:
+    model-free drafting at a fixed length k (on the plain engine's target), whose rounds
+    do not depend on the recording machine's costs as the adaptive ``ngram``'s do."""
     threads = cfg.threads or cpu_cores()
     spec = EngineSpec(cfg.target, draft_mode="off", draft_max=cfg.draft_max, budget=cfg.budget, threads=threads,
                       n_ctx=cfg.ctx, kv_type=cfg.kv_type, engine="llama.cpp", repack=cfg.repack)
     engines, drafters = open_configs(spec, cfg, cfg.log)
     try:
-        names = select(select_families(list(engines), cfg.families), cfg.configs)
+        fixed_free = {f"ngram@{k}": {"mode": "ngram", "draft_length": k} for k in cfg.lengths}
+        names = select(select_families(list(engines) + list(fixed_free), cfg.families), cfg.configs)
         target = engines["plain"].target
         out: dict = {"format": FORMAT, "target": cfg.target.name,
                      "drafters": {d.label: d.path.name for d in drafters}, "n_tokens": cfg.n_tokens,
@@ -102,7 +108,8 @@ def record_acceptance(cfg: BenchConfig) -> dict:
             for name in names:
                 replies, mismatches = [], 0
                 for pi, prompt in enumerate(wl.prompts):
-                    tokens, rounds = record_reply(engines[name], prompt, cfg.n_tokens)
+                    tokens, rounds = (record_reply(engines["plain"], prompt, cfg.n_tokens, **fixed_free[name])
+                                      if name in fixed_free else record_reply(engines[name], prompt, cfg.n_tokens))
                     if name == "plain":
                         plain_tokens.append(tokens)
                     mismatches += tokens != plain_tokens[pi]

@@ -83,14 +83,15 @@ def test_recorded_acceptance_round_trips_and_prices(recorded) -> None:
     assert recorded.stat().st_size < 100_000
     assert record["drafters"] == {"model": "smollm2-135m-instruct.gguf"} and record["n_tokens"] == 10
     for table in record["workloads"].values():
-        assert set(table) == {"plain", "ngram", "auto+model", "model@4"}
+        assert set(table) == {"plain", "ngram", "auto+model", "model@4", "ngram@4"}
         for name, entry in table.items():
             assert entry["mismatches"] == 0, name  # greedy speculative output is plain output on the CPU
             (rounds,) = entry["rounds"]
             assert sum(a + 1 for _, a, _, _ in rounds) >= 10
             assert all(0 <= a <= d and e >= d + 1 for d, a, e, _ in rounds)
         assert all(m == 1 for d, _, _, m in table["model@4"]["rounds"][0] if d)
-        assert all(m == 0 for _, _, _, m in table["ngram"]["rounds"][0])
+        assert all(m == 0 for name in ("ngram", "ngram@4") for _, _, _, m in table[name]["rounds"][0])
+        assert all(d <= 4 for d, _, _, _ in table["ngram@4"]["rounds"][0])
         assert table["model@4"]["rounds"][0][0][0] == 4  # its own drafter: every draft is whole
     rows = price(record, CURVE, 0.2)
     for wl, table in rows.items():
