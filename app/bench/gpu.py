@@ -38,6 +38,9 @@ from tandem.runtime.machine import cpu_cores
 
 GPU_WORKLOADS = ("edit", "extract")
 PREFILL_TOKENS = 500
+YMAX = 6.0
+"""The plot's ratios are clipped here (a run of a few tokens can show absurd rates); the
+bars' labels keep the figures."""
 
 
 @dataclass
@@ -222,6 +225,11 @@ def plot_gpu(res: dict, path: str | Path) -> None:
         mod = [modeled.get(wl, {}).get(n, {}).get("modeled_speedup", 0.0) for n in names]
         if any(mod):
             ax.bar([i + 0.2 for i in x], mod, 0.4, color="tab:orange", label="modeled (real acceptance)")
+        for i, (m, o) in enumerate(zip(med, mod, strict=True)):
+            for dx, v in ((-0.2, m), (0.2, o)):
+                if v:
+                    ax.text(i + dx, min(v, YMAX) + 0.05, f"{v:.2f}", ha="center", fontsize=7)
+        ax.set_ylim(0, min(YMAX, max([*med, *mod, 1.0]) * 1.2 + 0.2))
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks(list(x), names, rotation=30, fontsize=8)
         ax.set_ylabel("ratio to plain Tandem")
