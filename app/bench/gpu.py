@@ -124,38 +124,56 @@ def plain_vs_peer(cfg: GpuBenchConfig, threads: int) -> dict:
 
 
 def run_gpu_bench(cfg: GpuBenchConfig) -> dict:
+    """The four sections; one that fails leaves its error (one line) in its place and the
+    others still run, so one run on a lent GPU machine brings back all it can."""
     threads = cfg.threads or cpu_cores()
     out: dict = {"device": device_name(), "target": cfg.target.name,
                  "draft": cfg.draft.name if cfg.draft else None, "n_tokens": cfg.n_tokens, "reps": cfg.reps,
                  "threads": threads}
     cfg.log(f"device: {out['device']}")
     started = time.perf_counter()
-    cfg.log("1/4 plain decoding: Tandem vs llama-cpp-python")
-    out["plain"] = plain_vs_peer(cfg, threads)
-    layers = out["plain"]["n_gpu_layers"]
-    cfg.log("2/4 the verify-cost curve")
-    costs = measure_costs(cfg.target, drafters=[cfg.draft] if cfg.draft else [], threads=threads,
-                          k_max=cfg.k_max - 1, reps=cfg.reps, n_ctx=cfg.ctx, n_gpu_layers=layers)
-    out["cost"] = costs.as_dict()
-    curve = costs.curves["exact"]
-    drafter_cost = next(iter(costs.drafter_cost.values()), None)
-    cfg.log("3/4 end to end on edit and extract")
+
+    def section(key: str, title: str, fn: Callable[[], dict]) -> None:
+        cfg.log(title)
+        try:
+            out[key] = fn()
+        except Exception as exc:  # noqa: BLE001  # reported in its section; the others still run
+            out[key] = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+            cfg.log(f"{key}: {out[key]['error']}")
+
+    section("plain", "1/4 plain decoding: Tandem vs llama-cpp-python", lambda: plain_vs_peer(cfg, threads))
+    layers = out["plain"].get("n_gpu_layers", -1 if not out["device"].startswith("CPU") else 0)
+    section("cost", "2/4 the verify-cost curve", lambda: measure_costs(
+        cfg.target, drafters=[cfg.draft] if cfg.draft else [], threads=threads, k_max=cfg.k_max - 1,
+        reps=cfg.reps, n_ctx=cfg.ctx, n_gpu_layers=layers).as_dict())
+    section("end_to_end", "3/4 end to end on edit and extract", lambda: end_to_end(cfg, threads))
+    if cfg.acceptance is not None:
+        section("modeled", "4/4 modeled speedups from the recorded acceptance", lambda: modeled(cfg, out["cost"]))
+    out["seconds"] = round(time.perf_counter() - started, 1)
+    return out
+
+
+def end_to_end(cfg: GpuBenchConfig, threads: int) -> dict:
+    """Section 3: `tandem bench` on the edit and extract workloads, Tandem only."""
     e2e = run_bench(BenchConfig(target=cfg.target, draft=cfg.draft, n_tokens=cfg.n_tokens, prompts=cfg.prompts,
                                 reps=max(1, cfg.reps - 1), workloads=GPU_WORKLOADS, threads=threads, ctx=cfg.ctx,
                                 peers=False, log=cfg.log))
-    out["end_to_end"] = {wl: {name: {"tokens_per_s": row["tokens_per_s"], "ratio": row["ratio"],
-                                     "acceptance": row["acceptance"], "tokens_per_call": row["tokens_per_call"],
-                                     "mismatches": row["mismatches"], "runs": row["runs"]}
-                              for name, row in table["rows"].items()}
-                         for wl, table in e2e["workloads"].items()}
-    if cfg.acceptance is not None:
-        cfg.log("4/4 modeled speedups from the recorded acceptance")
-        out["modeled"] = {"note": "modeled: acceptance recorded with the real models "
-                                  f"({cfg.acceptance.get('target')}, drafters {cfg.acceptance.get('drafters')}), "
-                                  "priced with this device's c(e) and drafter cost",
-                          "workloads": acceptance.price(cfg.acceptance, curve, drafter_cost)}
-    out["seconds"] = round(time.perf_counter() - started, 1)
-    return out
+    return {wl: {name: {"tokens_per_s": row["tokens_per_s"], "ratio": row["ratio"],
+                        "acceptance": row["acceptance"], "tokens_per_call": row["tokens_per_call"],
+                        "mismatches": row["mismatches"], "runs": row["runs"]}
+                 for name, row in table["rows"].items()}
+            for wl, table in e2e["workloads"].items()}
+
+
+def modeled(cfg: GpuBenchConfig, cost: dict) -> dict:
+    """Section 4: the recorded acceptance priced on section 2's curve and drafter cost."""
+    if "error" in cost:
+        raise RuntimeError("no cost curve was measured (section 2 failed)")
+    record = cfg.acceptance or {}
+    return {"note": f"modeled: acceptance recorded with the real models ({record.get('target')}, drafters "
+                    f"{record.get('drafters')}), priced with this device's c(e) and drafter cost",
+            "workloads": acceptance.price(record, cost["curves"]["exact"],
+                                          next(iter(cost["drafter_cost"].values()), None))}
 
 
 def _s(s: dict, digits: int = 2) -> str:
@@ -163,18 +181,33 @@ def _s(s: dict, digits: int = 2) -> str:
 
 
 def format_gpu(res: dict) -> str:
+    lines = [f"{res['target']} on {res['device']}: n_gpu_layers {res['plain'].get('n_gpu_layers', '?')}, "
+             f"{res['n_tokens']} tokens, {res['reps']} rep(s), {res['threads']} thread(s), {res['seconds']} s", ""]
+    sections = (("plain", "[1] plain decoding", _format_plain), ("cost", "[2] verify cost", _format_cost),
+                ("end_to_end", "[3] end to end", _format_e2e), ("modeled", "[4] modeled", _format_modeled))
+    for key, title, fmt in sections:
+        if key not in res:
+            lines += ["[4] modeled speedups: pass --acceptance FILE (recorded with --record-acceptance)"]
+        elif "error" in res[key]:
+            lines += [f"{title}: failed: {res[key]['error']}", ""]
+        else:
+            lines += [*fmt(res), ""]
+    return "\n".join(lines).rstrip()
+
+
+def _format_plain(res: dict) -> list[str]:
     p = res["plain"]
-    lines = [f"{res['target']} on {res['device']}: n_gpu_layers {p['n_gpu_layers']}, {res['n_tokens']} tokens, "
-             f"{res['reps']} rep(s), {res['threads']} thread(s), {res['seconds']} s",
-             "",
-             "[1] plain decoding: Tandem's default vs llama-cpp-python's default (median, min-max)",
+    return ["[1] plain decoding: Tandem's default vs llama-cpp-python's default (median, min-max)",
              f"  decode  tok/s  Tandem {_s(p['decode_tok_s']['tandem'], 1):>22s}  llama-cpp-python "
              f"{_s(p['decode_tok_s']['llama'], 1):>22s}  ratio {_s(p['ratio']['decode'])}",
              f"  prefill tok/s  Tandem {_s(p['prefill_tok_s']['tandem'], 0):>22s}  llama-cpp-python "
              f"{_s(p['prefill_tok_s']['llama'], 0):>22s}  ratio {_s(p['ratio']['prefill'])}"
              f"  ({p['prompt_tokens']}-token prompt)",
-             f"  same output: {p['same_output']} runs",
-             ""]
+             f"  same output: {p['same_output']} runs"]
+
+
+def _format_cost(res: dict) -> list[str]:
+    lines = []
     c = res["cost"]
     curve = c["curves"]["exact"]
     shown = [e for e in (1, 2, 3, 4, 5, 6, 7, 8, 12, 16) if e <= len(curve)]
@@ -184,22 +217,27 @@ def format_gpu(res: dict) -> str:
         lines.append(f"  {name:6s} {c['t1_ms'][name]:7.2f}  " + " ".join(f"{cv[e - 1]:6.2f}" for e in shown))
     for name, cost in c["drafter_cost"].items():
         lines.append(f"  drafter {name}: {cost:.3f} of a target one-token call per drafted token")
-    lines += ["", "[3] end to end (measured): tok/s, ratio to plain (median, min-max), greedy mismatches"]
+    return lines
+
+
+def _format_e2e(res: dict) -> list[str]:
+    lines = ["[3] end to end (measured): tok/s, ratio to plain (median, min-max), greedy mismatches"]
     for wl, rows in res["end_to_end"].items():
         for name, row in rows.items():
             acc = f"{row['acceptance']:.0%}" if row["acceptance"] is not None else "-"
             lines.append(f"  {wl:8s} {name:12s} {_s(row['tokens_per_s'], 1):>22s}  {_s(row['ratio']):>18s}  "
                          f"accept {acc:>4s}  mismatches {row['mismatches']}/{row['runs']}")
-    if "modeled" in res:
-        lines += ["", f"[4] modeled speedup over plain ({res['modeled']['note']})"]
-        for wl, rows in res["modeled"]["workloads"].items():
-            for name, row in rows.items():
-                acc = f"{row['acceptance']:.0%}" if row["acceptance"] is not None else "-"
-                lines.append(f"  {wl:8s} {name:12s} {row['modeled_speedup']:6.2f}x modeled  accept {acc:>4s}  "
-                             f"{row['tokens_per_call']:.2f} tokens/call")
-    else:
-        lines += ["", "[4] modeled speedups: pass --acceptance FILE (recorded with --record-acceptance)"]
-    return "\n".join(lines)
+    return lines
+
+
+def _format_modeled(res: dict) -> list[str]:
+    lines = [f"[4] modeled speedup over plain ({res['modeled']['note']})"]
+    for wl, rows in res["modeled"]["workloads"].items():
+        for name, row in rows.items():
+            acc = f"{row['acceptance']:.0%}" if row["acceptance"] is not None else "-"
+            lines.append(f"  {wl:8s} {name:12s} {row['modeled_speedup']:6.2f}x modeled  accept {acc:>4s}  "
+                         f"{row['tokens_per_call']:.2f} tokens/call")
+    return lines
 
 
 def plot_gpu(res: dict, path: str | Path) -> None:
@@ -211,11 +249,14 @@ def plot_gpu(res: dict, path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    wls = list(res["end_to_end"])
-    fig, axes = plt.subplots(1, len(wls), figsize=(6.0 * len(wls), 4.2), squeeze=False)
+    measured_all = res.get("end_to_end", {}) if "error" not in res.get("end_to_end", {}) else {}
     modeled = res.get("modeled", {}).get("workloads", {})
+    wls = list(dict.fromkeys([*measured_all, *modeled]))
+    if not wls:
+        return  # sections 3 and 4 failed: their errors are in the text and the JSON
+    fig, axes = plt.subplots(1, len(wls), figsize=(6.0 * len(wls), 4.2), squeeze=False)
     for ax, wl in zip(axes.flat, wls, strict=True):
-        measured = res["end_to_end"][wl]
+        measured = measured_all.get(wl, {})
         names = list(dict.fromkeys([*measured, *modeled.get(wl, {})]))
         x = range(len(names))
         med = [measured[n]["ratio"]["median"] if n in measured else 0.0 for n in names]
@@ -235,9 +276,9 @@ def plot_gpu(res: dict, path: str | Path) -> None:
         ax.set_ylabel("ratio to plain Tandem")
         ax.set_title(wl, fontsize=10)
         ax.legend(fontsize=7)
-    p = res["plain"]["ratio"]
-    fig.suptitle(f"{res['target']} on {res['device']}: plain Tandem / llama-cpp-python decode "
-                 f"{p['decode']['median']:.2f}x, prefill {p['prefill']['median']:.2f}x", fontsize=9)
+    p = res["plain"].get("ratio")
+    fig.suptitle(f"{res['target']} on {res['device']}" + (f": plain Tandem / llama-cpp-python decode "
+                 f"{p['decode']['median']:.2f}x, prefill {p['prefill']['median']:.2f}x" if p else ""), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

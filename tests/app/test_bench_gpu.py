@@ -139,3 +139,18 @@ def test_gpu_mode_on_the_cpu_prints_every_section(real_models, recorded, tmp_pat
             modeled_speedup(load(recorded)["workloads"][wl]["model@4"]["rounds"], curve, drafter_cost), abs=1e-3)
     if png is not None:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_failing_section_leaves_one_line_and_the_others_run(tmp_path) -> None:
+    from tandem.app.bench.gpu import GpuBenchConfig, format_gpu, run_gpu_bench
+
+    bogus = tmp_path / "broken.gguf"
+    bogus.write_bytes(b"GGUF" + b"\0" * 60)
+    lines: list[str] = []
+    res = run_gpu_bench(GpuBenchConfig(bogus, acceptance={"workloads": {}}, reps=1, log=lines.append))
+    for key in ("plain", "cost", "end_to_end"):
+        assert "\n" not in res[key]["error"] and res[key]["error"], key
+    assert "section 2 failed" in res["modeled"]["error"]
+    text = format_gpu(res)
+    assert text.count("failed:") == 4 and "Traceback" not in text
+    assert any(line.startswith("4/4") for line in lines)
