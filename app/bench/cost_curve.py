@@ -52,14 +52,17 @@ def _call_ms(backend: LlamaCppBackend, base: int, tokens: list[int]) -> float:
 
 
 def measure_costs(model: Path, *, drafters: list[Path] = (), threads: int | None = None, k_max: int = 8,
-                  reps: int = 5, n_ctx: int = 1024) -> CostCurves:
+                  reps: int = 5, n_ctx: int = 1024, n_gpu_layers: int = 0) -> CostCurves:
+    """``n_gpu_layers``: llama.cpp's GPU layers of every model (-1: all; 0: the CPU)."""
     threads = threads or cpu_cores()
-    engines = {name: LlamaCppBackend(model, LlamaConfig(n_ctx=n_ctx, n_threads=threads, exact=exact))
+    engines = {name: LlamaCppBackend(model, LlamaConfig(n_ctx=n_ctx, n_threads=threads, exact=exact,
+                                                        n_gpu_layers=n_gpu_layers))
                for name, exact in (("exact", True), ("fast", False))}
     opened = list(engines.values())
     try:
         for path in drafters:
-            opened.append(LlamaCppBackend(path, LlamaConfig(n_ctx=n_ctx, n_threads=threads)))
+            opened.append(LlamaCppBackend(path, LlamaConfig(n_ctx=n_ctx, n_threads=threads,
+                                                            n_gpu_layers=n_gpu_layers)))
         prompt = chat_prompt(engines["exact"], [{"role": "user", "content": CHAT[0]}])[0]
         follow = engines["exact"].tokenize(" The table stores each key in a bucket chosen by its hash value." * 4)
         times: dict[str, dict[int, list[float]]] = {name: {k: [] for k in range(k_max + 1)} for name in engines}

@@ -72,13 +72,15 @@ class _CountingLlama(llama_cpp.Llama):
 
 
 class LlamaPeer:
-    """One llama-cpp-python engine: ``lookup`` adds its prompt-lookup drafter."""
+    """One llama-cpp-python engine: ``lookup`` adds its prompt-lookup drafter;
+    ``n_gpu_layers`` as Tandem's target was planned (-1: all on the GPU)."""
 
-    def __init__(self, path: Path, *, n_ctx: int, threads: int, lookup: bool, num_pred_tokens: int = 10) -> None:
+    def __init__(self, path: Path, *, n_ctx: int, threads: int, lookup: bool, num_pred_tokens: int = 10,
+                 n_gpu_layers: int = 0) -> None:
         self.name = "llama-lookup" if lookup else "llama"
         self.lookup = _CountingLookup(num_pred_tokens) if lookup else None
         self.llm = _CountingLlama(str(path), n_ctx=n_ctx, n_batch=512, n_threads=threads, n_threads_batch=threads,
-                                  draft_model=self.lookup, verbose=False)
+                                  draft_model=self.lookup, n_gpu_layers=n_gpu_layers, verbose=False)
 
     def run(self, prompt: list[int], n: int) -> RunResult:
         """Greedy ``n`` tokens after ``prompt`` (a cached prompt prefix is reused, as

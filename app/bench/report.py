@@ -38,6 +38,7 @@ def _row(name: str, runs: list, plain: dict) -> dict:
         "tokens_per_call": sum(len(r.tokens) for r, _ in pairs) / calls if calls else None,
         "acceptance": sum(r.accepted for r, _ in pairs) / drafted if drafted else None,
         "identical": all(r.tokens == p.tokens for r, p in pairs),
+        "mismatches": sum(r.tokens != p.tokens for r, p in pairs),
         "setup_s": max(r.setup_s for r, _ in pairs),
         "runs": len(pairs),
         "describe": pairs[0][0].describe,

@@ -45,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-n", "--max-tokens", type=int, default=64, help="tokens generated per run")
     p.add_argument("--prompts", type=int, default=None,
                    help="prompts per workload (default 2; 2-3 real ones each); --ar-overhead: default all 3 (or 4)")
-    p.add_argument("--reps", type=int, default=1, help="repetitions (configurations alternate, rotated, within each)")
+    p.add_argument("--reps", type=int, default=None,
+                   help="repetitions (configurations alternate, rotated, within each; default 1, --gpu: 3)")
     p.add_argument("--lengths", type=_ints, default=(4, 8), help="fixed draft lengths of the model drafters, e.g. 4,8")
     p.add_argument("--draft-max", type=int, default=8, help="longest draft of the adaptive configurations")
     p.add_argument("--configs", type=_names, default=None,
@@ -76,11 +77,28 @@ def register(sub: argparse._SubParsersAction) -> None:
                             "(with --draft) + forced runs vs llama-cpp-python's grammar decoding")
     modes.add_argument("--cost-curve", action="store_true",
                        help="the target's verify-cost curve c(k) (exact vs fast llama.cpp) and each drafter's cost per token")
+    modes.add_argument("--gpu", action="store_true",
+                       help="the GPU comparisons in one run, every model on the GPU when llama.cpp lists one: plain "
+                            "vs llama-cpp-python (decode, prefill), c(k) and drafter cost, edit/extract end to end, "
+                            "modeled speedups (--acceptance)")
+    modes.add_argument("--record-acceptance", default=None, metavar="FILE",
+                       help="record each configuration's rounds (drafted, accepted) on the real models as JSON, "
+                            "for --gpu --acceptance FILE")
+    p.add_argument("--acceptance", default=None, metavar="FILE",
+                   help="with --gpu: acceptance recorded by --record-acceptance, priced on this device (modeled)")
     p.add_argument("--k", type=_ints, default=(2, 3, 5), help="with --autocomplete: draft counts (default 2,3,5)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.acceptance and not args.gpu:
+        raise TandemError("--acceptance goes with --gpu (it prices recorded acceptance on this device).")
+    if args.reps is None:
+        args.reps = 3 if args.gpu else 1
+    if args.gpu:
+        return run_gpu(args)
+    if args.record_acceptance:
+        return run_record_acceptance(args)
     if args.autocomplete:
         return run_autocomplete(args)
     if args.ar_overhead:
@@ -225,4 +243,53 @@ def run_cost_curve(args: argparse.Namespace) -> int:
     print(format_costs(result))
     if args.json_file:
         _write_json(Path(args.json_file), result.as_dict())
+    return 0
+
+
+def run_gpu(args: argparse.Namespace) -> int:
+    from tandem.app.bench import acceptance
+    from tandem.app.bench.gpu import GpuBenchConfig, format_gpu, plot_gpu, run_gpu_bench
+
+    if args.max_tokens < 2 or args.reps < 1 or (args.prompts is not None and args.prompts < 1):
+        raise TandemError("--max-tokens must be at least 2, --prompts and --reps at least 1.")
+    if args.plot:
+        require("--plot", "plots", "matplotlib")
+        _check_writable(Path(args.plot))
+    if args.json_file:
+        _check_writable(Path(args.json_file))
+    record = acceptance.load(Path(args.acceptance)) if args.acceptance else None
+    cfg = GpuBenchConfig(resolve_model(args.model), resolve_model(args.draft) if args.draft else None, record,
+                         n_tokens=args.max_tokens, reps=args.reps,
+                         prompts=2 if args.prompts is None else args.prompts, threads=args.threads,
+                         ctx=args.ctx or 1024, log=lambda line: print(line, file=sys.stderr, flush=True))
+    result = run_gpu_bench(cfg)
+    print(format_gpu(result))
+    if args.json_file:
+        _write_json(Path(args.json_file), result)
+    if args.plot:
+        plot_gpu(result, args.plot)
+    return 0
+
+
+def run_record_acceptance(args: argparse.Namespace) -> int:
+    from tandem.app.bench import acceptance
+    from tandem.app.bench.run import BenchConfig
+
+    bad = [w for w in args.workloads if w not in WORKLOADS]
+    if bad:
+        raise TandemError(f"Unknown workload {bad[0]!r}; choose from {', '.join(WORKLOADS)}.")
+    out = Path(args.record_acceptance)
+    _check_writable(out)
+    prompts = 2 if args.prompts is None else args.prompts
+    if args.max_tokens < 2 or prompts < 1:
+        raise TandemError("--max-tokens must be at least 2, --prompts at least 1.")
+    cfg = BenchConfig(target=resolve_model(args.model), draft=resolve_model(args.draft) if args.draft else None,
+                      n_tokens=args.max_tokens, prompts=prompts, lengths=args.lengths, draft_max=args.draft_max,
+                      workloads=args.workloads, configs=args.configs, families=args.drafters, threads=args.threads,
+                      ctx=args.ctx or 1024, budget=args.budget, kv_type=args.kv_type, repack=args.repack, peers=False,
+                      log=lambda line: print(line, file=sys.stderr, flush=True))
+    record = acceptance.record_acceptance(cfg)
+    acceptance.save(record, out)
+    print(f"recorded {sum(len(t) for t in record['workloads'].values())} workload x configuration traces of "
+          f"{record['target']} ({out.stat().st_size / 1024:.0f} KiB) in {out}")
     return 0
