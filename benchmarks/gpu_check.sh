@@ -116,7 +116,7 @@ speed() {
     local big moe
     step costs_15b 60 python3 -m benchmarks.gpu_costs "$T" --ngl -1 --peer
     step costs_05b 40 python3 -m benchmarks.gpu_costs "$D" --ngl -1 --ks 1 --peer
-    step bench_gpu 100 "${CLI[@]}" bench --gpu -m "$T" --draft "$D" --acceptance benchmarks/figures/acceptance-qwen-coder.json \
+    step bench_gpu 150 "${CLI[@]}" bench --gpu -m "$T" --draft "$D" --acceptance benchmarks/figures/acceptance-qwen-coder.json \
         --json "$LOGS/bench_gpu.json" --plot "$OUT/bench_gpu.png"
     if big=$(wait_shape qwen2.5-7b); then
         step costs_7b_gpu 60 python3 -m benchmarks.gpu_costs "$big" --ngl -1 --peer
@@ -133,7 +133,8 @@ print(json.loads(out)["target"]["n_gpu_layers"])' "$big" 2>/dev/null || echo 12)
     step cpu_kernels_8t 90 env PYTHONPATH="$CPU_PYTHONPATH" python3 -m benchmarks.kernels "$T" --threads 8 \
         --prompt 480 --steps 24 --rounds 3
     if moe=$(wait_shape qwen3-30b-a3b); then
-        step moe 90 python3 -m benchmarks.gpu_moe "$moe" --vram 8GiB --out "$LOGS"
+        step plan_moe 60 "${CLI[@]}" plan -m "$moe" --moe-offload --vram 8GiB --ctx 256
+        step moe 100 python3 -m benchmarks.gpu_moe "$moe" --vram 8GiB --out "$LOGS" --tokens 16 --rounds 3
     fi
     # issue 28: 4 parallel slots against one worker on the GPU (plain decoding: no drafts to accept)
     step server_load 120 python3 -m benchmarks.server_load --model "$T" --threads 8 --parallel 4 --clients 4 \
@@ -148,7 +149,7 @@ echo
 echo "== build =="; tail -2 /tmp/kit/build.log 2>/dev/null | cut -c1-400
 echo "== steps (all logs in logs.tar.gz) =="
 cat "$LOGS/steps.txt"
-for f in crash_bisect gpu_tier once_failing vram plan_7b_3gib costs_15b costs_05b bench_gpu costs_7b_gpu costs_7b_3gib cpu_kernels_8t moe server_load; do
+for f in crash_bisect gpu_tier once_failing vram plan_7b_3gib costs_15b costs_05b bench_gpu costs_7b_gpu costs_7b_3gib cpu_kernels_8t plan_moe moe server_load; do
     [ -f "$LOGS/$f.log" ] && { echo "== $f =="; grep -v '^$' "$LOGS/$f.log" | tail -${TAIL:-20} | cut -c1-300; }
 done
 exit 0
