@@ -66,7 +66,7 @@ print(llama_cpp.llama_print_system_info().decode())
 print("registry:", list_devices(memory=True))
 print("offloads:", gpu_offload_build(), " llama_supports_gpu_offload:", bool(llama_cpp.llama_supports_gpu_offload()))'
     # Everything below looks for crashes and wrong results, not timings: all at once.
-    step crash_bisect 100 python3 -m benchmarks.gpu_crash_bisect "$T" --out "$LOGS" --timeout 90 &
+    step crash_bisect 100 python3 -m benchmarks.gpu_crash_bisect "$T" --out "$LOGS" --timeout 60 ${BISECT:-} &
     step selfcheck 150 python3 -m tandem.runtime.backends.selfcheck &
     step baseline 150 python3 -c '
 from tandem.runtime.planning.baseline import machine_baseline

@@ -51,6 +51,7 @@ b.close()
 """
 
 TINY = """
+{before}
 import sys, tempfile
 from pathlib import Path
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
@@ -74,6 +75,53 @@ def patched(function: str, line: str) -> str:
     (``line`` sets it on ``p``) toward llama-cpp-python's defaults."""
     return (f"import tandem.runtime.backends.llama as L\n_orig = L.{function}\n"
             f"def _patched(*a):\n    p = _orig(*a)\n    {line}\n    return p\nL.{function} = _patched")
+
+
+REDIRECTED = ("import tandem.runtime.backends.llama_vocab as V, tandem.runtime.backends.llama as L\n"
+              "V.NO_FD_REDIRECT = L.NO_FD_REDIRECT = False  # loads as before: fds 1 and 2 at /dev/null")
+BACKEND_INIT = "import llama_cpp\nllama_cpp.llama_backend_init()"
+A_CHILD = "import subprocess, sys as _s\nsubprocess.run([_s.executable, '-c', 'pass'])"
+CLI_IMPORTS = ("import importlib\nfrom tandem.app.cli import build_parser\nbuild_parser()\n"
+               "from tandem.runtime.planning.baseline import RUN_PATH_MODULES\n"
+               "for _n in RUN_PATH_MODULES: importlib.import_module(_n)")
+MEMORY_QUERY = "from tandem.runtime.backends.llama_devices import gpu_devices\nprint(gpu_devices())"
+SECOND_GGML = ("import ctypes, llama_cpp\nllama_cpp.llama_backend_init()\nfrom llama_cpp import _ggml\n"
+               "_l = _ggml.libggml\n_l.ggml_backend_dev_get.restype = ctypes.c_void_p\n"
+               "_l.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]\n"
+               "_l.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]\n"
+               "_f, _t = ctypes.c_size_t(), ctypes.c_size_t()\n"
+               "print(_l.ggml_backend_dev_count()); _l.ggml_backend_dev_memory(_l.ggml_backend_dev_get(0), "
+               "ctypes.byref(_f), ctypes.byref(_t)); print(_f.value, _t.value)")
+BASELINE = "from tandem.runtime.planning.baseline import _child\n_child()"
+
+
+def diagnosis(model: str) -> list[tuple[str, list[str]]]:
+    """One factor at a time around what crashed on an H200 (the process baseline child and
+    the GPU test tier died in the model load; Tandem's backend alone did not)."""
+    py = [sys.executable, "-X", "faulthandler"]
+
+    def tiny(*before: str) -> list[str]:
+        return py + ["-c", TINY.format(before="\n".join(before))]
+
+    def ours(*before: str) -> list[str]:
+        return py + ["-c", OURS.format(ngl=-1, fa=False, threads=None, before="\n".join(before), after=""), model]
+
+    return [
+        ("the process baseline child (as now)", py + ["-m", "tandem.runtime.planning.baseline"]),
+        ("the baseline child, loads redirecting fds 1/2 (as before)", py + ["-c", REDIRECTED + "\n" + BASELINE]),
+        ("tiny model after llama_backend_init()", tiny(BACKEND_INIT)),
+        ("tiny model after llama_backend_init(), redirected loads", tiny(BACKEND_INIT, REDIRECTED)),
+        ("tiny model after backend init and a child process", tiny(BACKEND_INIT, A_CHILD)),
+        ("tiny model after backend init and a child, redirected", tiny(BACKEND_INIT, A_CHILD, REDIRECTED)),
+        ("tiny model after the CLI's imports", tiny(CLI_IMPORTS)),
+        ("tiny model after torch's CUDA context", tiny(TORCH_FIRST)),
+        ("all on GPU after the memory query (libllama's ggml)", ours(MEMORY_QUERY)),
+        ("all on GPU after the memory query through llama_cpp._ggml", ours(SECOND_GGML)),
+        ("all on GPU after the memory query through _ggml, redirected", ours(SECOND_GGML, REDIRECTED)),
+        ("all on GPU after torch's CUDA context", ours(TORCH_FIRST)),
+        ("tandem run --draft-mode off", py + ["-m", "tandem.app.cli", "run", "-m", model, "-p", "def fib(n):",
+                                              "-n", "16", "--raw", "--json", "--draft-mode", "off"]),
+    ]
 
 
 def variants(model: str, threads: int) -> list[tuple[str, list[str]]]:
@@ -100,7 +148,7 @@ def variants(model: str, threads: int) -> list[tuple[str, list[str]]]:
         ("... all on GPU, perf counters on", ours(after=patched("context_params", "p.no_perf = False"))),
         ("... all on GPU, n_ubatch 512 as the peer",
          ours(after=patched("context_params", "p.n_batch = p.n_ubatch = 512"))),
-        ("tiny F32 model on the CPU, as the baseline child runs it", py + ["-c", TINY]),
+        ("tiny F32 model on the CPU, as the baseline child runs it", py + ["-c", TINY.format(before="")]),
         ("the process baseline child", py + ["-m", "tandem.runtime.planning.baseline"]),
         ("tandem run --draft-mode off", py + ["-m", "tandem.app.cli", "run", "-m", model, "-p", "def fib(n):",
                                               "-n", "16", "--raw", "--json", "--draft-mode", "off"]),
@@ -123,10 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("model")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--timeout", type=float, default=90.0, help="for all variants together (they run at once)")
+    ap.add_argument("--diagnosis", action="store_true", help="the one-factor variants around the crash found")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    todo = variants(args.model, os.cpu_count() or 1)
+    todo = diagnosis(args.model) if args.diagnosis else variants(args.model, os.cpu_count() or 1)
     # Every variant at once (crashes, not timings, are looked for): the whole bisection takes
     # as long as its slowest child. Each child logs llama.cpp's whole output to its stderr.
     env = {**os.environ, "TANDEM_LLAMA_LOG": "1"}

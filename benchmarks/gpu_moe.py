@@ -61,11 +61,10 @@ class LlamaLog:
 
     def close(self) -> None:
         """Give llama.cpp's log back to the backend's own callback and close the file."""
-        import llama_cpp
 
-        from tandem.runtime.backends import llama
+        from tandem.runtime.backends import llama_log
 
-        llama_cpp.llama_log_set(llama._llama_log, ctypes.c_void_p(0))
+        llama_log.install()
         self.file.close()
 
     def take(self) -> str:

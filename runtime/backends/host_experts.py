@@ -71,11 +71,11 @@ def matched(patterns: Iterable[str], tensor_names: Iterable[str]) -> tuple[str, 
 
 def cpu_buffer_type() -> int:
     """ggml's host buffer type, from the CPU device in ggml's registry."""
-    import llama_cpp
-    from llama_cpp import _ggml
+    from tandem.runtime.backends.ggml_lib import libggml
 
-    llama_cpp.llama_backend_init()
-    lib = _ggml.libggml
+    lib = libggml()
+    if lib is None:
+        raise TandemError("This llama.cpp build has no ggml library to ask for its CPU buffer type.")
     lib.ggml_backend_dev_by_type.restype = ctypes.c_void_p
     lib.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
     lib.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p

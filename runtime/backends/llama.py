@@ -23,7 +23,12 @@ from tandem.models.gguf_file import check_runnable, inspect_gguf
 from tandem.models.shape import KV_TYPE_SIZES, DecoderShape
 from tandem.runtime.backends.embedding_rows import EmbeddingRows
 from tandem.runtime.backends.host_experts import HostExperts
-from tandem.runtime.backends.llama_vocab import LlamaVocab, TokenizerDelegate, load_model
+from tandem.runtime.backends.llama_vocab import (
+    NO_FD_REDIRECT,
+    LlamaVocab,
+    TokenizerDelegate,
+    load_model,
+)
 from tandem.runtime.backends.protocol import (
     ComputeSettings,
     MemoryReport,
@@ -139,18 +144,6 @@ def context_params(cfg: LlamaConfig, n_ctx: int, threads: int) -> llama_cpp.llam
     return params
 
 
-@llama_cpp.llama_log_callback
-def _llama_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    """Silence llama.cpp's log: a failure surfaces as our one-line error (from the
-    exception), and its warnings (e.g. a context a few draft slots past the trained
-    length) are noise to a user. llama-cpp-python's own callback maps this build's log
-    levels to an older enum and printed warnings while hiding errors.
-    ``TANDEM_LLAMA_LOG=1`` shows everything, for debugging."""
-    if os.environ.get("TANDEM_LLAMA_LOG"):
-        os.write(2, text)
-
-
-llama_cpp.llama_log_set(_llama_log, ctypes.c_void_p(0))
 
 
 def check_kv_types(shape: DecoderShape, type_k: str, type_v: str) -> None:
@@ -198,7 +191,7 @@ class LlamaCppBackend(TokenizerDelegate, TokenCache):
         self._model_handle = native(load_model, self.path, params)
         try:
             self._context = native(lambda: _internals.LlamaContext(
-                model=self._model_handle, params=context_params(cfg, n_ctx, threads), verbose=False))
+                model=self._model_handle, params=context_params(cfg, n_ctx, threads), verbose=NO_FD_REDIRECT))
         except (ValueError, RuntimeError) as exc:
             self._model_handle.close()
             raise ModelFormatError(

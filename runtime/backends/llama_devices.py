@@ -56,10 +56,13 @@ def offload_devices(devices: Iterable[LlamaDevice]) -> tuple[LlamaDevice, ...]:
 
 
 def _ggml():
-    """libggml with the registry functions typed, or ``None`` when they are missing."""
-    from llama_cpp import _ggml
+    """libllama's libggml (:mod:`tandem.runtime.backends.ggml_lib`) with the registry
+    functions typed, or ``None`` when they are missing."""
+    from tandem.runtime.backends.ggml_lib import libggml
 
-    lib = _ggml.libggml
+    lib = libggml()
+    if lib is None:
+        return None
     try:
         lib.ggml_backend_dev_count.restype = ctypes.c_size_t
         lib.ggml_backend_dev_count.argtypes = []
@@ -91,9 +94,6 @@ def list_devices(*, memory: bool = False) -> tuple[LlamaDevice, ...] | None:
 
     ``memory`` also asks each offloading device its free and total memory (on CUDA this
     creates the device's context: ask only where the model will be loaded anyway)."""
-    import llama_cpp
-
-    llama_cpp.llama_backend_init()  # registers the compiled-in backends (a no-op when done)
     lib = _ggml()
     if lib is None:
         return None

@@ -20,14 +20,22 @@ from llama_cpp import _internals
 
 from tandem.models.errors import ModelFormatError, TandemError
 from tandem.models.vocab_coverage import coverage_check
+from tandem.runtime.backends import llama_log  # noqa: F401  (installed on import: llama.cpp's log silenced)
 from tandem.runtime.backends.protocol import SpecialTokens
+
+NO_FD_REDIRECT = True
+"""``verbose`` for llama-cpp-python's loaders: ``False`` would point file descriptors 1
+and 2 at /dev/null around each load (``suppress_stdout_stderr``, process-wide, while the
+server's other threads write), and hide a native crash's report with them. llama.cpp's
+log already goes to :func:`tandem.runtime.backends.llama_log.quiet_log`, which silences it;
+what is left on stderr is what a user must see (an abort's message)."""
 
 
 def load_model(path: Path, params: llama_cpp.llama_model_params) -> _internals.LlamaModel:
     """Load a GGUF with explicit model params (``llama_cpp.Llama`` does not expose all of
     them, e.g. ``use_extra_bufts``); a failure is a :class:`ModelFormatError`."""
     try:
-        return _internals.LlamaModel(path_model=str(path), params=params, verbose=False)
+        return _internals.LlamaModel(path_model=str(path), params=params, verbose=NO_FD_REDIRECT)
     except (ValueError, RuntimeError) as exc:
         raise ModelFormatError(f"llama.cpp could not load {path}: {exc}") from None
 
@@ -52,7 +60,7 @@ class LlamaVocab:
         params = llama_cpp.llama_model_default_params()
         params.vocab_only = True
         try:
-            model = _internals.LlamaModel(path_model=str(path), params=params, verbose=False)
+            model = _internals.LlamaModel(path_model=str(path), params=params, verbose=NO_FD_REDIRECT)
         except (ValueError, RuntimeError) as exc:
             raise ModelFormatError(f"llama.cpp could not read the vocabulary of {path}: {exc}") from None
         vocab = cls(model, owns=True, path=path)

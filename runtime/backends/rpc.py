@@ -37,12 +37,12 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import llama_cpp
 
 from tandem.models.gguf_file import GGUFInfo
+from tandem.runtime.backends.ggml_lib import loaded
 from tandem.runtime.backends.rpc_probe import (
     RpcError,
     RpcPeerLost,
@@ -67,8 +67,7 @@ class _Ggml:
     """The few ggml functions used here, from the libraries llama_cpp loaded."""
 
     def __init__(self) -> None:
-        lib = Path(llama_cpp.__file__).parent / "lib"
-        base, rpc = self._loaded(lib, "ggml-base"), self._loaded(lib, "ggml-rpc")
+        base, rpc = loaded("ggml-base"), loaded("ggml-rpc")
         if rpc is None or base is None:
             raise RpcError("This llama.cpp build has no RPC backend: rebuild it with "
                            "bash packaging/bootstrap.sh (packaging/cpu_flags.sh adds -DGGML_RPC=ON).")
@@ -78,17 +77,6 @@ class _Ggml:
         self.reg_dev_get = self._fn(base, "ggml_backend_reg_dev_get", p, [p, ctypes.c_size_t])
         self.cpu_buffer_type = self._fn(base, "ggml_backend_cpu_buffer_type", p, [])
         self.set_abort_callback = self._fn(base, "ggml_set_abort_callback", p, [p])
-
-    @staticmethod
-    def _loaded(lib: Path, name: str) -> ctypes.CDLL | None:
-        """The copy of ``lib<name>`` libllama is linked with. The wheel ships each library
-        three times (``.so``, ``.so.0``, ``.so.0.x.y``, copies, not links) and the loader
-        resolves libllama's dependencies by soname, so opening another copy would give a
-        second ggml with its own globals (its abort callback would never be called)."""
-        for candidate in (f"lib{name}.so.0", f"lib{name}.0.dylib", f"lib{name}.so", f"lib{name}.dylib"):
-            if (lib / candidate).exists():
-                return ctypes.CDLL(str(lib / candidate))
-        return None
 
     @staticmethod
     def _fn(lib: ctypes.CDLL, name: str, restype: Any, argtypes: list[Any]) -> Any:

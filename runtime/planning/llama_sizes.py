@@ -206,18 +206,16 @@ def _rss_anon() -> int:
 
 def _serve(model: str) -> int:
     """Answer size questions about ``model`` (see the module docstring)."""
-    import ctypes
 
-    import llama_cpp
 
-    from tandem.runtime.backends import llama as backend
+    from tandem.runtime.backends import llama_log
 
     try:
         return _answer(model)
     finally:
         # The callback _answer installed dies with its frame: llama.cpp must not keep a
         # pointer to it (a context or backend freed at exit logs through it).
-        llama_cpp.llama_log_set(backend._llama_log, ctypes.c_void_p(0))
+        llama_log.install()
 
 
 def _answer(model: str) -> int:

@@ -13,9 +13,9 @@ import pytest
 from tiny_moe import N_LAYER, write_tiny_moe
 
 from tandem.models.errors import TandemError
-from tandem.runtime.backends import llama as llama_backend
 from tandem.runtime.backends.host_experts import ALL_LAYERS, HostExperts, expert_layers, host_layers
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama_log import install as quiet_llama_log
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def llama_log() -> Iterator[list[str]]:
     try:
         yield lines
     finally:
-        llama_cpp.llama_log_set(llama_backend._llama_log, ctypes.c_void_p(0))
+        quiet_llama_log()
 
 
 def greedy(backend: LlamaCppBackend, prompt: list[int], n: int) -> list[int]:
