@@ -80,6 +80,10 @@ class LlamaConfig:
     (llama.cpp's ``n_seq_max`` with ``kv_unified`` off): the server's parallel slots,
     decoded together by :mod:`tandem.runtime.backends.llama_batch`. The backend's own
     ``evaluate`` uses sequence 0; with more than one, use the batcher's views instead."""
+    gpu_devices: bool = True
+    """``False``: llama.cpp sees no GPU at all (an empty device list), so nothing of the
+    model, its KV cache or its big batches' matmuls goes to a GPU, on any build. For
+    measuring host memory (the process baseline's tiny model), not for users."""
     host_expert_layers: int = 0
     """A mixture-of-experts GGUF: the experts of its first N expert layers stay in host
     memory while the rest goes where ``n_gpu_layers`` puts it (llama.cpp's ``--n-cpu-moe
@@ -97,9 +101,17 @@ matmul computes 4 rows at a time with another kernel, and any rows left over one
 with the kernel a decode step uses."""
 
 
+_NO_GPU_DEVICES = (ctypes.c_void_p * 1)()
+"""A device list holding only its NULL terminator (llama.cpp reads ``NULL`` itself as
+"every device"): no GPU. Module-level, so it outlives every load that points at it."""
+
+
 def model_params(cfg: LlamaConfig) -> llama_cpp.llama_model_params:
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = cfg.n_gpu_layers
+    if not cfg.gpu_devices:
+        params.devices = ctypes.addressof(_NO_GPU_DEVICES)
+        params.n_gpu_layers = 0
     params.use_extra_bufts = repacks(cfg)
     if params.use_extra_bufts:
         params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE  # read, not mapped (see LlamaConfig.repack)

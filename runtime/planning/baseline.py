@@ -18,6 +18,7 @@ cached with it, so identical `tandem plan` calls print identical speeds.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -28,7 +29,7 @@ from tandem.models.paths import cache_dir, write_cache_file
 from tandem.models.python_child import module_argv
 from tandem.runtime.machine import cache_key, code_stamp, machine_id, software_id
 
-BASELINE_VERSION = 4
+BASELINE_VERSION = 5
 CLI_MODULE = "tandem.app.cli"
 """`tandem`'s entry point; building its parser imports every sub-command module."""
 
@@ -66,6 +67,9 @@ class MachineBaseline:
     """Resident bytes a llama.cpp model and context take beyond the items the memory
     model prices from llama.cpp's own sizes (context structures, the thread pool and
     its work buffers, first-decode allocations): measured by running a tiny model."""
+    llama_context_note: str = ""
+    """Empty when :attr:`llama_context` was measured; otherwise why it is
+    :data:`LLAMA_CONTEXT_FALLBACK` (the tiny model's run died: a signal by name)."""
 
     @property
     def total(self) -> int:
@@ -82,23 +86,45 @@ def cache_file() -> Path:
     return cache_dir() / "machine-baseline" / f"{machine_key()}.json"
 
 
+LLAMA_CONTEXT_FALLBACK = 16 * 1024**2
+""":attr:`MachineBaseline.llama_context` when the tiny model could not be run: above
+what was measured on every machine so far (about 1 MB on 2-core x86-64 CPUs)."""
+
+
 def _measure() -> MachineBaseline:
+    """The child's figures; if it died of a signal, once more without the tiny llama.cpp
+    model (a native crash there must not stop every run: that one figure then falls
+    back to :data:`LLAMA_CONTEXT_FALLBACK`, and the note says why)."""
     global _PENDING
     proc, _PENDING = _PENDING or _spawn(), None
+    returncode, out, err = _wait(proc)
+    note = ""
+    if returncode is not None and returncode < 0:
+        note = child_failure("tiny llama.cpp model's run", returncode, err)
+        returncode, out, err = _wait(_spawn(skip_llama=True))
+    if returncode != 0:
+        why = child_failure("process baseline child", returncode, err)
+        raise TandemError(f"Could not measure this machine's process baseline: {why}")
+    figures = json.loads(out.strip().splitlines()[-1])
+    return MachineBaseline(**figures, llama_context_note=note)
+
+
+def _wait(proc: subprocess.Popen) -> tuple[int | None, str, str]:
     try:
         out, err = proc.communicate(timeout=300)
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-    if proc.returncode != 0:
-        why = child_failure("process baseline child", proc.returncode, err)
-        raise TandemError(f"Could not measure this machine's process baseline: {why}")
-    return MachineBaseline(**json.loads(out.strip().splitlines()[-1]))
+    return proc.returncode, out, err
 
 
-def _spawn() -> subprocess.Popen:
+SKIP_LLAMA_ENV = "TANDEM_BASELINE_SKIP_LLAMA"
+
+
+def _spawn(*, skip_llama: bool = False) -> subprocess.Popen:
+    env = {**os.environ, SKIP_LLAMA_ENV: "1"} if skip_llama else None
     return subprocess.Popen(module_argv("tandem.runtime.planning.baseline"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env)
 
 
 def measure_soon() -> None:
@@ -146,7 +172,7 @@ def _child() -> int:
 
     rss, code = process_rss(), unresident_code()
     # Measured after the baseline is read: their objects and buffers are not part of it.
-    context = _llama_context_overhead()
+    context = LLAMA_CONTEXT_FALLBACK if os.environ.get(SKIP_LLAMA_ENV) else _llama_context_overhead()
     per_token = _draft_index_per_token()
     bandwidth = measure_ram_bandwidth(reps=7)
     print(json.dumps({"rss": rss, "code": code, "bandwidth_gbs": round(bandwidth, 1),
@@ -186,7 +212,9 @@ def _llama_context_overhead() -> int:
         finally:
             sizes.close()
         before = _rss_anon()
-        backend = LlamaCppBackend(path, LlamaConfig(n_ctx=n_ctx, n_batch=n_ctx))
+        # Host memory is what is measured: no GPU, even on a CUDA build (whose big batches
+        # would otherwise go to the card and its CUDA buffers, priced elsewhere).
+        backend = LlamaCppBackend(path, LlamaConfig(n_ctx=n_ctx, n_batch=n_ctx, gpu_devices=False))
         try:
             backend.evaluate([3 + i % 250 for i in range(n_ctx - rows - 8)])
             backend.evaluate([5] * rows, logits_for=list(range(rows)))

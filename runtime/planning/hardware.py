@@ -184,12 +184,17 @@ def cpu_features() -> frozenset[str]:
 
 
 def detect_gpus() -> tuple[GPU, ...]:
-    """NVIDIA GPUs through torch.cuda (free memory is what other processes left), else
-    through llama.cpp's device registry when torch is absent or sees none (an install
-    without torch, with a CUDA build of llama.cpp)."""
+    """NVIDIA GPUs through llama.cpp's device registry when this llama.cpp build offloads
+    to one, else through torch.cuda (free memory is what other processes left).
+
+    llama.cpp first, and torch not even asked then: asking torch for free memory creates
+    torch's CUDA context, and a CUDA build of llama.cpp loading a model in a process that
+    holds one dies of SIGSEGV in the load (seen on an H200: ``tandem run`` plans, then
+    loads, in one process). Where llama.cpp cannot offload, the GPU is for the torch
+    engine, and torch is the one to ask."""
     if not (Path("/dev/nvidiactl").exists() or os.environ.get("TANDEM_PROBE_CUDA")):
         return ()
-    return _torch_gpus() or _llama_gpus()
+    return _llama_gpus() or _torch_gpus()
 
 
 LLAMA_GPU_BANDWIDTH = 300.0

@@ -62,3 +62,40 @@ def test_the_registry_decides_and_the_system_info_is_only_a_fallback(monkeypatch
 def test_system_info_names_gpu_backends_only() -> None:
     assert compiled_gpu_backends("Metal : EMBED_LIBRARY = 1 | CPU : NEON = 1 |") == ("Metal",)
     assert compiled_gpu_backends("CPU : SSE3 = 1 | AVX = 1 | OPENMP = 1 | REPACK = 1 | ") == ()
+
+
+def test_a_model_can_be_kept_off_every_gpu(stories260k) -> None:
+    """``gpu_devices=False`` hands llama.cpp an empty device list (not NULL, which means
+    every device): the baseline's tiny model measures host memory even on a CUDA build."""
+    import ctypes
+
+    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend, model_params
+
+    params = model_params(LlamaConfig(n_gpu_layers=-1, gpu_devices=False))
+    assert params.devices and ctypes.c_void_p.from_address(params.devices).value is None
+    assert params.n_gpu_layers == 0
+    assert not model_params(LlamaConfig()).devices  # NULL: llama.cpp's every device
+    backend = LlamaCppBackend(stories260k, LlamaConfig(n_ctx=128, gpu_devices=False))
+    try:
+        assert backend.evaluate([1, 2, 3]).shape == (1, backend.n_vocab)
+    finally:
+        backend.close()
+
+
+def test_ggml_calls_reach_the_copy_libllama_runs_on() -> None:
+    """``llama_cpp._ggml`` opens a second copy of libggml (a second device registry, set
+    up again over the same CUDA backend); ours is the one libllama is linked with. Checked
+    in a fresh process: what this test session imported does not count."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os\n"
+        "from tandem.runtime.backends.llama_devices import gpu_offload_build, list_devices\n"
+        "from tandem.runtime.backends.host_experts import cpu_buffer_type\n"
+        "list_devices(memory=True); gpu_offload_build(); cpu_buffer_type()\n"
+        "names = {line.split()[-1].rsplit('/', 1)[-1] for line in open('/proc/self/maps') if 'libggml.so' in line}\n"
+        "print(sorted(names))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['libggml.so.0']"

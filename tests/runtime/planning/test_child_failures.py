@@ -28,6 +28,21 @@ def test_the_process_baseline_child(dying: str) -> None:
                                         f"the process baseline child died of {dying} (")
 
 
+def test_a_crash_in_the_tiny_model_costs_one_figure_not_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The baseline child's tiny llama.cpp model died of SIGSEGV on a CUDA build (H200): the
+    child runs again without it, and only that figure falls back, saying why."""
+    from tandem.runtime.planning import baseline
+
+    python = tmp_path / "python-dies-with-llama"
+    python.write_text(f'#!/bin/sh\n[ -n "${baseline.SKIP_LLAMA_ENV}" ] || kill -SEGV $$\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(python))
+    measured = baseline._measure()
+    assert measured.llama_context == baseline.LLAMA_CONTEXT_FALLBACK
+    assert measured.llama_context_note.startswith("the tiny llama.cpp model's run died of SIGSEGV (")
+    assert measured.rss > 0 and measured.bandwidth_gbs > 0
+
+
 def test_the_llama_cpp_sizing_child(dying: str, stories260k: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tandem.runtime.planning import llama_sizes
 

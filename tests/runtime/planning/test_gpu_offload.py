@@ -144,6 +144,28 @@ def test_without_torch_the_gpu_is_found_through_llama_cpp(monkeypatch: pytest.Mo
     assert hardware.detect_gpus() == ()
 
 
+def test_a_cuda_build_of_llama_cpp_is_asked_before_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Torch's CUDA context (made by asking it for free memory) in a process that then
+    loads a model on a CUDA build of llama.cpp crashes the load: where llama.cpp lists the
+    card, torch is never asked; where it lists none, torch is."""
+    from tandem.runtime.planning import hardware
+
+    asked: list[str] = []
+
+    def torch_gpus() -> tuple:
+        asked.append("torch")
+        return (hardware.GPU("torch's card", 8 << 30, 8 << 30, 500.0),)
+
+    monkeypatch.setenv("TANDEM_PROBE_CUDA", "1")
+    monkeypatch.setattr(hardware, "_torch_gpus", torch_gpus)
+    monkeypatch.setattr(llama_devices, "list_devices", lambda memory=False: (CPU, CUDA0))
+    (gpu,) = hardware.detect_gpus()
+    assert gpu.name == "NVIDIA GeForce RTX 4070" and asked == []
+    monkeypatch.setattr(llama_devices, "list_devices", lambda memory=False: (CPU,))
+    (gpu,) = hardware.detect_gpus()
+    assert gpu.name == "torch's card" and asked == ["torch"]
+
+
 def test_tandem_plan_says_where_each_part_goes(stories_twin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tandem.app.commands.plan import render
 
