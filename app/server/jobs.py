@@ -51,7 +51,7 @@ def chat_job(slot: ModelSlot, messages: list[dict[str, str]], req: GenRequest, c
                 ids, stops = slot.engine.fit(messages, req.max_tokens, cancel=cancel)
             except FitCancelled:  # the client went away (or the server stops): nothing to send
                 return
-            yield from _generate(lane, ids, req, [*stops, *req.stop], cancel, client, cache)
+            yield from generate_events(lane, ids, req, [*stops, *req.stop], cancel, client, cache)
 
     return run
 
@@ -60,13 +60,13 @@ def completion_job(slot: ModelSlot, ids: list[int], req: GenRequest, client: str
                    cache: PromptCache | None = None):
     def run(cancel: threading.Event, lane: Lane) -> Generator[Event, None, None]:
         with lane.lock, lane.engaged():
-            yield from _generate(lane, ids, req, list(req.stop), cancel, client, cache)
+            yield from generate_events(lane, ids, req, list(req.stop), cancel, client, cache)
 
     return run
 
 
-def _generate(lane: Lane, ids: list[int], req: GenRequest, stops: list[str], cancel: threading.Event,
-              client: str, cache: PromptCache | None) -> Iterator[Event]:
+def generate_events(lane: Lane, ids: list[int], req: GenRequest, stops: list[str], cancel: threading.Event,
+                    client: str, cache: PromptCache | None) -> Iterator[Event]:
     """The engine's generation (same strategy, same sampler) on a cache that holds only
     ``client``'s own text; the caller holds the lane's lock."""
     cached = cache_owner.take(lane, client, ids)

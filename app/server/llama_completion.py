@@ -19,7 +19,7 @@ from tandem.app.server.streams import (
     OpenStreams,
     ReplyStream,
     StreamConfig,
-    _cancel_on,
+    cancel_on,
     chain,
     stream_error,
 )
@@ -49,7 +49,7 @@ def completion_stream(first: Any, items: AsyncIterator, job: Job, *, req: GenReq
     shutdown = anyio.Event()
 
     async def events() -> AsyncIterator[dict]:
-        stopper = asyncio.create_task(_cancel_on(shutdown, job))
+        stopper = asyncio.create_task(cancel_on(shutdown, job))
         try:
             ended = False
             async for ev in chain(first, items):

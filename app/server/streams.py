@@ -2,7 +2,7 @@
 
 A stream ends with its final event when the job is done; with a last event saying why
 when the server shuts down (sse-starlette sets ``shutdown`` and grants a grace period,
-and ``_cancel_on`` stops the job so it ends at once); silently when the client goes
+and ``cancel_on`` stops the job so it ends at once); silently when the client goes
 away (sse-starlette cancels the generator). A client that stops reading but keeps the
 connection open is the fourth case: each send waits at most ``send_timeout_s``, then
 the stream is given up (:class:`ReplyStream`), so a stalled reader holds neither the
@@ -81,7 +81,7 @@ def generation_stream(first: Any, items: AsyncIterator, job: Job, *, shaper: Sha
     shutdown = anyio.Event()
 
     async def events() -> AsyncIterator[dict]:
-        stopper = asyncio.create_task(_cancel_on(shutdown, job))
+        stopper = asyncio.create_task(cancel_on(shutdown, job))
         try:
             yield {"data": json.dumps(shaper.chunk(0, "" if shaper.chat else None, first=True))}
             offset = text_start
@@ -131,7 +131,7 @@ def infill_stream(first: Any, items: AsyncIterator, job: Job, *, model: str, fin
     shutdown = anyio.Event()
 
     async def events() -> AsyncIterator[dict]:
-        stopper = asyncio.create_task(_cancel_on(shutdown, job))
+        stopper = asyncio.create_task(cancel_on(shutdown, job))
         try:
             ended = False
             async for ev in chain(first, items):
@@ -169,7 +169,7 @@ def drafts_stream(shaper: Shaper, texts: list[tuple[str, str]], use: dict[str, A
     return ReplyStream(events(), config, streams)
 
 
-async def _cancel_on(event: anyio.Event, job: Job) -> None:
+async def cancel_on(event: anyio.Event, job: Job) -> None:
     """Stop ``job`` when the server shuts down, so its stream ends with a final event."""
     await event.wait()
     job.cancel.set()

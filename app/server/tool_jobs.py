@@ -24,7 +24,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import replace
 from typing import Any
 
-from tandem.app.server.jobs import PromptCache, _generate
+from tandem.app.server.jobs import PromptCache, generate_events
 from tandem.app.server.loaded_models import Lane, ModelSlot
 from tandem.app.server.openai import GenRequest
 from tandem.app.server.tool_calls import CALL_CLOSE, CALL_OPEN
@@ -54,7 +54,7 @@ def tool_chat_job(slot: ModelSlot, messages: list[dict[str, Any]], req: GenReque
                 return
             stops = [*stops, *req.stop]
             if not offered:
-                yield from _generate(lane, ids, req, stops, cancel, client, cache)
+                yield from generate_events(lane, ids, req, stops, cancel, client, cache)
                 return
             yield from _phases(lane, ids, req, tools, call_grammar, stops, cancel, client, cache)
 
@@ -110,7 +110,7 @@ def _run(lane: Lane, ids: list[int], req: GenRequest, stops: list[str], cancel: 
          cache: PromptCache | None) -> Generator[Event, None, DoneEvent]:
     """One phase: its token events passed on, its :class:`DoneEvent` returned."""
     done = None
-    for ev in _generate(lane, ids, req, stops, cancel, client, cache):
+    for ev in generate_events(lane, ids, req, stops, cancel, client, cache):
         if isinstance(ev, DoneEvent):
             done = ev
         else:

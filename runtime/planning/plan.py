@@ -38,8 +38,9 @@ class ModelPlan:
     type_k: str = "f16"
     type_v: str = "f16"
     flash_attn: bool = False
-    """Off, as the backend's default: speculative output is then bit-identical to plain
-    greedy output (a quantized V cache turns it on: llama.cpp needs it there)."""
+    """Asked for. Otherwise off on the CPU, as the backend's default: speculative output
+    is then bit-identical to plain greedy output (a quantized V cache turns it on:
+    llama.cpp needs it there). On a GPU it is on regardless: see :attr:`flash`."""
     n_gpu_layers: int = 0
     n_threads: int | None = None
     window: int | None = None
@@ -65,8 +66,19 @@ class ModelPlan:
     """Target only, a MoE GGUF with ``--moe-offload``: the experts of its first N expert
     blocks stay in host memory, the rest of each offloaded block on the GPU (-1: all)."""
 
+    @property
+    def flash(self) -> bool:
+        """Flash attention: asked for, or any layer on a GPU. There the exact
+        configuration buys nothing (CUDA's kernels compute a verify batch differently
+        from one-token steps whatever the attention, so greedy speculative output equals
+        plain output except at near-ties either way) and costs much: llama-cpp-python's
+        default (flash attention on) prefilled 2.3x and decoded 1.8x faster than the
+        flash-off configuration, Qwen2.5-Coder-1.5B shapes on an H200
+        (``benchmarks/gpu_costs.py``, BENCHMARKS.md "On a GPU")."""
+        return self.flash_attn or self.n_gpu_layers != 0
+
     def setup(self, output_rows: int = 1) -> Setup:
-        return Setup(self.n_ctx * self.n_seq, self.n_batch, self.type_k, self.type_v, self.flash_attn,
+        return Setup(self.n_ctx * self.n_seq, self.n_batch, self.type_k, self.type_v, self.flash,
                      self.n_gpu_layers, output_rows, self.host_expert_layers)
 
     def llama_config(self):
@@ -75,7 +87,7 @@ class ModelPlan:
 
         return LlamaConfig(n_ctx=self.n_ctx, n_batch=self.n_batch, n_threads=self.n_threads,
                            n_gpu_layers=self.n_gpu_layers, type_k=self.type_k, type_v=self.type_v,
-                           flash_attn=self.flash_attn, n_seq=self.n_seq, host_expert_layers=self.host_expert_layers)
+                           flash_attn=self.flash, n_seq=self.n_seq, host_expert_layers=self.host_expert_layers)
 
     def torch_config(self, device: str | None = None):
         """The :class:`~tandem.runtime.backends.torch_engine.backend.TorchConfig` the planner priced

@@ -319,7 +319,9 @@ def _finish(machine: Machine, baseline: int, t_shape: ModelShape, d_shape: Model
     speedup = 1.0
     if target.n_gpu_layers:
         reasons.append(f"target: {_layers(target.n_gpu_layers, t_shape)} on the GPU"
-                       + ("" if _layers(target.n_gpu_layers, t_shape) == "all layers" else ", the rest on CPU threads"))
+                       + ("" if _layers(target.n_gpu_layers, t_shape) == "all layers" else ", the rest on CPU threads")
+                       + "; flash attention on (GPU kernels differ by batch size: greedy speculative output"
+                         " equals plain output except at near-ties)")
     else:
         reasons.append("target on CPU threads" + (" (no GPU offload in this llama.cpp build)"
                                                   if machine.gpus and not gpu_offload_ok(machine) else ""))

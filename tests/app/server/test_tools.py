@@ -263,7 +263,7 @@ def test_auto_phases_constrain_a_call_once_the_model_opens_it(monkeypatch) -> No
         yield TokenEvent(text, tokens)
         yield DoneEvent(text, tokens, stats(len(tokens)))
 
-    monkeypatch.setattr(tool_jobs, "_generate", fake_generate)
+    monkeypatch.setattr(tool_jobs, "generate_events", fake_generate)
     slot = SimpleNamespace(target=Target())
     req = parse_common({"max_tokens": 50})
     tools = parse_tools({"tools": [TIME]})

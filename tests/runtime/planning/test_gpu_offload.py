@@ -61,6 +61,21 @@ def test_an_rpc_only_build_next_to_a_gpu_does_not_offload(stories_twin: Path, mo
     assert any("all layers on the GPU" in r for r in plan.reasons)
 
 
+def test_layers_on_the_gpu_run_flash_attention_and_the_cpu_stays_exact(stories_twin: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the exact configuration buys nothing (CUDA computes a verify batch
+    differently from one-token steps anyway) and flash attention is llama.cpp's fast path
+    there; on the CPU flash attention stays off (bit-identical speculative output)."""
+    monkeypatch.setattr(llama_devices, "list_devices", lambda memory=False: (CPU, CUDA0))
+    gpu = _plan(stories_twin, _machine_with_a_gpu())
+    assert gpu.target.n_gpu_layers == -1 and gpu.target.llama_config().flash_attn
+    assert gpu.target.setup().flash_attn  # priced as it will run
+    assert any("flash attention on" in r for r in gpu.reasons)
+    monkeypatch.setattr(llama_devices, "list_devices", lambda memory=False: (CPU,))
+    cpu = _plan(stories_twin, _machine_with_a_gpu())
+    assert cpu.target.n_gpu_layers == 0 and not cpu.target.llama_config().flash_attn
+
+
 def test_a_small_vram_budget_offloads_part_and_never_exceeds_it(stories_twin: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(llama_devices, "list_devices", lambda memory=False: (CPU, CUDA0))
