@@ -105,17 +105,18 @@ def ttft(target, turns: int, max_tokens: int, mode: str, count_only: bool) -> tu
     if reuse:
         target.evaluate(now[:reuse])  # what the previous reply left in the cache (untimed)
     start = time.perf_counter()
+    # The reply's own max_tokens: the room it leaves decides where the chat is cut, so a
+    # different one would fit a different prompt than the cache holds.
     if mode == "cached":
-        events = engine.stream(msgs, params, 1, keep_start=True)
+        events = engine.stream(msgs, params, max_tokens, keep_start=True)
     else:
         ids = one_at_a_time(target, msgs, max_tokens)
-        events = generate(target, ids, Sampler(params), max_tokens=1)
+        events = generate(target, ids, Sampler(params), max_tokens=max_tokens)
     for ev in events:
         if isinstance(ev, TokenEvent):
             break
     took = time.perf_counter() - start
-    for _ in events:
-        pass
+    events.close()  # the first token is what is timed: the rest of the reply is not generated
     return fit_s, took, len(now) - reuse, len(now)
 
 

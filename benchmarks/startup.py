@@ -10,8 +10,10 @@ shared machine hits all alike), medians with the range:
   folder (``TANDEM_HOME``) that has seen this model before;
 - ``tandem+draft`` (``--draft``): the same with a drafter model;
 - ``first`` (``--first``): ``tandem run`` (with the drafter when given) in a fresh data
-  folder each time, against ``tandem`` again in that folder right after: what a new
-  model pair costs its first run;
+  folder each time, against ``tandem`` again in that folder right after: what a fresh
+  install's first run costs (this machine's baseline is measured then, once per machine);
+- ``new pair`` (``--first``): the same in a fresh data folder that already holds this
+  machine's process baseline: what a new model pair costs its first run;
 - ``base`` (``--base DIR``): ``tandem run`` from another checkout of the code (an
   extracted older commit), to put before and after side by side.
 
@@ -113,7 +115,7 @@ def main() -> None:
         texts[name] = timed(cmd, arm_env)[1]
     first_arms = {}
     if args.first:
-        first_arms = {"first": [], "second": []}
+        first_arms = {"first": [], "second": [], "new pair": [], "pair second": []}
         base_first = {"base first": [], "base second": []} if args.base else {}
         first_arms.update(base_first)
     names = list(arms)
@@ -131,6 +133,13 @@ def main() -> None:
                 first_arms[prefix + "second"].append(
                     timed(cmd, {**arm_env, "TANDEM_HOME": fresh}, prefix + "second")[0])
                 shutil.rmtree(fresh, ignore_errors=True)
+            # A new pair on a machine Tandem knows: only the per-machine baseline is kept.
+            fresh = tempfile.mkdtemp(prefix="tandem-pair-")
+            shutil.copytree(Path(home) / "cache" / "machine-baseline", Path(fresh) / "cache" / "machine-baseline")
+            cmd, arm_env = arms["tandem+draft" if args.draft else "tandem"]
+            first_arms["new pair"].append(timed(cmd, {**arm_env, "TANDEM_HOME": fresh}, "new pair")[0])
+            first_arms["pair second"].append(timed(cmd, {**arm_env, "TANDEM_HOME": fresh}, "pair second")[0])
+            shutil.rmtree(fresh, ignore_errors=True)
         print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in {**times, **first_arms}.items()),
               file=sys.stderr)
     shutil.rmtree(home, ignore_errors=True)
@@ -145,10 +154,11 @@ def main() -> None:
             extra = f"   minus peer: {statistics.median(diff):+.2f} s wall, {statistics.median(cpu):+.2f} s CPU"
         print(f"  {name:14s} {summary(xs)}   CPU {summary(CPU[name])}{extra}")
     if args.first:
-        for prefix in ("", "base ") if args.base else ("",):
-            extra = [a - b for a, b in zip(first_arms[prefix + "first"], first_arms[prefix + "second"], strict=True)]
-            cpu = [a - b for a, b in zip(CPU[prefix + "first"], CPU[prefix + "second"], strict=True)]
-            print(f"  {prefix}first run over the second: {statistics.median(extra):+.2f} s wall "
+        pairs = [(f"{p}first", f"{p}second") for p in (("", "base ") if args.base else ("",))]
+        for first, second in [*pairs, ("new pair", "pair second")]:
+            extra = [a - b for a, b in zip(first_arms[first], first_arms[second], strict=True)]
+            cpu = [a - b for a, b in zip(CPU[first], CPU[second], strict=True)]
+            print(f"  {first} run over the second: {statistics.median(extra):+.2f} s wall "
                   f"({min(extra):+.2f} to {max(extra):+.2f}), {statistics.median(cpu):+.2f} s CPU")
     print("texts: " + json.dumps(texts))
     if args.json:
