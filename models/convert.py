@@ -150,7 +150,7 @@ class _SafetensorsIndex:
         return tuple(self.where[name].get_slice(name).get_shape())
 
     def load(self, name: str) -> np.ndarray:
-        import torch
+        import torch  # local: the [torch] extra, seconds to import
 
         return self.where[name].get_tensor(name).to(torch.float32).numpy()
 

@@ -55,7 +55,7 @@ def quantize_gguf(
     src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: str, n_threads: int = 0
 ) -> Path:
     """Write ``dst``: ``src`` (an F32/F16 GGUF) quantized to ``qtype`` by llama.cpp."""
-    import llama_cpp
+    import llama_cpp  # local: llama.cpp's libraries load only when this runs
 
     src, dst = Path(src), Path(dst)
     qtype = check_type(qtype)

@@ -42,6 +42,7 @@ def _entry(path: Path, name: str, source: str) -> ModelEntry:
 
 def _hub_entries() -> list[ModelEntry]:
     try:
+        # local: the hub client only when downloads are asked about
         from huggingface_hub import constants, scan_cache_dir
         from huggingface_hub.errors import CacheNotFound
     except ImportError:  # pragma: no cover - huggingface-hub is a dependency
@@ -115,6 +116,7 @@ def pull(repo_id: str, filename: str | None = None) -> Path:
     Without ``filename`` the repository must hold exactly one ``.gguf`` file, or the
     error lists the choices.
     """
+    # local: the hub client only when downloads are asked about
     from huggingface_hub import hf_hub_download, list_repo_files
     from huggingface_hub.errors import (
         EntryNotFoundError,

@@ -247,7 +247,7 @@ def plot_gpu(res: dict, path: str | Path) -> None:
     import matplotlib  # local: the [plots] extra (checked before the run)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # local: the [plots] extra, needed only to draw
 
     measured_all = res.get("end_to_end", {}) if "error" not in res.get("end_to_end", {}) else {}
     modeled = res.get("modeled", {}).get("workloads", {})

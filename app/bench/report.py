@@ -137,7 +137,7 @@ def plot_report(report: dict, path: str | Path) -> None:
     import matplotlib  # local: the [plots] extra (`tandem bench` checks it is there first)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # local: the [plots] extra, needed only to draw
 
     wls = list(report["workloads"])
     cols = min(2, len(wls))

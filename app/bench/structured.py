@@ -133,13 +133,13 @@ class LlamaGrammarPeer:
     """llama-cpp-python's grammar decoding (``LlamaGrammar.from_json_schema``), greedy."""
 
     def __init__(self, path: Path, *, n_ctx: int, threads: int) -> None:
-        import llama_cpp
+        import llama_cpp  # local: llama.cpp's libraries load only when this runs
 
         self.llm = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=512, n_threads=threads,
                                    n_threads_batch=threads, verbose=False)
 
     def run(self, prompt: list[int], schema: dict, max_tokens: int) -> tuple[list[int], str, float]:
-        from llama_cpp import LlamaGrammar
+        from llama_cpp import LlamaGrammar  # local: llama.cpp's libraries load only when this runs
 
         grammar = LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
         out: list[int] = []
@@ -165,7 +165,7 @@ class LlamaGrammarPeer:
 
 
 def llama_is_eog(llm, token: int) -> bool:
-    import llama_cpp
+    import llama_cpp  # local: llama.cpp's libraries load only when this runs
 
     return bool(llama_cpp.llama_vocab_is_eog(llama_cpp.llama_model_get_vocab(llm.model), token))
 

@@ -64,7 +64,7 @@ def _record_ffn_inputs(n_layer: int) -> Iterator[list[list[torch.Tensor]]]:
 
 def calibration_inputs(src: Path, text: str | None, n_tokens: int, seed: int = 0) -> list[np.ndarray]:
     """Per layer (N, d) FFN inputs from running the dense model on ``text`` or its own samples."""
-    import torch
+    import torch  # local: the [torch] extra, seconds to import
 
     from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
 

@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     offered = f", offering {format_size(mem_mib(args.mem) * MiB)}" if args.mem else ""
     print(f"tandem rpc-server: {args.host}:{args.port}{offered}; on the machine with the model: "
           f"tandem run -m MODEL --rpc {args.host}:{args.port}", file=sys.stderr, flush=True)
-    import llama_cpp
+    import llama_cpp  # local: llama.cpp's libraries load only when this runs
 
     env = dict(os.environ)
     lib = str(Path(llama_cpp.__file__).parent / "lib")

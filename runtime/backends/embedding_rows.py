@@ -41,7 +41,7 @@ class EmbeddingRows:
     def _raw(self) -> np.ndarray:
         """The tensor's bytes, one row of the matrix per row (memory-mapped, nothing read yet)."""
         if self._data is None:
-            import gguf
+            import gguf  # local: gguf's reader only when a file is read here
 
             n_rows = self.tensor.shape[-1]
             self._data = np.memmap(self.info.path, dtype=np.uint8, mode="r",
@@ -51,7 +51,7 @@ class EmbeddingRows:
         return self._data
 
     def _read(self, ids: list[int]) -> np.ndarray:
-        import gguf
+        import gguf  # local: gguf's reader only when a file is read here
 
         raw = np.asarray(self._raw()[ids])
         q = self._qtype

@@ -20,7 +20,7 @@ from pathlib import Path
 def loaded(name: str) -> ctypes.CDLL | None:
     """The copy of ``lib<name>`` that libllama is linked with, or ``None`` when the
     build has no such library (e.g. ``ggml-rpc`` without ``GGML_RPC=ON``)."""
-    import llama_cpp
+    import llama_cpp  # local: llama.cpp's libraries load only when this runs
 
     lib = Path(llama_cpp.__file__).parent / "lib"
     for candidate in (f"lib{name}.so.0", f"lib{name}.0.dylib", f"lib{name}.so", f"lib{name}.dylib"):
@@ -32,7 +32,7 @@ def loaded(name: str) -> ctypes.CDLL | None:
 @functools.cache
 def libggml() -> ctypes.CDLL | None:
     """libllama's ``libggml`` (the backend registry), once its backends are registered."""
-    import llama_cpp
+    import llama_cpp  # local: llama.cpp's libraries load only when this runs
 
     llama_cpp.llama_backend_init()  # registers the compiled-in backends (a no-op when done)
     return loaded("ggml")

@@ -283,7 +283,7 @@ class LlamaCppBackend(TokenizerDelegate, TokenCache):
         """
         if self._token_embd is not None:
             return self._token_embd
-        import gguf
+        import gguf  # local: gguf's reader only when a file is read here
 
         reader = gguf.GGUFReader(str(self.path))
         tensor = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)

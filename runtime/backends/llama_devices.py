@@ -129,7 +129,7 @@ def gpu_offload_build() -> bool:
     devices = list_devices()
     if devices is not None:
         return bool(offload_devices(devices))
-    import llama_cpp
+    import llama_cpp  # local: llama.cpp's libraries load only when this runs
 
     return bool(compiled_gpu_backends(_text(llama_cpp.llama_print_system_info())))
 

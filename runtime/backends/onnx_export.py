@@ -75,7 +75,7 @@ def io_names(n_layers: int) -> tuple[list[str], list[str]]:
 
 def drop_initializer_inputs(path: Path) -> None:
     """Initializers listed as graph inputs become plain constants again (ORT folds them)."""
-    import onnx
+    import onnx  # local: the [onnx] extra
 
     proto = onnx.load(str(path))
     names = {t.name for t in proto.graph.initializer}
@@ -117,7 +117,7 @@ def export_graph(model: LlamaModel, path: Path, n_ctx: int, opset: int = 17, *, 
     if not dedupe and not big:
         drop_initializer_inputs(path)
     if big:
-        import onnx
+        import onnx  # local: the [onnx] extra
 
         proto = onnx.load(str(path))
         onnx.save_model(proto, str(path), save_as_external_data=True, location=path.name + ".data")
@@ -125,7 +125,7 @@ def export_graph(model: LlamaModel, path: Path, n_ctx: int, opset: int = 17, *, 
 
 def quantize_int8(src: Path, dst: Path) -> None:
     """Dynamic int8 weight quantization of every MatMul (activations stay float)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization import QuantType, quantize_dynamic  # local: the [onnx] extra
 
     big = src.stat().st_size > 1_800_000_000 or Path(str(src) + ".data").exists()
     root = logging.getLogger()
@@ -140,7 +140,7 @@ def quantize_int8(src: Path, dst: Path) -> None:
 
 def write_vocab_gguf(src: Path, dst: Path) -> None:
     """A tensor-free copy of a GGUF's metadata: the vocabulary llama.cpp can load alone."""
-    import gguf
+    import gguf  # local: gguf's reader only when a file is read here
 
     reader = gguf.GGUFReader(str(src))
     arch = str(reader.fields["general.architecture"].contents())

@@ -35,7 +35,7 @@ N_EMBD, N_FF, N_LAYER, N_HEAD, N_VOCAB = 256, 512, 2, 4, 259
 def write_tiny_llama(path: Path, seed: int = 0) -> Path:
     """An F32 Llama GGUF (random weights, byte-level SentencePiece-style vocabulary) whose
     rows are multiples of 256, so every quantization type applies to every matrix."""
-    import gguf
+    import gguf  # local: gguf's reader only when a file is read here
 
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "llama")

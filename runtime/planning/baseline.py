@@ -165,7 +165,7 @@ def _child() -> int:
     importlib.import_module(CLI_MODULE).build_parser()
     for name in RUN_PATH_MODULES:
         importlib.import_module(name)
-    import llama_cpp
+    import llama_cpp  # local: llama.cpp's libraries load only when this runs
 
     llama_cpp.llama_backend_init()
     from tandem.runtime.planning.memprobe import measure_ram_bandwidth, process_rss, unresident_code

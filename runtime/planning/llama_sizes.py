@@ -221,7 +221,7 @@ def _serve(model: str) -> int:
 def _answer(model: str) -> int:
     import ctypes
 
-    import llama_cpp
+    import llama_cpp  # local: llama.cpp's libraries load only when this runs
 
     # Imported first: it installs its own (silencing) log callback, replaced here.
     from tandem.runtime.backends.llama import LlamaConfig, context_params, model_params

@@ -111,7 +111,7 @@ def shape_from_gguf(path_or_info, as_type: str | None = None) -> ModelShape:
             inp += nbytes
         else:
             out += nbytes
-    import gguf
+    import gguf  # local: gguf's reader only when a file is read here
 
     wtype = gguf.GGMLQuantizationType(max(types, key=types.get)).name.lower() if types else "f32"
     return ModelShape(

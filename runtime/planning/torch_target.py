@@ -234,7 +234,7 @@ def check_fits(plan: TorchPlan) -> None:
 
 
 def _cuda() -> bool:
-    import torch
+    import torch  # local: the [torch] extra, seconds to import
 
     return bool(torch.cuda.is_available())
 

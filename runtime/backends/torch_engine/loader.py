@@ -93,7 +93,7 @@ def load_gguf(
 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Read, dequantize and re-layout every tensor of a GGUF model; a tensor ``skip``
     names stays in the file (an empty placeholder with its leading dimension)."""
-    import gguf
+    import gguf  # local: gguf's reader only when a file is read here
 
     device = torch.device(device)
     try:
@@ -205,7 +205,7 @@ def load_hf(
     folder: str | os.PathLike[str], dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Read config.json and every *.safetensors file of a Hugging Face checkpoint folder."""
-    from safetensors import safe_open
+    from safetensors import safe_open  # local: the [torch] extra
 
     folder, device = Path(folder), torch.device(device)
     try:

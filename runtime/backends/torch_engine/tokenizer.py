@@ -42,7 +42,7 @@ class HFTokenizer:
     """A Hugging Face ``tokenizer.json`` (plus ``tokenizer_config.json`` / ``config.json``)."""
 
     def __init__(self, folder: str | os.PathLike[str]) -> None:
-        from tokenizers import Tokenizer as HFTok
+        from tokenizers import Tokenizer as HFTok  # local: the [torch]/[onnx] extra
 
         folder = Path(folder)
         file = folder / "tokenizer.json"

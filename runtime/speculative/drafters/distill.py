@@ -148,7 +148,7 @@ def train(model: LlamaModel, corpus: list[list[int]], cfg: DistillConfig) -> tup
 
 def write_gguf(model: LlamaModel, target_path: Path, out: Path) -> Path:
     """Write the model as a llama GGUF with the target's tokenizer metadata copied verbatim."""
-    import gguf
+    import gguf  # local: gguf's reader only when a file is read here
 
     from tandem.models.convert import LlamaHParams, add_llama_hparams, permute_qk
 
