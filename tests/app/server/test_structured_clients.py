@@ -155,7 +155,9 @@ def test_json_object_and_the_legacy_completion_fields(client, server) -> None:
                                                      "x": {"type": "integer"}, "y": {"type": "integer"}},
                                                      "required": ["x", "y"]}}, timeout=120)
     assert j.status_code == 200, j.text
-    assert set(json.loads(j.json()["content"])) == {"x", "y"}
+    # /completion samples (llama.cpp's default temperature), and the schema allows other keys
+    point = json.loads(j.json()["content"])
+    assert {"x", "y"} <= set(point) and all(isinstance(point[k], int) for k in ("x", "y"))
 
 
 def test_injection_cannot_break_out_of_the_schema(client) -> None:
