@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tandem.runtime.backends.selfcheck import add_byte_vocab
+
 N_EMBD, N_FF, N_LAYER, N_HEAD, N_EXPERT, N_USED = 64, 128, 3, 4, 4, 2
 
 
@@ -37,20 +39,12 @@ def write_tiny_moe(path: Path, seed: int = 0, *, n_expert: int = N_EXPERT, arch:
         if arch == "qwen3moe":
             w.add_expert_feed_forward_length(N_FF)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    tokens = [b"<unk>", b"<s>", b"</s>"] + [f"<0x{i:02X}>".encode() for i in range(256)]
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * len(tokens))
-    w.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
-                      + [gguf.TokenType.BYTE] * 256)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
+    n_vocab = add_byte_vocab(w)
 
     def mat(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
 
-    w.add_tensor("token_embd.weight", rng.standard_normal((len(tokens), N_EMBD)).astype(np.float32))
+    w.add_tensor("token_embd.weight", rng.standard_normal((n_vocab, N_EMBD)).astype(np.float32))
     for i in range(N_LAYER):
         for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
             w.add_tensor(f"blk.{i}.{name}.weight", mat(N_EMBD, N_EMBD))
@@ -69,7 +63,7 @@ def write_tiny_moe(path: Path, seed: int = 0, *, n_expert: int = N_EXPERT, arch:
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
     w.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-    w.add_tensor("output.weight", 4 * mat(len(tokens), N_EMBD))
+    w.add_tensor("output.weight", 4 * mat(n_vocab, N_EMBD))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -32,6 +32,23 @@ QUANT_TYPES = ("q4_0", "q4_1", "q4_k_m", "q8_0")
 N_EMBD, N_FF, N_LAYER, N_HEAD, N_VOCAB = 256, 512, 2, 4, 259
 
 
+def add_byte_vocab(writer) -> int:
+    """A byte-level SentencePiece-style vocabulary (``<unk>``, ``<s>``, ``</s>`` and the 256
+    byte tokens) on a ``gguf.GGUFWriter``; returns its size (:data:`N_VOCAB`)."""
+    import gguf  # local: gguf's writer only when a tiny model is written
+
+    tokens = [b"<unk>", b"<s>", b"</s>"] + [f"<0x{i:02X}>".encode() for i in range(256)]
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * len(tokens))
+    writer.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+                           + [gguf.TokenType.BYTE] * 256)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    return len(tokens)
+
+
 def write_tiny_llama(path: Path, seed: int = 0) -> Path:
     """An F32 Llama GGUF (random weights, byte-level SentencePiece-style vocabulary) whose
     rows are multiples of 256, so every quantization type applies to every matrix."""
@@ -49,15 +66,7 @@ def write_tiny_llama(path: Path, seed: int = 0) -> Path:
     w.add_rope_dimension_count(N_EMBD // N_HEAD)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    tokens = [b"<unk>", b"<s>", b"</s>"] + [f"<0x{i:02X}>".encode() for i in range(256)]
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * len(tokens))
-    w.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
-                      + [gguf.TokenType.BYTE] * 256)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
+    add_byte_vocab(w)
 
     def mat(rows: int, cols: int) -> np.ndarray:
         return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
