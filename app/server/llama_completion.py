@@ -7,22 +7,11 @@ Only the JSON shapes live here; generation is the OpenAI ``/v1/completions`` job
 
 from __future__ import annotations
 
-import asyncio
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import anyio
-
 from tandem.app.server.openai import GenRequest
-from tandem.app.server.streams import (
-    OpenStreams,
-    ReplyStream,
-    StreamConfig,
-    cancel_on,
-    chain,
-    stream_error,
-)
+from tandem.app.server.streams import OpenStreams, ReplyStream, StreamConfig, llama_server_stream
 from tandem.app.server.worker import Job
 from tandem.runtime.generate import DoneEvent, TokenEvent
 
@@ -46,24 +35,10 @@ def done_body(done: DoneEvent, req: GenRequest, model: str) -> dict[str, Any]:
 
 def completion_stream(first: Any, items: AsyncIterator, job: Job, *, req: GenRequest, model: str,
                       config: StreamConfig, streams: OpenStreams) -> ReplyStream:
-    shutdown = anyio.Event()
-
-    async def events() -> AsyncIterator[dict]:
-        stopper = asyncio.create_task(cancel_on(shutdown, job))
-        try:
-            ended = False
-            async for ev in chain(first, items):
-                if isinstance(ev, TokenEvent) and ev.text:
-                    yield {"data": json.dumps({"index": 0, "content": ev.text, "stop": False})}
-                elif isinstance(ev, DoneEvent):
-                    yield {"data": json.dumps(done_body(ev, req, model) | {"content": ""})}
-                    ended = True
-            if not ended:
-                yield {"data": json.dumps({"content": "", "stop": True, "stop_type": "none", "model": model})}
-        except Exception as exc:  # the response has started: the error goes in the stream
-            yield {"data": json.dumps(stream_error(exc))}
-        finally:
-            job.cancel.set()
-            stopper.cancel()
-
-    return ReplyStream(events(), config, streams, shutdown)
+    return llama_server_stream(
+        first, items, job,
+        chunk=lambda ev: ({"index": 0, "content": ev.text, "stop": False}
+                          if isinstance(ev, TokenEvent) and ev.text else None),
+        final=lambda ev: done_body(ev, req, model) | {"content": ""} if isinstance(ev, DoneEvent) else None,
+        unfinished=lambda _: {"content": "", "stop": True, "stop_type": "none", "model": model},
+        config=config, streams=streams)

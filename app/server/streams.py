@@ -124,10 +124,13 @@ def generation_stream(first: Any, items: AsyncIterator, job: Job, *, shaper: Sha
     return ReplyStream(events(), config, streams, shutdown)
 
 
-def infill_stream(first: Any, items: AsyncIterator, job: Job, *, model: str, final_body: Callable[[InfillDone], dict],
-                  config: StreamConfig, streams: OpenStreams) -> ReplyStream:
-    """llama-server's streamed /infill: ``{"content", "stop": false}`` events, then the
-    final body with ``stop: true``."""
+def llama_server_stream(first: Any, items: AsyncIterator, job: Job, *, chunk: Callable[[Any], dict | None],
+                        final: Callable[[Any], dict | None], unfinished: Callable[[bool], dict],
+                        config: StreamConfig, streams: OpenStreams) -> ReplyStream:
+    """A llama-server-style stream (``/completion``, ``/infill``): ``chunk(event)`` for each
+    piece of text, ``final(event)`` for the event that ends the reply (each ``None`` for
+    events it does not map), and, if none ended it (cancelled, or the server shutting down:
+    the argument), ``unfinished(shutting_down)`` as the last event."""
     shutdown = anyio.Event()
 
     async def events() -> AsyncIterator[dict]:
@@ -135,15 +138,13 @@ def infill_stream(first: Any, items: AsyncIterator, job: Job, *, model: str, fin
         try:
             ended = False
             async for ev in chain(first, items):
-                if isinstance(ev, InfillChunk):
-                    yield {"data": json.dumps({"content": ev.text, "stop": False})}
-                elif isinstance(ev, InfillDone):
-                    yield {"data": json.dumps(final_body(ev) | {"content": ""})}
+                if (body := chunk(ev)) is not None:
+                    yield {"data": json.dumps(body)}
+                elif (body := final(ev)) is not None:
+                    yield {"data": json.dumps(body)}
                     ended = True
-            if not ended:  # stopped early (the server is shutting down): still a last event
-                yield {"data": json.dumps({"content": "", "stop": True, "stop_type": "none", "model": model,
-                                           "tandem": {"stopped": "server shutting down"
-                                                      if shutdown.is_set() else "cancelled"}})}
+            if not ended:  # stopped early: still a last event
+                yield {"data": json.dumps(unfinished(shutdown.is_set()))}
         except Exception as exc:  # the response has started: the error goes in the stream
             yield {"data": json.dumps(stream_error(exc))}
         finally:
@@ -151,6 +152,20 @@ def infill_stream(first: Any, items: AsyncIterator, job: Job, *, model: str, fin
             stopper.cancel()
 
     return ReplyStream(events(), config, streams, shutdown)
+
+
+def infill_stream(first: Any, items: AsyncIterator, job: Job, *, model: str, final_body: Callable[[InfillDone], dict],
+                  config: StreamConfig, streams: OpenStreams) -> ReplyStream:
+    """llama-server's streamed /infill: ``{"content", "stop": false}`` events, then the
+    final body with ``stop: true``."""
+    return llama_server_stream(
+        first, items, job,
+        chunk=lambda ev: {"content": ev.text, "stop": False} if isinstance(ev, InfillChunk) else None,
+        final=lambda ev: final_body(ev) | {"content": ""} if isinstance(ev, InfillDone) else None,
+        unfinished=lambda shutting_down: {"content": "", "stop": True, "stop_type": "none", "model": model,
+                                          "tandem": {"stopped": "server shutting down" if shutting_down
+                                                     else "cancelled"}},
+        config=config, streams=streams)
 
 
 def drafts_stream(shaper: Shaper, texts: list[tuple[str, str]], use: dict[str, Any] | None, *,
