@@ -93,6 +93,8 @@ class LlamaSizes:
             with contextlib.suppress(OSError, ValueError):
                 self._cache.update(json.loads(self._cache_file.read_text()))
         self._proc: subprocess.Popen | None = None
+        self._read_runtime = False
+        """Whether the child's first line was read (it may have been spawned early)."""
         self._dirty = False
 
     @property
@@ -127,21 +129,29 @@ class LlamaSizes:
 
     def _spawn(self) -> None:
         if self._proc is None:
+            self._read_runtime = False
             self._proc = subprocess.Popen(
                 module_argv("tandem.runtime.planning.llama_sizes", str(self.model)),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             )
 
     def _start(self) -> None:
-        if self._proc is not None and "runtime" in self._cache:
+        """A child ready for questions: spawned if need be, its first line (the runtime
+        heap it measured) read."""
+        if self._proc is not None and self._read_runtime:
             return
         self._spawn()
         assert self._proc is not None and self._proc.stdout is not None
         line = self._proc.stdout.readline()
         if not line:
             self._fail()
-        self._cache["runtime"] = json.loads(line)["runtime"]
-        self._dirty = True
+        self._read_runtime = True
+        # A child started for a new context setup measures the runtime heap again; the
+        # first measurement stays, so one model's figures never move within a process
+        # (resident-memory noise of a few KiB once turned a suggested budget into a refusal).
+        if "runtime" not in self._cache:
+            self._cache["runtime"] = json.loads(line)["runtime"]
+            self._dirty = True
 
     def _fail(self) -> None:
         """The child closed its output: say how it ended (a signal by name)."""
