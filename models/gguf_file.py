@@ -116,11 +116,17 @@ class _Cursor:
         data, pos, end = self.data, self.pos, len(self.data)
         unpack_from = _U64.unpack_from
         for _ in range(count):
-            if pos + 8 > end or pos + 8 + unpack_from(data, pos)[0] > end:
-                self.pos = pos
-                self.string()  # raises the truncation error at this string's offset
-            pos += 8 + unpack_from(data, pos)[0]
+            if pos + 8 > end:
+                break
+            after = pos + 8 + unpack_from(data, pos)[0]
+            if after > end:
+                break
+            pos = after
+        else:
+            self.pos = pos
+            return
         self.pos = pos
+        self.string()  # raises the truncation error at this string's offset
 
     def value(self, vtype: int) -> Any:
         if vtype in _SCALARS:

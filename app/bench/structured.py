@@ -6,6 +6,9 @@ separators). Configurations, run back to back on the same prompt, greedy:
 
 * ``plain``: plain constrained decoding (every step one target call; the baseline);
 * ``forced``: forced runs committed without a target call (no drafter);
+* ``lookup+forced``: model-free speculation only (prompt lookup and suffix tree, adaptive
+  length) with forced runs: an extraction copies its values from the prompt, and these
+  drafts cost no model;
 * ``spec+forced``: speculation (``auto``: model-free drafting, and the drafter model when
   ``--draft`` names one, adaptive length) with forced runs;
 * ``llama-grammar``: llama-cpp-python's own grammar decoding, ``LlamaGrammar`` converted
@@ -38,7 +41,7 @@ from tandem.runtime.constrained.strategy import constrained
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
 from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 
-CONFIGS = ("plain", "forced", "spec+forced", "llama-grammar")
+CONFIGS = ("plain", "forced", "lookup+forced", "spec+forced", "llama-grammar")
 
 _PERSON = {
     "type": "object",
@@ -179,6 +182,7 @@ def run_structured(cfg: StructuredConfig) -> dict:
     peer = (LlamaGrammarPeer(cfg.target, n_ctx=cfg.ctx, threads=cfg.threads)
             if "llama-grammar" in cfg.configs else None)
     strategy = build_strategy(target, draft, SpecOptions(mode="auto", suffix_memory="request"))
+    lookup = build_strategy(target, None, SpecOptions(mode="auto", suffix_memory="request"))
     runs: list[StructuredRun] = []
     load_start = list(os.getloadavg())
     try:
@@ -193,7 +197,8 @@ def run_structured(cfg: StructuredConfig) -> dict:
                 assert peer is not None
                 tokens, text, rate = peer.run(ids, schema, max_tokens)
                 return StructuredRun(name, pi, rep, tokens, text, rate, len(tokens))
-            inner = {"plain": autoregressive, "forced": autoregressive, "spec+forced": strategy}[name]
+            inner = {"plain": autoregressive, "forced": autoregressive, "lookup+forced": lookup,
+                     "spec+forced": strategy}[name]
             done = _tandem_run(target, ids, constrained(inner, grammar, forced_rounds=name != "plain"), max_tokens)
             s = done.stats
             return StructuredRun(name, pi, rep, done.tokens, done.text, len(done.tokens) / s.total_s, s.target_calls,
@@ -211,7 +216,8 @@ def run_structured(cfg: StructuredConfig) -> dict:
                             f"calls {run.target_calls:4d} forced {run.forced_tokens:3d} "
                             f"acc {run.accepted}/{run.drafted}")
     finally:
-        strategy.close()
+        for built in (strategy, lookup):
+            built.close()
         for closable in (peer, draft, target):
             if closable is not None:
                 closable.close()

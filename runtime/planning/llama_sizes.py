@@ -31,6 +31,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -177,15 +178,25 @@ class LlamaSizes:
             with contextlib.suppress(OSError, ValueError):
                 assert self._proc.stdin is not None
                 self._proc.stdin.close()
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+            # The child exits on its own at end of input (tearing llama.cpp down takes
+            # ~0.1 s); the plan does not wait for that, a daemon thread reaps it.
+            threading.Thread(target=_reap, args=(self._proc,), name="tandem-sizes-reaper", daemon=True).start()
             self._proc = None
         if self._dirty and self._persist:
             write_cache_file(self._cache_file, json.dumps(self._cache))
             self._dirty = False
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    """Wait for an ended sizing child (killed if it has not exited within 10 s)."""
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
 
 
 _OPEN: dict[str, LlamaSizes] = {}

@@ -18,8 +18,8 @@ def test_structured_bench_runs_every_configuration_on_the_same_tokens(real_model
     assert result.returncode == 0, result.stderr
     report = json.loads(out_json.read_text())
     rows = report["configs"]
-    assert list(rows) == ["plain", "forced", "spec+forced", "llama-grammar"]
-    for name in ("forced", "spec+forced"):
+    assert list(rows) == ["plain", "forced", "lookup+forced", "spec+forced", "llama-grammar"]
+    for name in ("forced", "lookup+forced", "spec+forced"):
         assert rows[name]["identical_to_plain"] is True
         assert rows[name]["forced_tokens"] > 0 and rows[name]["target_calls"] < rows["plain"]["target_calls"]
     assert all(row["valid_json"] for row in rows.values())
