@@ -23,7 +23,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Label, TextArea
 
 from tandem.app.tui.shown import plain, shown
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.runtime.autocomplete.drafts import (
     AutocompleteConfig,
     Autocompleter,

@@ -32,7 +32,7 @@ from tandem.app.tui.reply_actions import ReplyActions
 from tandem.app.tui.session import ReplyBuffer, run_reply, title_from
 from tandem.app.tui.shown import plain, shown
 from tandem.app.tui.widgets import ChatInput, ChatList, MessageView
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 
 if TYPE_CHECKING:
     from tandem.app.tui.app import TandemApp

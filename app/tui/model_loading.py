@@ -20,7 +20,7 @@ from tandem.app.tui.model_choice import (
     load_engine,
     restored_choice,
 )
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 
 if TYPE_CHECKING:
     from tandem.app.tui.chat_screen import ChatScreen
