@@ -7,7 +7,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.models.extras import EXTRA_OF, MissingExtra, missing_message
 
 COMMAND_MODULES = [

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from tandem.models.errors import child_failure
+from tandem.errors import child_failure
 
 DECODE = """
 ids = [(i * 7919) % 30000 + 100 for i in range(300)]

@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="use all GPU layers with the experts of N layers at home instead of the plan's choice "
                         "(to check this script on a CPU build, where the plan offloads nothing)")
     args = p.parse_args(argv)
-    from tandem.models.errors import TandemError
+    from tandem.errors import TandemError
 
     try:
         result = run(args.model, args.vram, args.out, args.tokens, args.rounds, args.ctx, args.home,

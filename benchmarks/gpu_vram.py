@@ -104,7 +104,7 @@ def run_case(name: str, plan, timeout: float) -> dict:
                  "predicted_context": sum(i.bytes for i in plan.memory.items
                                           if i.device == "gpu" and "context" in i.label)}
     if done.returncode != 0:
-        from tandem.models.errors import child_failure
+        from tandem.errors import child_failure
 
         row["error"] = child_failure("measuring child", done.returncode, done.stderr)
         row["stderr_tail"] = done.stderr[-3000:]

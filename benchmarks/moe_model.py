@@ -34,8 +34,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from tandem.errors import UnsupportedModel
 from tandem.models.convert import PlannedTensor, write_streaming
-from tandem.models.errors import UnsupportedModel
 from tandem.models.shape import DecoderShape, dims_from_gguf
 from tandem.models.twin import _as_f32, _copy_metadata, _field, _pad
 

@@ -24,7 +24,7 @@ from typing import Any
 from jinja2 import Template, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 
 Message = dict[str, Any]
 """``{"role", "content"}`` (text), and for tool use an assistant's ``tool_calls`` or a

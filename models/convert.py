@@ -25,7 +25,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from tandem.models.errors import ModelFormatError, ModelNotFound, UnsupportedModel
+from tandem.errors import ModelFormatError, ModelNotFound, UnsupportedModel
 from tandem.models.hf_tokenizer import add_vocab, read_hf_tokenizer
 from tandem.models.quantize import QUANTIZED, check_type, quantize_gguf
 from tandem.models.shape import DecoderShape, dims_from_hf

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 
 EXTRA_OF = {
     "torch": "torch",

@@ -19,7 +19,7 @@ from typing import Any
 
 import gguf
 
-from tandem.models.errors import ModelFormatError, ModelNotFound, UnsupportedModel
+from tandem.errors import ModelFormatError, ModelNotFound, UnsupportedModel
 from tandem.models.shape import DecoderShape, dims_from_gguf
 
 MAGIC = b"GGUF"

@@ -24,7 +24,7 @@ from typing import Any
 
 import gguf
 
-from tandem.models.errors import ModelFormatError, UnsupportedModel
+from tandem.errors import ModelFormatError, UnsupportedModel
 
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 

@@ -33,7 +33,7 @@ import gguf
 import numpy as np
 import torch
 
-from tandem.models.errors import ModelFormatError, TandemError, UnsupportedModel
+from tandem.errors import ModelFormatError, TandemError, UnsupportedModel
 
 
 @dataclass(frozen=True)

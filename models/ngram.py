@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tandem.models.errors import ModelFormatError, TandemError
+from tandem.errors import ModelFormatError, TandemError
 from tandem.models.paths import data_dir
 
 MAX_ORDER = 6

@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from tandem.models.errors import ModelFormatError, ModelNotFound, TandemError, child_failure
+from tandem.errors import ModelFormatError, ModelNotFound, TandemError, child_failure
 from tandem.models.gguf_file import inspect_gguf
 from tandem.models.paths import cache_dir
 from tandem.models.python_child import code_argv

@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tandem.models.errors import ModelFormatError, ModelNotFound, OfflineError, TandemError
+from tandem.errors import ModelFormatError, ModelNotFound, OfflineError, TandemError
 from tandem.models.gguf_file import inspect_gguf
 from tandem.models.paths import extra_model_dirs, models_dir
 

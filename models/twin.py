@@ -39,9 +39,9 @@ from typing import Any
 import gguf
 import numpy as np
 
+from tandem.errors import TandemError, UnsupportedModel
 from tandem.models import paths
 from tandem.models.convert import PlannedTensor, write_streaming
-from tandem.models.errors import TandemError, UnsupportedModel
 from tandem.models.gguf_file import check_runnable, inspect_gguf
 from tandem.models.quantize import QUANTIZED, check_type, quantize_gguf
 from tandem.models.shape import DecoderShape, dims_from_gguf

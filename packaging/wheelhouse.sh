@@ -25,7 +25,7 @@ cp "$LLAMA"/llama_cpp_python-*.whl "$OUT"/
 # would otherwise put modules deleted since into the wheel.
 src=$(mktemp -d)
 trap 'rm -rf "$src"' EXIT
-cp -r app runtime kernels models pyproject.toml README.md "$src"/
+cp -r app runtime kernels models errors.py pyproject.toml README.md "$src"/
 find "$src" -name __pycache__ -prune -exec rm -rf {} +
 "$PY" -m pip wheel --quiet --find-links "$OUT" --wheel-dir "$OUT" "$src${EXTRAS:+[$EXTRAS]}"
 # The tools a fresh venv's pip needs to install wheels offline.

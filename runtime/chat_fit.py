@@ -23,8 +23,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from tandem.errors import PromptError
 from tandem.models.chat_template import Message, RenderedChat, check_markup, prompt_ids, render_chat
-from tandem.models.errors import PromptError
 from tandem.runtime.backends.protocol import Backend
 
 

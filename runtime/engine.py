@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.models.extras import require
 from tandem.runtime.backends.llama_kernels import KernelChoice, choose_kernels, measure_later
 from tandem.runtime.backends.opener import backend_kind, open_backend

@@ -17,8 +17,8 @@ from typing import Protocol
 
 import numpy as np
 
+from tandem.errors import PromptError
 from tandem.kernels.sampling import Sampler
-from tandem.models.errors import PromptError
 from tandem.runtime.backends.protocol import Backend, common_prefix_len, prefill
 from tandem.runtime.logprobs import TokenLogprob, token_logprobs
 from tandem.runtime.text import Detokenizer, StopMatcher

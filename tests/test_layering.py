@@ -1,5 +1,5 @@
-"""Dependencies point one way: app -> runtime -> kernels/models, and inside runtime down
-its parts (:data:`RUNTIME_LAYERS`); kernels stay pure."""
+"""Dependencies point one way: app -> runtime -> kernels/models -> errors, and inside runtime
+down its parts (:data:`RUNTIME_LAYERS`); kernels stay pure."""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ FORBIDDEN = {
     "models": {"tandem.app", "tandem.runtime"},
     "runtime": {"tandem.app"},
 }
+"""What each layer may not import. ``tandem.errors`` is in no set: every layer raises its
+errors, and it is the bottom (:func:`test_errors_is_the_bottom_layer`)."""
+BOTTOM = ROOT / "errors.py"
 
 
 def imports_of(path: Path) -> set[str]:
@@ -35,6 +38,17 @@ def test_layer_imports_point_one_way(layer: str) -> None:
             if any(name == f or name.startswith(f + ".") for f in FORBIDDEN[layer]):
                 bad.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not bad, "\n".join(bad)
+
+
+def test_errors_is_the_bottom_layer() -> None:
+    """``tandem.errors`` imports nothing from Tandem, so any layer, kernels included, can
+    raise a :class:`~tandem.errors.TandemError` without an arrow pointing up."""
+    mine = sorted(n for n in imports_of(BOTTOM) if n == "tandem" or n.startswith("tandem."))
+    assert not mine, f"errors.py imports {mine}"
+    users = {layer for layer in ("app", "runtime", "models")
+             for p in (ROOT / layer).rglob("*.py") if "tandem.errors" in imports_of(p)}
+    assert users == {"app", "runtime", "models"}, f"only {sorted(users)} import tandem.errors"
+    assert not (ROOT / "models" / "errors.py").exists(), "a second errors module under models/"
 
 
 RUNTIME_LAYERS: tuple[tuple[str, ...], ...] = (
@@ -94,8 +108,8 @@ def test_kernels_do_no_io() -> None:
 
 
 def _modules() -> dict[str, Path]:
-    """Every module of the four installed packages, by its dotted name."""
-    out = {}
+    """Every module of the four installed packages and ``tandem.errors``, by its dotted name."""
+    out = {"tandem.errors": BOTTOM}
     for top in ("app", "runtime", "kernels", "models"):
         for path in (ROOT / top).rglob("*.py"):
             parts = [p for p in path.relative_to(ROOT / top).with_suffix("").parts if p != "__init__"]
@@ -161,6 +175,7 @@ def test_no_import_cycles() -> None:
 
 
 def test_installed_packages_never_import_the_developer_benchmarks() -> None:
-    bad = [f"{p.relative_to(ROOT)} imports {n}" for top in ("app", "runtime", "kernels", "models")
-           for p in (ROOT / top).rglob("*.py") for n in imports_of(p) if n.split(".")[0] == "benchmarks"]
+    installed = [BOTTOM, *(p for top in ("app", "runtime", "kernels", "models") for p in (ROOT / top).rglob("*.py"))]
+    bad = [f"{p.relative_to(ROOT)} imports {n}" for p in installed for n in imports_of(p)
+           if n.split(".")[0] == "benchmarks"]
     assert not bad, "\n".join(bad)

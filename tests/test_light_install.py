@@ -67,13 +67,13 @@ light path never imports them; every other module imports with no extra installe
 def test_only_the_torch_modules_need_an_extra_to_import(isolated_home: Path) -> None:
     code = """
 import importlib, pathlib, sys
-for top in ("app", "runtime", "kernels", "models"):
-    for p in sorted(pathlib.Path(top).rglob("*.py")):
-        name = ".".join(["tandem", top, *[x for x in p.with_suffix("").parts[1:] if x != "__init__"]])
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:
-            print(name, exc.name)
+roots = [pathlib.Path(top) for top in ("app", "runtime", "kernels", "models")]
+for p in sorted([*pathlib.Path().glob("*.py"), *(q for top in roots for q in top.rglob("*.py"))]):
+    name = ".".join(["tandem", *[x for x in p.with_suffix("").parts if x != "__init__"]])
+    try:
+        importlib.import_module(name)
+    except ImportError as exc:
+        print(name, exc.name)
 """
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=light_env(isolated_home),
                          capture_output=True, text=True, timeout=300)

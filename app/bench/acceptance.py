@@ -27,8 +27,8 @@ from pathlib import Path
 
 from tandem.app.bench.run import BenchConfig, open_configs, select, select_families
 from tandem.app.bench.workloads import workload
+from tandem.errors import TandemError
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.models.errors import TandemError
 from tandem.runtime.engine import Engine, EngineSpec
 from tandem.runtime.generate import DoneEvent, generate
 from tandem.runtime.machine import cpu_cores

@@ -23,8 +23,8 @@ from pathlib import Path
 import llama_cpp
 
 from tandem.app.bench.workloads import CHAT
+from tandem.errors import TandemError
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.models.errors import TandemError
 from tandem.runtime.backends.llama import (
     LlamaConfig,
     LlamaCppBackend,

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 import llama_cpp
 import numpy as np
 
+from tandem.errors import TandemError
 from tandem.kernels.sampling import Sampler, SamplingParams, softmax
 from tandem.kernels.superpose import SuperposeConfig, distinct_n
-from tandem.models.errors import TandemError
 from tandem.runtime.autocomplete.superposed import SuperposedDecoder
 from tandem.runtime.backends.llama import LlamaCppBackend
 from tandem.runtime.generate import DoneEvent, generate

@@ -38,8 +38,8 @@ from pathlib import Path
 from tandem.app.bench.peers import PEER_NOTE, PEERS, LlamaPeer, RunResult, decode_rate
 from tandem.app.bench.report import summarize
 from tandem.app.bench.workloads import DEFAULT_WORKLOADS, Workload, workload
+from tandem.errors import TandemError
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.models.errors import TandemError
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.engine import Engine, EngineSpec, open_engine
 from tandem.runtime.generate import DoneEvent, generate

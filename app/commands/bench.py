@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from tandem.app.bench.workloads import DEFAULT_WORKLOADS, WORKLOADS
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.models.extras import require
 from tandem.models.store import resolve_model
 from tandem.runtime.engine import LLAMA_KV_TYPES

@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.models.extras import require
 from tandem.models.store import resolve_model
 

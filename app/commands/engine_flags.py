@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 
 from tandem.app.commands.rpc_server import rpc_servers
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.models.store import resolve_model
 from tandem.runtime.engine import ENGINES, LLAMA_KV_TYPES, EngineSpec
 from tandem.runtime.kv.config import PRESETS

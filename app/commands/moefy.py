@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.models.extras import require
 
 if TYPE_CHECKING:  # torch is imported where moefy runs: `tandem` loads every command module

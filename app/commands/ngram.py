@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.models.ngram import NgramModel, default_path, ngram_dir, tokenizer_fingerprint
 from tandem.models.store import resolve_model
 

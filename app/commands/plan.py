@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tandem.app.commands.engine_flags import add_technique_flags, moe_spec
-from tandem.models.errors import BudgetError, TandemError
+from tandem.errors import BudgetError, TandemError
 from tandem.models.store import resolve_model
 from tandem.runtime.backends.opener import open_backend
 from tandem.runtime.engine import EngineSpec, check_spec, target_engine

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import platformdirs
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.runtime.backends.rpc_probe import DEFAULT_PORT, parse_endpoints
 from tandem.runtime.machine import cpu_cores
 from tandem.runtime.planning.hardware import MiB, format_size, parse_size

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tandem.app.commands.engine_flags import add_engine_flags, spec_from_args
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from tandem.app.history.schema import MIGRATIONS, SCHEMA_VERSION
 from tandem.app.history.search import SearchHit, search_messages
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.models.paths import data_dir
 
 COMPLETE = "complete"

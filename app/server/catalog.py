@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.models.gguf_file import GGUFInfo, inspect_gguf
 from tandem.models.paths import cache_dir, write_cache_file
 from tandem.models.store import ModelEntry, list_models

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from tandem.app.server.worker import ModelWorker
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.models.ngram import NgramModel
 from tandem.runtime.autocomplete.drafts import AutocompleteConfig, Autocompleter, load_ngram_for
 from tandem.runtime.backends.llama import LlamaCppBackend

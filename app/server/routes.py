@@ -49,7 +49,7 @@ from tandem.app.server.tool_calls import ToolCallParser, parse_reply
 from tandem.app.server.tool_jobs import tool_chat_job
 from tandem.app.server.tools import ToolRequest, call_schema, parse_tools
 from tandem.app.server.worker import INFILL, Job, QueueFull
-from tandem.models.errors import PromptError, TandemError
+from tandem.errors import PromptError, TandemError
 from tandem.runtime.autocomplete.infill import InfillDone
 from tandem.runtime.generate import DoneEvent, TokenEvent
 

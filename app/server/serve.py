@@ -22,7 +22,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from tandem.app.server.logprobs import shape
 from tandem.app.server.openai import ApiError, Shaper, finish_reason, usage
 from tandem.app.server.tool_calls import ToolCallParser
 from tandem.app.server.worker import Job
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.runtime.autocomplete.infill import InfillChunk, InfillDone
 from tandem.runtime.generate import DoneEvent, GenerationStats, TokenEvent
 

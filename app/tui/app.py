@@ -98,7 +98,8 @@ class TandemApp(App):
         if choice is None:
             self.push_screen(NoModelScreen(models_dir()))
             return
-        self.push_screen(ChatScreen(choice))
+        self.push_screen(ChatScreen(choice, self.history, self.config.settings,
+                                    export_dir=self.config.export_dir, mask_timings=self.config.mask_timings))
 
     def initial_choice(self) -> ModelChoice | None:
         """The model to start with: the one asked for (``-m``), else the models of the
@@ -141,8 +142,8 @@ class TandemApp(App):
         from tandem.app.tui.model_choice import close_engine
 
         screen = self.chat_screen()
-        if screen is not None and screen.cancel is not None:
-            screen.cancel.set()
-        if screen is not None and screen.worker is None:
+        if screen is not None and screen.replies.cancel is not None:
+            screen.replies.cancel.set()
+        if screen is not None and not screen.generating:
             close_engine(screen.engine)
         self.history.close()

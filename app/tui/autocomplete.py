@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -23,7 +23,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Label, TextArea
 
 from tandem.app.tui.shown import plain, shown
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.runtime.autocomplete.drafts import (
     AutocompleteConfig,
     Autocompleter,
@@ -31,9 +31,6 @@ from tandem.runtime.autocomplete.drafts import (
     load_ngram_for,
 )
 from tandem.runtime.chat import ChatEngine
-
-if TYPE_CHECKING:
-    from tandem.app.tui.chat_screen import ChatScreen
 
 WAIT_NOTICE_S = 1.0
 """A request running longer than this shows a waiting line with the time so far."""
@@ -214,13 +211,12 @@ class AutocompleteScreen(Screen[str]):
         self.dismiss(self.editor.text)
 
 
-def open_autocomplete(screen: ChatScreen) -> None:
-    """Entry point for the chat screen's binding: edit the chat input with autocomplete."""
-    engine = screen.engine
+def open_autocomplete(engine: ChatEngine | None, chat_input: TextArea) -> None:
+    """The chat screen's F9: edit ``chat_input``'s text in the pane, with ``engine``'s
+    drafts; the edited text comes back to the input."""
     if engine is None:
-        screen.notify("The model is still loading; try again in a moment.", severity="warning")
+        chat_input.notify("The model is still loading; try again in a moment.", severity="warning")
         return
-    chat_input = screen.input
 
     def done(text: str | None) -> None:
         if text is not None:
@@ -228,4 +224,4 @@ def open_autocomplete(screen: ChatScreen) -> None:
             chat_input.move_cursor(chat_input.document.end)
         chat_input.focus()
 
-    screen.app.push_screen(AutocompleteScreen(engine=engine, text=chat_input.text), done)
+    chat_input.app.push_screen(AutocompleteScreen(engine=engine, text=chat_input.text), done)

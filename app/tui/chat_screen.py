@@ -1,66 +1,43 @@
 """The main screen: chat list, messages, input; every chat action is a keyboard binding.
 
-Generation runs in a thread worker (llama.cpp releases the GIL, so the UI keeps
-drawing); the worker writes every fragment to the history itself and posts messages to
-this screen, which only renders. Esc sets the worker's cancel event, and quitting
-waits for the worker to store the partial reply before the app exits.
+The screen holds the open chat and composes the widgets; each other job is a
+collaborator it creates and hands what that job needs: :class:`ModelLoader` (the engine,
+loaded behind a progress line), :class:`ReplyStream` (one reply's worker and its
+throttled drawing), :class:`Transcript` (the messages widget: display modes, copying)
+and :class:`ChatActions` (the dialogs). Textual finds bindings, actions and message
+handlers here; they delegate. Quitting waits for a running reply to store its partial
+text before the app exits.
 """
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
-import threading
-import time
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-from textual import on, work
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.message import Message
+from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Label, OptionList
-from textual.worker import Worker
 
-from tandem.app.history.store import INTERRUPTED, ChatRecord, MessageRecord
+from tandem.app.history.store import INTERRUPTED, ChatRecord, History, MessageRecord
+from tandem.app.tui.autocomplete import open_autocomplete
 from tandem.app.tui.chat_actions import ChatActions
-from tandem.app.tui.model_choice import LoadProgress, ModelChoice, engine_record
-from tandem.app.tui.model_loading import ModelLoading
-from tandem.app.tui.reply_actions import ReplyActions
-from tandem.app.tui.session import ReplyBuffer, run_reply, title_from
+from tandem.app.tui.model_choice import ModelChoice, engine_record
+from tandem.app.tui.model_loading import EngineReady, ModelLoader
+from tandem.app.tui.reply_stream import ReplyDone, ReplyStarted, ReplyStream, failure_text
+from tandem.app.tui.session import ChatSettings, title_from
 from tandem.app.tui.shown import plain, shown
+from tandem.app.tui.transcript import Transcript
 from tandem.app.tui.widgets import ChatInput, ChatList, MessageView
-from tandem.models.errors import TandemError
-
-if TYPE_CHECKING:
-    from tandem.app.tui.app import TandemApp
 
 
-DRAW_DUTY = 4.0
-"""Wait this many times the last draw's duration before drawing streamed text again."""
+class ChatScreen(Screen):
+    """One chat at a time beside the list of all of them; the keys act on the open chat."""
 
-
-class ReplyStarted(Message):
-    def __init__(self, record: MessageRecord) -> None:
-        super().__init__()
-        self.record = record
-
-
-def failure_text(exc: BaseException) -> str:
-    """One line for an unexpected failure: its kind and message, never a traceback."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-class ReplyDone(Message):
-    def __init__(self, record: MessageRecord | None, error: str | None) -> None:
-        super().__init__()
-        self.record, self.error = record, error
-
-
-class ChatScreen(ChatActions, ReplyActions, ModelLoading, Screen):
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
     # The footer shows short labels (all fit at 80 columns: test_tui_daily checks it in the
     # Pilot); the tooltip is the full description F1 lists, with the keys not in the footer.
@@ -89,40 +66,47 @@ class ChatScreen(ChatActions, ReplyActions, ModelLoading, Screen):
         Binding("f1", "help", "Help", tooltip="All keys"),
     ]
 
-    def __init__(self, choice: ModelChoice) -> None:
+    def __init__(self, choice: ModelChoice, history: History, settings: ChatSettings, *,
+                 export_dir: Path, mask_timings: bool = False) -> None:
+        """``settings``: what new chats start with; ``export_dir``: where exports go by
+        default; ``mask_timings``: ``--`` for wall-clock figures (deterministic snapshots)."""
         super().__init__()
-        self.choice = choice
-        self.engine: Any = None
+        self.history = history
+        self.new_chat_settings = settings
         self.chat: ChatRecord | None = None
-        self.cancel: threading.Event | None = None
-        self.worker: Worker | None = None
-        self.reply_view: MessageView | None = None
         self.editing: int | None = None
-        self.show_drafted = False
-        self.buffer = ReplyBuffer()
-        self._drawing = asyncio.Lock()
-        """Held while streamed text is drawn into the reply's view: the reply's end waits
-        for a draw in progress, so the stored record it shows is the last word."""
-        self._next_drain = 0.0
-        self.load_progress: LoadProgress | None = None
-        """Set while a model loads: what it is doing and since when (the status line)."""
+        """The user message being edited (Ctrl+E): sending replaces it and what follows."""
         self.replies_done = 0
         """Replies finished (or stopped) on this screen: tests wait on it."""
-        self.queued: int | None = None
-        """The chat of a message sent while the model loaded: the message is stored and
-        shown, and the reply starts when the model is ready (if that chat is open)."""
+        self.transcript = Transcript(mask_timings=mask_timings, id="messages")
+        self.loader = ModelLoader(self, choice, self.set_status)
+        self.replies = ReplyStream(self, history, self.transcript)
+        self.actions = ChatActions(self, history, self.loader, self.transcript, export_dir)
 
     @property
-    def tandem(self) -> TandemApp:
-        return self.app  # type: ignore[return-value]
+    def engine(self) -> Any:
+        """The engine replies use (``None`` while a model loads); tests may wrap it."""
+        return self.loader.engine
+
+    @engine.setter
+    def engine(self, engine: Any) -> None:
+        self.loader.engine = engine
+
+    @property
+    def choice(self) -> ModelChoice:
+        return self.loader.choice
 
     @property
     def generating(self) -> bool:
-        return self.worker is not None
+        return self.replies.running
 
     @property
     def input(self) -> ChatInput:
         return self.query_one("#input", ChatInput)
+
+    def call_from_thread(self, callback: Callable[..., Any], *args: Any) -> Any:
+        """For the workers of :attr:`loader` and :attr:`replies` (:class:`WorkerHost`)."""
+        return self.app.call_from_thread(callback, *args)
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False, icon="≈")
@@ -131,7 +115,7 @@ class ChatScreen(ChatActions, ReplyActions, ModelLoading, Screen):
                 yield Label("Chats", classes="sidebar-title")
                 yield ChatList(id="chat-list")
             with Vertical(id="main"):
-                yield VerticalScroll(id="messages")
+                yield self.transcript
                 yield Label("", id="edit-banner")
                 yield ChatInput(id="input", placeholder="Message (Enter sends, Ctrl+J newline)")
                 yield Label("", id="status")
@@ -139,60 +123,64 @@ class ChatScreen(ChatActions, ReplyActions, ModelLoading, Screen):
 
     async def on_mount(self) -> None:
         self.query_one("#edit-banner").display = False
-        chats = self.tandem.history.list_chats()
+        chats = self.history.list_chats()
         self.refresh_chat_list()
         if chats:
             await self.open_chat(chats[0].id)
         else:
             self.sub_title = "New chat"
         self.input.focus()
-        self.load_model(self.choice)
-        self.set_interval(1 / 15, self._drain)
-        self.set_interval(1.0, self._tick)
+        self.loader.load(self.loader.choice)
+        self.set_interval(1 / 15, self.replies.drain)
+        self.set_interval(1.0, self.loader.tick)
 
     def set_status(self, text: str) -> None:
         self.query_one("#status", Label).update(shown(text))
 
     # -- chats --------------------------------------------------------------------
     def refresh_chat_list(self) -> None:
-        chats = self.tandem.history.list_chats()
+        chats = self.history.list_chats()
         self.query_one("#chat-list", ChatList).set_chats(chats, self.chat.id if self.chat else None)
 
     async def open_chat(self, chat_id: int | None) -> None:
-        history = self.tandem.history
-        self.chat = history.get_chat(chat_id) if chat_id is not None else None
+        self.chat = self.history.get_chat(chat_id) if chat_id is not None else None
         self.editing = None
         self.query_one("#edit-banner").display = False
-        box = self.query_one("#messages", VerticalScroll)
-        await box.remove_children()
-        if self.chat is not None:
-            views = [self._view(m) for m in history.messages(self.chat.id)]
-            await box.mount_all(views)
+        await self.transcript.show(self.history.messages(self.chat.id) if self.chat is not None else None)
         self.sub_title = plain(self.chat.title) if self.chat else "New chat"
-        box.scroll_end(animate=False)
+        self.transcript.scroll_end(animate=False)
 
-    def _view(self, record: MessageRecord, streaming: bool = False) -> MessageView:
-        return MessageView(record, mask_timings=self.tandem.config.mask_timings,
-                           show_drafted=self.show_drafted, streaming=streaming,
-                           show_thinking=self.show_thinking)
+    async def switch_to(self, chat_id: int | None) -> None:
+        """Open another chat with the models it last used (:class:`ChatHost`)."""
+        await self.open_chat(chat_id)
+        self.refresh_chat_list()
+        self.loader.restore(self.chat)
 
-    def _ensure_chat(self) -> ChatRecord:
+    def show_chat(self, chat: ChatRecord) -> None:
+        """The open chat's record changed (renamed, new settings): :class:`ChatHost`."""
+        self.chat = chat
+        self.sub_title = plain(chat.title)
+        self.refresh_chat_list()
+
+    def ensure_chat(self) -> ChatRecord:
+        """The open chat, stored first when it is a new one (:class:`ChatHost`)."""
         if self.chat is None:
-            self.chat = self.tandem.history.create_chat(
-                params=self.tandem.config.settings.to_dict(),
+            self.chat = self.history.create_chat(
+                params=self.new_chat_settings.to_dict(),
                 model=self.choice.target_name, drafter=self.choice.drafter_name)
         return self.chat
 
-    def _busy(self) -> bool:
+    def busy(self) -> bool:
+        """A reply is running (the user is told so): chat changes wait for it."""
         if self.generating:
             self.notify("A reply is being generated: press Esc to stop it first.", severity="warning")
         return self.generating
 
     @on(OptionList.OptionSelected, "#chat-list")
     async def _chat_selected(self, event: OptionList.OptionSelected) -> None:
-        if not self._busy() and event.option.id is not None:
+        if not self.busy() and event.option.id is not None:
             await self.open_chat(int(event.option.id))
-            self.restore_model()
+            self.loader.restore(self.chat)
             self.input.focus()
 
     # -- sending and generation ----------------------------------------------------
@@ -201,9 +189,9 @@ class ChatScreen(ChatActions, ReplyActions, ModelLoading, Screen):
         await self.send(event.text)
 
     async def send(self, text: str) -> None:
-        if self._busy():
+        if self.busy():
             return
-        if self.engine is None and self.load_progress is None:
+        if self.engine is None and not self.loader.loading:
             self.notify("No model is loaded (it failed to load): choose one with Ctrl+T.", severity="warning")
             return
         try:
@@ -213,20 +201,19 @@ class ChatScreen(ChatActions, ReplyActions, ModelLoading, Screen):
                         "Try again when the disk or the database is free.", severity="error", timeout=12)
             return
         self.input.clear()
-        await self.query_one("#messages").mount(self._view(record))
+        await self.transcript.add(record)
         self.refresh_chat_list()
         if self.engine is None:  # still loading: answered as soon as the model is ready
-            self.queued = record.chat_id
-            self._loading_stage(None)
+            self.loader.queue(record.chat_id)
             return
         await self.start_reply()
 
     async def _store_user_message(self, text: str) -> MessageRecord:
-        history = self.tandem.history
+        history = self.history
         if self.editing is not None and self.chat is not None:
             history.delete_from(self.chat.id, self.editing)
             await self.open_chat(self.chat.id)
-        chat = self._ensure_chat()
+        chat = self.ensure_chat()
         if chat.title == "New chat":
             chat = self.chat = history.update_chat(chat.id, title=title_from(text))
             self.sub_title = plain(chat.title)
@@ -238,96 +225,41 @@ class ChatScreen(ChatActions, ReplyActions, ModelLoading, Screen):
 
     async def start_reply(self, resume: MessageRecord | None = None) -> None:
         """Generate the next reply, or with ``resume`` continue that interrupted one."""
-        chat = self._ensure_chat()
-        self.cancel = threading.Event()
-        self.reply_view = None
-        self.set_status(f"{self._model_line()} · {'continuing' if resume else 'generating'} (Esc stops)")
-        self.buffer = ReplyBuffer()
-        self.worker = self._generate(self.tandem.history.get_chat(chat.id), self.cancel, self.buffer, resume)
-
-    @work(thread=True, group="generate", exclusive=True, exit_on_error=False)
-    def _generate(self, chat: ChatRecord, cancel: threading.Event, buffer: ReplyBuffer,
-                  resume: MessageRecord | None) -> None:
-        try:
-            record = run_reply(self.engine, self.tandem.history, chat, cancel=cancel,
-                               on_token=lambda event, _n, live: buffer.push(event.text, live),
-                               on_start=lambda r: self.post_message(ReplyStarted(r)),
-                               model_name=self.choice.target_name,
-                               drafter_name=self.choice.drafter_name, resume=resume)
-            error = None
-        except TandemError as exc:
-            record, error = None, str(exc)
-        except Exception as exc:  # a locked or full database, a native failure: never a wedged app
-            record, error = None, f"The reply stopped: {failure_text(exc)}"
-        self.post_message(ReplyDone(record, error))
+        chat = self.ensure_chat()
+        self.set_status(f"{self.loader.model_line()} · {'continuing' if resume else 'generating'} (Esc stops)")
+        self.replies.start(self.engine, self.history.get_chat(chat.id), self.choice, resume)
 
     async def on_reply_started(self, message: ReplyStarted) -> None:
-        record = message.record
-        record.stats = {"model": self.choice.target_name, "drafter": self.choice.drafter_name}
-        shown = [v for v in self.query(MessageView) if v.record.id == record.id]
-        if shown:  # a continued reply: stream into the view that shows it
-            view = shown[0]
-            view.streaming = True
-        else:
-            view = self._view(record, streaming=True)
-            await self.query_one("#messages").mount(view)
-        self.reply_view = view  # only now: the drain timer may draw into it
-        self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
-
-    async def _drain(self) -> None:
-        """Draw what the worker has streamed since the last draw (runs on a timer).
-
-        Drawing holds the GIL the worker needs between llama.cpp calls, so after a draw
-        that took ``d`` seconds the next waits at least ``DRAW_DUTY * d``: the screen
-        never takes more than about a fifth of the time from generation.
-        """
-        now = time.perf_counter()
-        if self.reply_view is None or self._drawing.locked() or now < self._next_drain:
-            return
-        async with self._drawing:
-            await self._draw(now)
-
-    async def _draw(self, started: float) -> None:
-        """One draw of what was streamed (the caller holds :attr:`_drawing`)."""
-        update = self.buffer.drain()
-        if update is None or self.reply_view is None:
-            return
-        try:
-            await self.reply_view.append(*update)
-        finally:
-            self._next_drain = time.perf_counter() + DRAW_DUTY * (time.perf_counter() - started)
-        box = self.query_one("#messages", VerticalScroll)
-        if box.max_scroll_y - box.scroll_y < 4:
-            box.scroll_end(animate=False)
+        await self.replies.started(message.record)
 
     async def on_reply_done(self, message: ReplyDone) -> None:
-        async with self._drawing:  # after a draw in progress, never before it
-            await self._draw(time.perf_counter())
-            view, self.reply_view = self.reply_view, None
-        self.worker, self.cancel = None, None
-        if message.error:
-            self.notify(message.error, severity="error", timeout=12)
-        if view is not None and message.record is not None:
-            await view.finish(message.record)  # stored content, status and stats
-        elif view is not None:  # failed mid-reply: keep what was shown, marked interrupted
-            await view.finish(replace(view.record, status=INTERRUPTED))
-        elif self.chat is not None:
+        view = await self.replies.finish(message)
+        if view is None and self.chat is not None:  # nothing was shown: show what was stored
             try:
                 await self.open_chat(self.chat.id)
             except sqlite3.Error as exc:
                 self.notify(f"The chat could not be reloaded ({failure_text(exc)}).", severity="error")
-        self.set_status(self._model_line() + (f" · {message.error}" if message.error else ""))
+        self.set_status(self.loader.model_line() + (f" · {message.error}" if message.error else ""))
         self.refresh_chat_list()
-        self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
+        self.transcript.scroll_end(animate=False)
         self.replies_done += 1
+
+    async def on_engine_ready(self, message: EngineReady) -> None:
+        queued = self.loader.ready(message)
+        if queued is not None and self.chat is not None and self.chat.id == queued and not self.generating:
+            await self.start_reply()
 
     async def stop_generation(self, wait: bool = False) -> None:
         """Cancel the running reply; with ``wait``, until its partial text is stored."""
-        if self.cancel is not None:
-            self.cancel.set()
-        worker = self.worker
-        if wait and worker is not None:
-            await worker.wait()
+        await self.replies.stop(wait)
+
+    def on_key(self, event: events.Key) -> None:
+        """Typing while a message is focused (after a search jump, or Tab) writes in the
+        input box: focusing a message to copy it must not swallow the next words."""
+        if isinstance(self.focused, MessageView) and event.is_printable and event.character:
+            event.stop()
+            self.input.focus()
+            self.input.insert(event.character)
 
     # -- actions -------------------------------------------------------------------
     async def action_stop(self) -> None:
@@ -339,26 +271,40 @@ class ChatScreen(ChatActions, ReplyActions, ModelLoading, Screen):
             self.input.clear()
 
     async def action_new_chat(self) -> None:
-        if not self._busy():
+        if not self.busy():
             await self.open_chat(None)
             self.refresh_chat_list()
             self.input.focus()
 
     async def action_regenerate(self) -> None:
-        if self._busy() or self.chat is None or self.engine is None:
+        if self.busy() or self.chat is None or self.engine is None:
             return
-        messages = self.tandem.history.messages(self.chat.id)
+        messages = self.history.messages(self.chat.id)
         if not messages:
             return
         if messages[-1].role == "assistant":
-            self.tandem.history.delete_from(self.chat.id, messages[-1].id)
+            self.history.delete_from(self.chat.id, messages[-1].id)
             await self.open_chat(self.chat.id)
         await self.start_reply()
 
-    def action_edit_last(self) -> None:
-        if self._busy() or self.chat is None:
+    async def action_continue_reply(self) -> None:
+        """Continue the chat's last reply when it was interrupted (Esc, a crash, quitting)."""
+        if self.busy() or self.chat is None:
             return
-        users = [m for m in self.tandem.history.messages(self.chat.id) if m.role == "user"]
+        if self.engine is None:
+            self.notify("The model is still loading (or failed to load).", severity="warning")
+            return
+        messages = self.history.messages(self.chat.id)
+        last = messages[-1] if messages else None
+        if last is None or last.role != "assistant" or last.status != INTERRUPTED:
+            self.notify("Only an interrupted last reply can be continued.", severity="warning")
+            return
+        await self.start_reply(resume=last)
+
+    def action_edit_last(self) -> None:
+        if self.busy() or self.chat is None:
+            return
+        users = [m for m in self.history.messages(self.chat.id) if m.role == "user"]
         if not users:
             return
         self.editing = users[-1].id
@@ -369,6 +315,46 @@ class ChatScreen(ChatActions, ReplyActions, ModelLoading, Screen):
         banner.display = True
         self.input.focus()
 
-    @on(MessageView.CodeCopied)
-    def _code_clicked(self, event: MessageView.CodeCopied) -> None:
-        self._copy(event.code)
+    def action_toggle_sidebar(self) -> None:
+        sidebar = self.query_one("#sidebar")
+        sidebar.display = not sidebar.display
+
+    def action_settings(self) -> None:
+        self.actions.settings()
+
+    def action_models(self) -> None:
+        if not self.busy():
+            self.actions.pick_models()
+
+    def action_search(self) -> None:
+        if not self.busy():
+            self.actions.search()
+
+    def action_export(self) -> None:
+        self.actions.export()
+
+    def action_rename(self) -> None:
+        self.actions.rename()
+
+    def action_delete_chat(self) -> None:
+        if not self.busy():
+            self.actions.delete()
+
+    def action_help(self) -> None:
+        self.actions.help(self.BINDINGS)
+
+    def action_copy_code(self) -> None:
+        self.transcript.copy_code()
+
+    def action_copy_reply(self) -> None:
+        self.transcript.copy_reply()
+
+    def action_toggle_thinking(self) -> None:
+        self.transcript.toggle_thinking()
+
+    def action_toggle_drafted(self) -> None:
+        self.transcript.toggle_drafted()
+
+    def action_autocomplete(self) -> None:
+        """F9 / Ctrl+Space: the autocomplete pane (:mod:`tandem.app.tui.autocomplete`)."""
+        open_autocomplete(self.engine, self.input)

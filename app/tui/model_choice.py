@@ -1,9 +1,10 @@
 """The models behind a chat: which target and drafter (a :class:`ModelChoice`), loading
 them into a chat engine with progress, and restoring the ones a chat last used.
 
-Free of widgets like :mod:`.session`; the chat screen runs :func:`load_engine` in a
-worker thread and shows its :class:`LoadProgress` in the status line. Opening is the
-one engine builder every front end uses (:func:`tandem.runtime.engine.open_engine`).
+Free of widgets like :mod:`.session`; :class:`.model_loading.ModelLoader` runs
+:func:`load_engine` in a worker thread and shows its :class:`LoadProgress` in the status
+line. Opening is the one engine builder every front end uses
+(:func:`tandem.runtime.engine.open_engine`).
 """
 
 from __future__ import annotations

@@ -1,17 +1,21 @@
-"""The chat screen's model loading: a worker thread, its stages and time in the status
-line, and a chat's own models restored when it is reopened.
+"""Loading the chat's model behind a progress line, and a chat's own models restored when
+it is reopened.
 
-A mixin like :mod:`.chat_actions`, so ``chat_screen.py`` stays about the conversation;
-the widget-free part (choosing and opening the models) is :mod:`.engine`.
+:class:`ModelLoader` owns the engine the chat screen replies with: a load runs in a
+thread worker (opening a GGUF takes seconds), its stages and the time so far show in
+the status line, and a message sent meanwhile waits for it (:attr:`ModelLoader.queued`).
+The widget-free part, choosing and opening the models, is :mod:`.model_choice`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from functools import partial
+from typing import Any
 
-from textual import work
 from textual.message import Message
 
+from tandem.app.history.store import ChatRecord
 from tandem.app.tui.model_choice import (
     LoadProgress,
     ModelChoice,
@@ -20,95 +24,122 @@ from tandem.app.tui.model_choice import (
     load_engine,
     restored_choice,
 )
-from tandem.models.errors import TandemError
-
-if TYPE_CHECKING:
-    from tandem.app.tui.chat_screen import ChatScreen
+from tandem.app.tui.worker_host import WorkerHost
+from tandem.errors import TandemError
 
 
 class EngineReady(Message):
+    """A load ended: the engine, or the error that stopped it."""
+
     def __init__(self, engine: Any, choice: ModelChoice, error: str | None) -> None:
         super().__init__()
         self.engine, self.choice, self.error = engine, choice, error
 
 
-class ModelLoading:
-    """Mixed into :class:`ChatScreen` (``self`` is the screen)."""
+class ModelLoader:
+    """The chat's engine and the load that replaces it.
 
-    engine: Any
-    choice: ModelChoice
-    load_progress: LoadProgress | None
+    ``host`` runs the load's worker and receives :class:`EngineReady` (its handler calls
+    :meth:`ready`); ``show_status`` writes the status line.
+    """
 
-    def load_model(self: ChatScreen, choice: ModelChoice) -> None:
+    def __init__(self, host: WorkerHost, choice: ModelChoice, show_status: Callable[[str], None]) -> None:
+        self.host = host
+        self.show_status = show_status
+        self.engine: Any = None
+        """The engine replies use; ``None`` while a model loads or after one failed."""
+        self.choice = choice
+        """What :attr:`engine` was opened from (the new choice only once it loaded)."""
+        self.progress: LoadProgress | None = None
+        """Set while a model loads: what it is doing and since when (the status line)."""
+        self.queued: int | None = None
+        """The chat of a message sent while the model loaded: the message is stored and
+        shown, and the reply starts when the model is ready (if that chat is open)."""
+
+    @property
+    def loading(self) -> bool:
+        return self.progress is not None
+
+    def load(self, choice: ModelChoice) -> None:
+        """Close the current engine and open ``choice`` in a worker; the chat has no
+        engine until :class:`EngineReady` arrives."""
         old, self.engine = self.engine, None
-        self.load_progress = LoadProgress(choice.target_name)
-        self.set_status(self.load_progress.line())
-        self._load(choice, old)
+        self.progress = LoadProgress(choice.target_name)
+        self.show_status(self.progress.line())
+        self.host.run_worker(partial(self._load, choice, old), thread=True, group="load",
+                             exclusive=True, exit_on_error=False)
 
-    def _loading_stage(self: ChatScreen, stage: str | None) -> None:
+    def queue(self, chat_id: int) -> None:
+        """A message of ``chat_id`` waits for the load: say so on the status line."""
+        self.queued = chat_id
+        self.stage(None)
+
+    def stage(self, stage: str | None) -> None:
         """A new stage of the load (``None``: the same one, redrawn)."""
-        if self.load_progress is not None:
+        if self.progress is not None:
             if stage is not None:
-                self.load_progress.stage = stage
-            self._tick()
+                self.progress.stage = stage
+            self.tick()
 
-    def _tick(self: ChatScreen) -> None:
+    def tick(self) -> None:
         """Once a second while a model loads: the status line shows the time so far."""
-        if self.load_progress is not None:
+        if self.progress is not None:
             queued = " · your message is answered when the model is ready" if self.queued is not None else ""
-            self.set_status(self.load_progress.line() + queued)
+            self.show_status(self.progress.line() + queued)
 
-    @work(thread=True, group="load", exclusive=True, exit_on_error=False)
-    def _load(self: ChatScreen, choice: ModelChoice, old: Any) -> None:
+    def _load(self, choice: ModelChoice, old: Any) -> None:
+        """The worker thread: close the old engine, open the new one, report either way."""
         close_engine(old)
         try:
-            shown = self.load_progress
+            shown = self.progress
 
             def loaded(fraction: float) -> None:  # from llama.cpp, on this thread: the tick draws it
                 if shown is not None:
                     shown.loaded = fraction
 
-            engine = load_engine(choice, progress=lambda stage: self.app.call_from_thread(self._loading_stage, stage),
+            engine = load_engine(choice, progress=lambda stage: self.host.call_from_thread(self.stage, stage),
                                  on_load=loaded)
             error = None
         except TandemError as exc:
             engine, error = None, str(exc)
         except Exception as exc:  # a model llama.cpp cannot load: say so, never a traceback
             engine, error = None, f"{type(exc).__name__}: {exc}"
-        self.post_message(EngineReady(engine, choice, error))
+        self.host.post_message(EngineReady(engine, choice, error))
 
-    async def on_engine_ready(self: ChatScreen, message: EngineReady) -> None:
-        self.load_progress = None
+    def ready(self, message: EngineReady) -> int | None:
+        """Take the load's result; returns the chat whose queued message is to be answered
+        now (``None``: none, or the load failed and the message keeps waiting)."""
+        self.progress = None
         if message.error:
-            self.set_status(f"Could not load {message.choice.target_name}: {message.error}")
-            self.notify(message.error, severity="error", timeout=8)
+            self.show_status(f"Could not load {message.choice.target_name}: {message.error}")
+            self.host.notify(message.error, severity="error", timeout=8)
             if self.queued is not None:
-                self.notify("Your message is saved in the chat; it is answered once a model loads (Ctrl+T).",
-                            severity="warning", timeout=12)
-            return
+                self.host.notify("Your message is saved in the chat; it is answered once a model loads (Ctrl+T).",
+                                 severity="warning", timeout=12)
+            return None
         self.engine, self.choice = message.engine, message.choice
-        self.set_status(self._model_line())
+        self.show_status(self.model_line())
         for note in message.choice.notes:
-            self.notify(note, severity="warning", timeout=8)
+            self.host.notify(note, severity="warning", timeout=8)
         queued, self.queued = self.queued, None
-        if queued is not None and self.chat is not None and self.chat.id == queued and not self.generating:
-            await self.start_reply()
+        return queued
 
-    def _model_line(self: ChatScreen) -> str:
+    def model_line(self) -> str:
+        """The status line's model part: target, and drafter with its mode."""
         line = f"Model {self.choice.target_name}"
         drafter = self.choice.drafter_name
         line += f" · drafter {drafter} ({self.choice.mode})" if drafter else " · no drafter"
         return line
 
-    def restore_model(self: ChatScreen) -> None:
-        """Load the model and drafter the open chat last used, if they differ from the
-        current ones; a file that has gone is reported and the current model kept."""
-        if self.chat is None or not self.chat.engine:
+    def restore(self, chat: ChatRecord | None) -> None:
+        """Load the model and drafter ``chat`` last used, if they differ from the current
+        ones; a file that has gone is reported and the current model kept."""
+        if chat is None or not chat.engine:
             return
-        choice = restored_choice(self.choice, self.chat.engine)
+        choice = restored_choice(self.choice, chat.engine)
         if choice is None:
-            self.notify(f"This chat used {self.chat.model}, which is no longer at "
-                        f"{self.chat.engine.get('target')}: keeping {self.choice.target_name}.",
-                        severity="warning", timeout=8)
+            self.host.notify(f"This chat used {chat.model}, which is no longer at "
+                             f"{chat.engine.get('target')}: keeping {self.choice.target_name}.",
+                             severity="warning", timeout=8)
         elif engine_record(choice) != engine_record(self.choice):
-            self.load_model(choice)
+            self.load(choice)

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from tandem.app.history.store import COMPLETE, INTERRUPTED, ChatRecord, History, MessageRecord
+from tandem.errors import TandemError
 from tandem.kernels.sampling import SamplingParams
-from tandem.models.errors import TandemError
 from tandem.runtime.chat import ChatEngine
 from tandem.runtime.generate import DoneEvent, TokenEvent
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tandem.errors import UnsupportedModel
 from tandem.kernels.superpose import (
     SuperposeConfig,
     combine_scores,
@@ -24,7 +25,6 @@ from tandem.kernels.superpose import (
     mixing_weights,
     superposed_embedding,
 )
-from tandem.models.errors import UnsupportedModel
 from tandem.models.ngram import NgramModel
 from tandem.runtime.backends.protocol import Backend, EmbeddingInput, RowSource, prefill
 from tandem.runtime.generate import check_prompt

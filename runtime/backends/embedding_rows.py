@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tandem.models.errors import ModelFormatError
+from tandem.errors import ModelFormatError
 from tandem.models.gguf_file import GGUFInfo
 
 TENSOR = "token_embd.weight"

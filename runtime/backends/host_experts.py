@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 
 EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(?:up|down|gate)_exps\.weight$")
 """The routed experts' weights, and nothing else (not the router ``ffn_gate_inp``, not

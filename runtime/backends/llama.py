@@ -18,7 +18,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp import _internals
 
-from tandem.models.errors import ModelFormatError, TandemError, UnsupportedModel
+from tandem.errors import ModelFormatError, TandemError, UnsupportedModel
 from tandem.models.gguf_file import check_runnable, inspect_gguf
 from tandem.models.shape import KV_TYPE_SIZES, DecoderShape
 from tandem.runtime.backends.embedding_rows import EmbeddingRows

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import llama_cpp
 import numpy as np
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.runtime.backends.llama import LlamaCppBackend
 from tandem.runtime.backends.protocol import (
     ComputeSettings,

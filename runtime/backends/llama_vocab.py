@@ -18,7 +18,7 @@ from typing import Any
 import llama_cpp
 from llama_cpp import _internals
 
-from tandem.models.errors import ModelFormatError, TandemError
+from tandem.errors import ModelFormatError, TandemError
 from tandem.models.vocab_coverage import coverage_check
 from tandem.runtime.backends import llama_log  # noqa: F401  (installed on import: llama.cpp's log silenced)
 from tandem.runtime.backends.protocol import SpecialTokens

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tandem.models.errors import ModelFormatError, ModelNotFound, TandemError
+from tandem.errors import ModelFormatError, ModelNotFound, TandemError
 from tandem.models.hf_tokenizer import read_json_optional
 from tandem.runtime.backends.llama_vocab import LlamaVocab, TokenizerDelegate
 from tandem.runtime.backends.onnx_meta import FP32_FILE, INT8_FILE, read_onnx_meta

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tandem.models.errors import UnsupportedModel
+from tandem.errors import UnsupportedModel
 from tandem.runtime.backends.onnx_meta import FP32_FILE, INT8_FILE, OnnxMeta
 from tandem.runtime.backends.torch_engine.cache import PastCache
 from tandem.runtime.backends.torch_engine.config import ModelConfig

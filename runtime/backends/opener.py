@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from tandem.models.errors import ModelFormatError
+from tandem.errors import ModelFormatError
 from tandem.models.extras import require
 from tandem.runtime.backends.protocol import Backend
 

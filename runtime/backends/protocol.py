@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from tandem.models.errors import PromptError
+from tandem.errors import PromptError
 
 
 @dataclass(frozen=True)
@@ -217,7 +217,7 @@ def prefill(backend: Backend, prompt: Sequence[int], *, keep_last: bool = True) 
 
 
 def check_room(cached: int, n: int, n_ctx: int) -> None:
-    """Raise :class:`~tandem.models.errors.PromptError` when ``n`` new positions do not fit
+    """Raise :class:`~tandem.errors.PromptError` when ``n`` new positions do not fit
     after ``cached`` ones in a context of ``n_ctx``."""
     if cached + n > n_ctx:
         raise PromptError(f"Context full: {cached} + {n} tokens exceed the context of {n_ctx}.")

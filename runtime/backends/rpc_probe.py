@@ -15,7 +15,7 @@ import socket
 import struct
 from collections.abc import Sequence
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.runtime.backends.rpc_split import RemoteDevice
 
 DEFAULT_PORT = 50052

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 
 
 def format_size(n: int) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tandem.models.errors import child_failure
+from tandem.errors import child_failure
 from tandem.models.python_child import code_argv
 
 QUANT_TYPES = ("q4_0", "q4_1", "q4_k_m", "q8_0")
@@ -110,7 +110,7 @@ def decode_in_child(path: Path, timeout_s: float = 120.0, n_gpu_layers: int = 0)
 
 def describe_exit(returncode: int, stderr: str) -> str | None:
     """``None`` for success, else one line: the signal that killed the child by name, or
-    its last line of error output (:func:`tandem.models.errors.child_failure`)."""
+    its last line of error output (:func:`tandem.errors.child_failure`)."""
     if returncode == 0:
         return None
     return child_failure("decoding child", returncode, stderr)

@@ -34,7 +34,7 @@ from typing import Any, Literal
 import llguidance
 from llguidance import LLMatcher, LLTokenizer
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.runtime.backends.protocol import Backend
 
 GrammarKind = Literal["json_schema", "json_object", "gbnf", "regex", "lark"]

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from tandem.models.errors import UnsupportedModel
+from tandem.errors import UnsupportedModel
 from tandem.runtime.backends.torch_engine.moe_layer import (
     MoEFeedForward,
     expert_batches,

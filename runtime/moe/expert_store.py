@@ -27,8 +27,8 @@ import gguf
 import numpy as np
 import torch
 
+from tandem.errors import UnsupportedModel
 from tandem.kernels.kv_quant import QuantizedRows, dequantize, quantize
-from tandem.models.errors import UnsupportedModel
 from tandem.models.gguf_file import inspect_gguf
 
 PROJ = ("gate", "up", "down")

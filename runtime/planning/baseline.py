@@ -24,7 +24,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tandem.models.errors import TandemError, child_failure
+from tandem.errors import TandemError, child_failure
 from tandem.models.paths import cache_dir, write_cache_file
 from tandem.models.python_child import module_argv
 from tandem.runtime.machine import cache_key, code_stamp, machine_id, software_id

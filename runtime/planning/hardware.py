@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.runtime.machine import cpu_cores
 from tandem.runtime.planning.baseline import machine_baseline
 

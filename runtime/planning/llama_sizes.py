@@ -35,7 +35,7 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tandem.models.errors import TandemError, child_failure
+from tandem.errors import TandemError, child_failure
 from tandem.models.paths import cache_dir, write_cache_file
 from tandem.models.python_child import module_argv
 from tandem.runtime.machine import cache_key, file_version, machine_id, software_id

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.runtime.planning.baseline import machine_baseline
 from tandem.runtime.planning.costs import (
     COSTS,

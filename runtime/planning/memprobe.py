@@ -213,7 +213,7 @@ def measure(spec: ProbeSpec, timeout: float = 300.0) -> dict:
         input=payload, capture_output=True, text=True, timeout=timeout, check=False,
     )
     if proc.returncode != 0:
-        from tandem.models.errors import child_failure
+        from tandem.errors import child_failure
 
         raise RuntimeError(f"memory probe failed: {child_failure('memory probe child', proc.returncode, proc.stderr)}"
                            + (f"\n{proc.stderr.strip()[-2000:]}" if proc.stderr.strip() else ""))

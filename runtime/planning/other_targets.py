@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tandem.models.errors import BudgetError, TandemError
+from tandem.errors import BudgetError, TandemError
 from tandem.runtime.backends.onnx_meta import META_FILE, read_onnx_meta
 from tandem.runtime.planning.devices import SAFETY
 from tandem.runtime.planning.hardware import format_size, resolve_machine

@@ -29,8 +29,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from tandem.errors import TandemError
 from tandem.kernels.acceptance import expected_tokens
-from tandem.models.errors import TandemError
 from tandem.models.extras import installed
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.machine import cpu_cores
@@ -192,7 +192,7 @@ class Placed:
 def plan_options(plan, device: str = "auto") -> list[Option]:
     """The options for ``plan`` (a :class:`~tandem.runtime.planning.planner.Plan` with a drafter) on
     this machine, restricted by ``device`` (see :data:`DEVICE_CHOICES`); a
-    :class:`~tandem.models.errors.TandemError` when the restriction leaves none."""
+    :class:`~tandem.errors.TandemError` when the restriction leaves none."""
     draft = plan.draft
     target_gpu = device in ("auto", "target-gpu") and target_gpu_fits(plan)
     if device == "target-gpu" and not target_gpu:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tandem.models.errors import BudgetError, TandemError
+from tandem.errors import BudgetError, TandemError
 from tandem.runtime.planning.hardware import Machine
 from tandem.runtime.planning.memory_model import Estimate, Setup
 from tandem.runtime.planning.shapes import ModelShape

@@ -35,8 +35,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from tandem.errors import TandemError
 from tandem.kernels.acceptance import expected_tokens
-from tandem.models.errors import TandemError
 from tandem.runtime.planning.baseline import machine_baseline
 from tandem.runtime.planning.devices import (
     SAFETY,

@@ -22,7 +22,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.models.gguf_file import inspect_gguf
 from tandem.runtime.backends.rpc_probe import parse_endpoints, query_server
 from tandem.runtime.backends.rpc_split import DeviceShare, RemoteDevice, RpcSplit, format_size

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.models.shape import KV_TYPE_SIZES, DecoderShape, dims_from_hf
 from tandem.runtime.backends.host_experts import EXPERT_TENSOR
 

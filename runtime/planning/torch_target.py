@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tandem.models.errors import BudgetError, TandemError
+from tandem.errors import BudgetError, TandemError
 from tandem.runtime.kv.config import PRESETS, KVCompressConfig, held_bytes
 from tandem.runtime.moe.config import SPEED_NOTE, MoeOffloadSpec, OffloadConfig
 from tandem.runtime.planning.devices import SAFETY

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from tandem.errors import TandemError
 from tandem.kernels.sampling import Sampler
-from tandem.models.errors import TandemError
 from tandem.models.paths import data_dir
 from tandem.runtime.backends.opener import open_backend
 from tandem.runtime.backends.protocol import Backend

@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from tandem.errors import TandemError
 from tandem.kernels.acceptance import Verdict, verify_greedy, verify_sampled
 from tandem.kernels.sampling import Sampler
-from tandem.models.errors import TandemError
 from tandem.runtime.backends.protocol import Backend, common_prefix_len
 from tandem.runtime.generate import Commit, DecodeStats
 from tandem.runtime.speculative.drafters.base import Draft, Drafter

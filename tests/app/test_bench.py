@@ -16,7 +16,7 @@ from tandem.app.bench.peers import RunResult
 from tandem.app.bench.report import markdown_table, summarize
 from tandem.app.bench.run import Run, rotated, select, select_families
 from tandem.app.cli import main
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 
 
 def _result(tps: float, tokens: list[int], calls: int = 4, drafted: int = 0, accepted: int = 0) -> RunResult:

@@ -14,7 +14,7 @@ import pytest
 
 from tandem.app.bench.acceptance import call_cost, is_model_source, load, modeled_speedup, price
 from tandem.app.cli import main
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 
 CURVE = [1.0, 1.1, 1.2, 1.3, 1.5]
 """c(1..5) of a made-up device."""

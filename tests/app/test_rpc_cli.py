@@ -13,7 +13,7 @@ from conftest import IN_CI
 
 from benchmarks.rpc import SERVER, free_port, wait_listening
 from tandem.app.commands.rpc_server import rpc_servers
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.runtime.backends.rpc_probe import query_server
 
 MiB = 2**20

@@ -13,8 +13,8 @@ import pytest
 
 from tandem.app.cli import main
 from tandem.app.commands.twin import agreement, greedy
+from tandem.errors import ModelFormatError, ModelNotFound, TandemError, UnsupportedModel
 from tandem.models.convert import convert_hf, permute_qk
-from tandem.models.errors import ModelFormatError, ModelNotFound, TandemError, UnsupportedModel
 from tandem.models.gguf_file import inspect_gguf
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 

@@ -13,7 +13,7 @@ import gguf
 import numpy as np
 import pytest
 
-from tandem.models.errors import ModelFormatError, ModelNotFound, TandemError, UnsupportedModel
+from tandem.errors import ModelFormatError, ModelNotFound, TandemError, UnsupportedModel
 from tandem.models.gguf_file import check_runnable, inspect_gguf
 
 

@@ -185,7 +185,7 @@ def test_unreadable_file_is_one_clean_error(smollm2_copy) -> None:
 
 def test_unreadable_file_check_in_process(tmp_path, monkeypatch) -> None:
     """The same refusal without relying on file modes (root can read a mode-000 file)."""
-    from tandem.models.errors import ModelFormatError
+    from tandem.errors import ModelFormatError
     from tandem.models.gguf_file import inspect_gguf
 
     path = tmp_path / "m.gguf"

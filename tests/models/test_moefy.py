@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.models.gguf_file import inspect_gguf
 from tandem.models.moefy import (
     DenseFFN,

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tandem.app.cli import main
-from tandem.models.errors import ModelFormatError
+from tandem.errors import ModelFormatError
 from tandem.models.ngram import NgramModel, find_for, ngram_dir, tokenizer_fingerprint
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.models.errors import ModelNotFound, OfflineError
+from tandem.errors import ModelNotFound, OfflineError
 from tandem.models.paths import models_dir
 from tandem.models.store import list_models, pull, resolve_model
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.models.errors import ModelNotFound
+from tandem.errors import ModelNotFound
 from tandem.models.store import list_models, resolve_model
 
 

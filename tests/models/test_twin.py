@@ -8,7 +8,7 @@ import pytest
 
 from tandem.app.cli import main
 from tandem.app.commands.twin import PROMPTS, agreement, greedy
-from tandem.models.errors import ModelFormatError, TandemError
+from tandem.errors import ModelFormatError, TandemError
 from tandem.models.gguf_file import inspect_gguf
 from tandem.models.shape import DecoderShape
 from tandem.models.twin import build_twin, ensure_twin, parse_params, plan_twin

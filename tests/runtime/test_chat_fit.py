@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from tandem.models.errors import PromptError
+from tandem.errors import PromptError
 
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "programmers", "argue", "about", "tabs,", "spaces;", "and", "42", "other", "things!", "Ça", "va?", "東京"]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tandem.errors import BudgetError, TandemError
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.models.errors import BudgetError, TandemError
 from tandem.runtime.engine import Engine, EngineSpec, open_engine
 from tandem.runtime.generate import DoneEvent, generate
 from tandem.runtime.kv.config import PRESETS, held_bytes

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
+from tandem.errors import PromptError
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.models.errors import PromptError
 from tandem.runtime.backends.llama import LlamaCppBackend
 from tandem.runtime.generate import DoneEvent, TokenEvent, generate
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tandem.models.errors import ModelNotFound, PromptError, TandemError
+from tandem.errors import ModelNotFound, PromptError, TandemError
 from tandem.runtime.backends.llama_vocab import TokenizerDelegate
 from tandem.runtime.backends.protocol import (
     ComputeSettings,

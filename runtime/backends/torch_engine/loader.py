@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tandem.models.errors import ModelFormatError, ModelNotFound, UnsupportedModel
+from tandem.errors import ModelFormatError, ModelNotFound, UnsupportedModel
 from tandem.models.shape import dims_from_gguf, dims_from_hf
 from tandem.runtime.backends.torch_engine.config import ModelConfig
 

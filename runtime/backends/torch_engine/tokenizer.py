@@ -15,7 +15,7 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Protocol
 
-from tandem.models.errors import ModelFormatError
+from tandem.errors import ModelFormatError
 from tandem.models.hf_tokenizer import read_json_optional
 from tandem.models.vocab_coverage import gpt2_byte_chars
 from tandem.runtime.backends.llama_vocab import LlamaVocab

@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tandem.errors import TandemError
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.models.errors import TandemError
 from tandem.runtime.backends.torch_engine.cache import PastCache
 from tandem.runtime.backends.torch_engine.config import ModelConfig
 from tandem.runtime.backends.torch_engine.decoder import LlamaModel

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tandem.app.commands import serve
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.runtime.engine import EngineSpec
 
 

@@ -17,8 +17,8 @@ from tandem.app.history.store import (
     default_path,
 )
 from tandem.app.tui.session import ChatSettings, LiveStats, conversation, drafted_chars, title_from
+from tandem.errors import TandemError
 from tandem.kernels.sampling import SamplingParams
-from tandem.models.errors import TandemError
 from tandem.runtime.generate import TokenEvent
 
 

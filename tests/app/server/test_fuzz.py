@@ -147,7 +147,7 @@ FLOATS = st.one_of(st.sampled_from([0.0, -1e-5, float("nan"), float("inf"), 1e-5
 
 LOAD_BATCH = """
 import json, sys
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 for path in json.loads(sys.stdin.read()):
     try:
@@ -165,7 +165,7 @@ def test_fuzzed_metadata_is_refused_or_loads(stories260k: Path, tmp_path: Path) 
     killing the run."""
     import gguf
 
-    from tandem.models.errors import TandemError
+    from tandem.errors import TandemError
     from tandem.models.gguf_file import check_runnable, inspect_gguf
 
     passed: list[str] = []

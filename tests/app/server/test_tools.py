@@ -168,8 +168,8 @@ def test_bad_formats_are_400s_naming_the_field(body: dict, param: str) -> None:
 def test_qwen_template_renders_tools_calls_and_results(real_models) -> None:
     """Through Qwen2.5's own GGUF template: the tools in its system turn, an earlier call
     with its arguments as JSON (not a quoted string), the result as a tool response."""
+    from tandem.errors import TandemError
     from tandem.models.chat_template import prompt_ids, render_chat
-    from tandem.models.errors import TandemError
     from tandem.models.gguf_file import inspect_gguf
 
     template = inspect_gguf(real_models.qwen_05b).metadata["tokenizer.chat_template"]

@@ -67,8 +67,8 @@ async def test_a_streaming_think_block_stays_collapsed_above_the_answer(stories2
         screen.engine = fake
         screen.input.load_text("What is 2+2?")
         await pilot.press("enter")
-        await until(pilot, lambda: screen.reply_view is not None)
-        view: MessageView = screen.reply_view
+        await until(pilot, lambda: screen.replies.view is not None)
+        view: MessageView = screen.replies.view
         body = view.query_one(".body", Markdown)
         block = view.query_one(".thinking", Collapsible)
         for step in range(1, 4):  # inside the think block: nothing in the answer yet

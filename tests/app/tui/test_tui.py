@@ -116,8 +116,8 @@ async def test_esc_stops_and_keeps_the_partial_reply(stories260k: Path, tmp_path
         screen.engine = SlowEngine(screen.engine)
         screen.input.load_text("Once upon a time")
         await pilot.press("enter")
-        await until(pilot, lambda: screen.reply_view is not None
-                    and len(screen.reply_view.record.content) > 10)
+        await until(pilot, lambda: screen.replies.view is not None
+                    and len(screen.replies.view.record.content) > 10)
         # the UI keeps responding while the worker generates
         await pilot.press("x")
         assert screen.input.text == "x"
@@ -136,8 +136,8 @@ async def test_quit_mid_reply_is_clean(stories260k: Path, tmp_path: Path) -> Non
         screen.engine = SlowEngine(screen.engine)
         screen.input.load_text("Once upon a time")
         await pilot.press("enter")
-        await until(pilot, lambda: screen.reply_view is not None
-                    and len(screen.reply_view.record.content) > 5)
+        await until(pilot, lambda: screen.replies.view is not None
+                    and len(screen.replies.view.record.content) > 5)
         chat_id = screen.chat.id
         await pilot.press("ctrl+q")
     assert app.return_code == 0

@@ -268,7 +268,7 @@ async def test_continue_an_interrupted_reply(stories260k: Path, tmp_path: Path) 
         screen.engine = SlowEngine(real, delay=0.05)
         screen.input.load_text("Once upon a time")
         await pilot.press("enter")
-        await until(pilot, lambda: screen.reply_view is not None and len(screen.reply_view.record.content) > 10)
+        await until(pilot, lambda: screen.replies.view is not None and len(screen.replies.view.record.content) > 10)
         await await_reply(pilot, screen, "escape")
         partial = app.history.messages(screen.chat.id)[-1]
         assert partial.status == INTERRUPTED and partial.content
@@ -296,7 +296,7 @@ async def test_continue_refuses_a_complete_reply(stories260k: Path, tmp_path: Pa
         done = screen.replies_done
         await pilot.press("f7")
         await pilot.pause()
-        assert screen.replies_done == done and screen.worker is None
+        assert screen.replies_done == done and screen.replies.worker is None
         assert any("Only an interrupted" in n.message for n in app._notifications)
 
 

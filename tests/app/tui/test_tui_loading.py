@@ -42,7 +42,7 @@ def status(screen: ChatScreen) -> str:
 
 
 async def loading_screen(app, pilot) -> ChatScreen:
-    await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.screen.load_progress is not None)
+    await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.screen.loader.progress is not None)
     return app.screen
 
 
@@ -69,7 +69,7 @@ async def test_message_sent_while_loading_is_answered_when_ready(stories260k: Pa
         screen = await loading_screen(app, pilot)
         screen.input.load_text("Once upon a time")
         await pilot.press("enter")
-        await until(pilot, lambda: screen.queued is not None)
+        await until(pilot, lambda: screen.loader.queued is not None)
         assert screen.input.text == ""  # taken: one Enter sends it
         assert [v.record.content for v in screen.query(MessageView)] == ["Once upon a time"]
         assert [m.role for m in app.history.messages(screen.chat.id)] == ["user"]  # stored, not dropped
@@ -80,7 +80,7 @@ async def test_message_sent_while_loading_is_answered_when_ready(stories260k: Pa
         user, reply = app.history.messages(screen.chat.id)
         assert (user.content, reply.role, reply.status) == ("Once upon a time", "assistant", COMPLETE)
         assert reply.content.strip() and reply.stats["generated_tokens"] == 16
-        assert screen.queued is None and "answered when" not in status(screen)
+        assert screen.loader.queued is None and "answered when" not in status(screen)
 
 
 async def test_message_queued_through_a_failed_load_is_answered_by_the_next_model(
@@ -92,11 +92,11 @@ async def test_message_queued_through_a_failed_load_is_answered_by_the_next_mode
         screen = await loading_screen(app, pilot)
         screen.input.load_text("Once upon a time")
         await pilot.press("enter")
-        await until(pilot, lambda: screen.queued is not None)
+        await until(pilot, lambda: screen.loader.queued is not None)
         held_load.set()
-        await until(pilot, lambda: screen.load_progress is None)
+        await until(pilot, lambda: screen.loader.progress is None)
         assert screen.engine is None and "Could not load gone" in status(screen)
         assert [m.role for m in app.history.messages(screen.chat.id)] == ["user"]
-        screen.load_model(screen.choice.with_models(stories260k, None))
+        screen.loader.load(screen.choice.with_models(stories260k, None))
         await until(pilot, lambda: screen.replies_done == 1, timeout=60)
         assert [m.role for m in app.history.messages(screen.chat.id)] == ["user", "assistant"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tandem.models.errors import PromptError
+from tandem.errors import PromptError
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 from tandem.runtime.backends.protocol import Backend, prefill
 
@@ -87,7 +87,7 @@ def test_memory_report_counts_weights_and_kv(stories_backend: LlamaCppBackend) -
 
 @pytest.mark.parametrize("kv", ["q8_0", "q4_0"])
 def test_quantized_kv_needs_whole_blocks_per_head(stories260k, kv: str) -> None:
-    from tandem.models.errors import UnsupportedModel
+    from tandem.errors import UnsupportedModel
 
     with pytest.raises(UnsupportedModel, match="heads have 8"):
         LlamaCppBackend(stories260k, LlamaConfig(n_ctx=256, type_k=kv, type_v=kv))

@@ -17,8 +17,8 @@ import pytest
 from greedy_runs import greedy_rows
 
 from tandem.app.cli import main
+from tandem.errors import ModelNotFound
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.models.errors import ModelNotFound
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 from tandem.runtime.backends.onnx import OnnxBackend, OnnxConfig
 from tandem.runtime.backends.onnx_export import export_onnx

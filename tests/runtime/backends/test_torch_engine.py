@@ -15,7 +15,7 @@ import pytest
 import torch
 from greedy_runs import greedy_rows
 
-from tandem.models.errors import ModelFormatError, ModelNotFound
+from tandem.errors import ModelFormatError, ModelNotFound
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig, tree_mask
 from tandem.runtime.backends.torch_engine.cache import KVCache

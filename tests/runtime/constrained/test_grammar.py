@@ -8,7 +8,7 @@ import pytest
 from toy_grammar import BYTES, REGEX, GrammarToy
 from toy_models import random_table
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.runtime.constrained import GrammarError, GrammarSpec, GrammarState, compile_grammar
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from greedy_runs import greedy_rows
 
-from tandem.models.errors import UnsupportedModel
+from tandem.errors import UnsupportedModel
 from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
 from tandem.runtime.moe.config import OffloadConfig
 from tandem.runtime.moe.expert_cache import ExpertCache, enable_offload

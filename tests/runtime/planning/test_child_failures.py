@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from child_signals import dying_python
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 
 
 @pytest.fixture(params=["SEGV", "KILL"])

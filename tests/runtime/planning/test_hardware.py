@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.runtime.planning import hardware, memprobe
 from tandem.runtime.planning.hardware import (
     PROFILES,

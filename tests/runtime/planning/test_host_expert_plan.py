@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tiny_moe import N_LAYER, write_tiny_moe
 
-from tandem.models.errors import TandemError
+from tandem.errors import TandemError
 from tandem.runtime.backends import llama_devices
 from tandem.runtime.backends.llama_devices import LlamaDevice
 from tandem.runtime.planning.devices import SAFETY

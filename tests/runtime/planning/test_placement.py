@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tandem.errors import TandemError
 from tandem.kernels.acceptance import expected_tokens
-from tandem.models.errors import TandemError
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 from tandem.runtime.planning.calibration import calibrate, place
 from tandem.runtime.planning.placement import (

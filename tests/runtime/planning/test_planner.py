@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tandem.app.cli import main
-from tandem.models.errors import BudgetError
+from tandem.errors import BudgetError
 from tandem.runtime.planning.devices import SAFETY
 from tandem.runtime.planning.hardware import MiB, resolve_machine
 from tandem.runtime.planning.plan import PlanRequest

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tandem.errors import TandemError
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.models.errors import TandemError
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.generate import DoneEvent, autoregressive, generate

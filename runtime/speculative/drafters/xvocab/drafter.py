@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tandem.errors import TandemError
 from tandem.kernels.sampling import Sampler
 from tandem.kernels.vocab_map import (
     UNMAPPED,
@@ -46,7 +47,6 @@ from tandem.kernels.vocab_map import (
     text_confidence,
     translate,
 )
-from tandem.models.errors import TandemError
 from tandem.runtime.backends.protocol import Backend, prefill
 from tandem.runtime.speculative.drafters.base import Draft
 from tandem.runtime.speculative.drafters.model import token_probability

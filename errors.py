@@ -1,4 +1,8 @@
-"""Errors users can act on, shared by every layer. The CLI prints ``str(error)`` and exits non-zero."""
+"""Errors users can act on, shared by every layer. The CLI prints ``str(error)`` and exits non-zero.
+
+The bottom of the dependency graph (`tandem.errors`, at the package root): kernels, models,
+runtime and app may all raise these, so the module imports nothing from Tandem
+(tests/test_layering.py)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from child_signals import dying_python
 
-from tandem.models.errors import ModelFormatError, child_failure
+from tandem.errors import ModelFormatError, child_failure
 
 
 @pytest.mark.parametrize(("signal_name", "returncode"), [("SIGSEGV", -11), ("SIGKILL", -9)])
