@@ -33,13 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.chat import chat_prompt
 from tandem.runtime.constrained import GrammarSpec, compile_grammar
 from tandem.runtime.constrained.strategy import constrained
+from tandem.runtime.engine import EngineSpec, open_engine
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
-from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 
 CONFIGS = ("plain", "forced", "lookup+forced", "spec+forced", "llama-grammar")
 
@@ -176,13 +175,15 @@ def llama_is_eog(llm, token: int) -> bool:
 def run_structured(cfg: StructuredConfig) -> dict:
     """Every configuration on every prompt, alternating (rotated per prompt and
     repetition), and the summary: median rates, ratios to ``plain``, identity."""
-    target = LlamaCppBackend(cfg.target, LlamaConfig(n_ctx=cfg.ctx, n_threads=cfg.threads))
-    draft = (LlamaCppBackend(cfg.draft, LlamaConfig(n_ctx=cfg.ctx, n_threads=cfg.threads))
-             if cfg.draft is not None else None)
+    # Opened as `tandem serve` opens it (planned, placed, this machine's kernels): the
+    # configurations differ only in the strategy run on the one target.
+    engine = open_engine(EngineSpec(cfg.target, drafter=cfg.draft, draft_mode="auto", threads=cfg.threads,
+                                    n_ctx=cfg.ctx, suffix_memory="request"))
+    target = engine.target
     peer = (LlamaGrammarPeer(cfg.target, n_ctx=cfg.ctx, threads=cfg.threads)
             if "llama-grammar" in cfg.configs else None)
-    strategy = build_strategy(target, draft, SpecOptions(mode="auto", suffix_memory="request"))
-    lookup = build_strategy(target, None, SpecOptions(mode="auto", suffix_memory="request"))
+    strategy = engine.strategy
+    lookup = engine.fresh_strategy(mode="ngram")
     runs: list[StructuredRun] = []
     load_start = list(os.getloadavg())
     try:
@@ -216,11 +217,10 @@ def run_structured(cfg: StructuredConfig) -> dict:
                             f"calls {run.target_calls:4d} forced {run.forced_tokens:3d} "
                             f"acc {run.accepted}/{run.drafted}")
     finally:
-        for built in (strategy, lookup):
-            built.close()
-        for closable in (peer, draft, target):
-            if closable is not None:
-                closable.close()
+        lookup.close()
+        if peer is not None:
+            peer.close()
+        engine.close()
     return summarize(runs, cfg, load_start)
 
 
