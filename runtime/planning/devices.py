@@ -110,11 +110,12 @@ def place_experts(shape: ModelShape, setup: Setup, machine: Machine, baseline: i
 
 def place_draft(machine: Machine, baseline: int, gpu_ok: bool, torch_cuda: bool, t_shape: ModelShape,
                 target: ModelPlan, k: int, d_shape: ModelShape, draft: ModelPlan, experts_home: bool = False,
-                ) -> tuple[ModelPlan, ModelPlan, Estimate] | None:
+                target_on_gpu: bool = True) -> tuple[ModelPlan, ModelPlan, Estimate] | None:
     """(target, drafter, estimate) with the drafter on every device it fits on, or None.
 
     A llama.cpp build that offloads gives the small drafter GPU layers first and the
-    target the rest. Otherwise the drafter is priced on the CPU (llama.cpp, host memory)
+    target the rest (none with ``target_on_gpu=False``: the target on CPU threads, the
+    GPU the drafter's alone). Otherwise the drafter is priced on the CPU (llama.cpp, host memory)
     and, with a usable CUDA GPU, in the torch engine there (VRAM, plus the CUDA
     runtime's host side); ``devices`` lists those that fit, the GPU first. ``experts_home``
     (``--moe-offload``): the target's experts stay home as :func:`place_experts` chooses."""
@@ -126,8 +127,10 @@ def place_draft(machine: Machine, baseline: int, gpu_ok: bool, torch_cuda: bool,
         if experts_home and t_shape.expert_bytes:
             g, n_home = place_experts(t_shape, t_setup, machine, baseline, d_est)
             target = replace(target, n_gpu_layers=g, host_expert_layers=n_home)
-        else:
+        elif target_on_gpu:
             target = replace(target, n_gpu_layers=max_gpu_layers(t_shape, t_setup, machine, baseline, d_est))
+        else:
+            target = replace(target, n_gpu_layers=0)
         est = estimate(t_shape, target.setup(k + 1), d_shape, draft.setup(), k=k)
         return (target, draft, est) if fits(est, machine, baseline) else None
     options = {"cpu": estimate(t_shape, t_setup, d_shape, draft.setup(), k=k)}
