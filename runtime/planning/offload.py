@@ -77,21 +77,25 @@ def compare(pair: Pair, kv_types: list[str], allow_kv_quant: bool, kv_fixed: boo
     cands = [_priced(pair, "a", "partial offload", kv, on_gpu=True),
              _priced(pair, "b", "target on CPU threads", kv, on_gpu=False)]
     for q in KV_TYPES[KV_TYPES.index(kv) + 1:] if kv in KV_TYPES else ():
-        why_not = _kv_refusal(pair.t_shape, q, kv_types, allow_kv_quant, kv_fixed)
-        cand = _priced(pair, "c", f"{q} KV cache, partial offload", q, on_gpu=True)
+        name = f"{q} KV cache, partial offload"
+        if not pair.t_shape.kv_type_ok(q):  # llama.cpp refuses the context: nothing to price
+            note = f"not possible: {q} stores blocks of 32 values but the attention heads have {pair.t_shape.head_dim}"
+            cands.append(Placed(OffloadOption("c", name, q, False, quality=KV_QUALITY[q], allowed=False, note=note),
+                                pair.target, pair.draft, Estimate()))
+            continue
+        cand = _priced(pair, "c", name, q, on_gpu=True)
+        why_not = _kv_refusal(q, kv_types, allow_kv_quant, kv_fixed)
         if why_not:
             cand = replace(cand, option=replace(cand.option, allowed=False, note=why_not))
         cands.append(cand)
     return _choose(cands, kv)
 
 
-def _kv_refusal(shape: ModelShape, kv: str, kv_types: list[str], allow: bool, fixed: bool) -> str:
+def _kv_refusal(kv: str, kv_types: list[str], allow: bool, fixed: bool) -> str:
     if fixed:
         return "not compared: --kv-type fixes the KV cache type"
-    if not allow:
+    if not allow or kv not in kv_types:
         return "not allowed: KV quantization is off (--no-kv-quant)"
-    if not shape.kv_type_ok(kv) or kv not in kv_types:
-        return f"not possible: {kv} stores blocks of 32 values but the attention heads have {shape.head_dim}"
     return ""
 
 
