@@ -15,7 +15,10 @@ run works everywhere:
    drafting, the drafter's configurations), ratio to plain and greedy mismatches
    (on a GPU, batched and one-token kernels may part at near ties);
 4. **modeled**: acceptance recorded with the real models (:mod:`.acceptance`) priced on
-   the curve of section 2.
+   the curve of section 2;
+5. **bigger than the card** (with ``vram``): each placement the planner compares for a
+   target that does not fit that GPU budget, timed against plain llama.cpp partial
+   offload at the same budget (:mod:`.placements`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 from tandem.app.bench import acceptance
 from tandem.app.bench.cost_curve import measure_costs
 from tandem.app.bench.peers import LlamaPeer
+from tandem.app.bench.placements import PlacementBenchConfig, bench_placements, format_placements
 from tandem.app.bench.report import spread
 from tandem.app.bench.run import BenchConfig, run_bench, run_tandem
 from tandem.app.bench.workloads import EDIT, EXTRACT, workload
@@ -56,6 +60,10 @@ class GpuBenchConfig:
     ctx: int = 1024
     k_max: int = 16
     """Longest call of the cost curve, in tokens."""
+    vram: str | None = None
+    """A GPU budget the target does not fit whole: section 5 times the planner's placements."""
+    budget: str | None = None
+    """Host budget of section 5's plan (default: the planner's share of RAM)."""
     log: Callable[[str], None] = print
 
 
@@ -149,6 +157,11 @@ def run_gpu_bench(cfg: GpuBenchConfig) -> dict:
     section("end_to_end", "3/4 end to end on edit and extract", lambda: end_to_end(cfg, threads))
     if cfg.acceptance is not None:
         section("modeled", "4/4 modeled speedups from the recorded acceptance", lambda: modeled(cfg, out["cost"]))
+    if cfg.vram is not None:
+        section("placements", f"5/5 bigger than the card: the placements at {cfg.vram} of GPU memory",
+                lambda: bench_placements(PlacementBenchConfig(
+                    cfg.target, cfg.draft, cfg.vram, cfg.budget, ctx=cfg.ctx, threads=threads, n_tokens=cfg.n_tokens,
+                    prompts=cfg.prompts, reps=cfg.reps, log=cfg.log)))
     out["seconds"] = round(time.perf_counter() - started, 1)
     return out
 
@@ -184,10 +197,13 @@ def format_gpu(res: dict) -> str:
     lines = [f"{res['target']} on {res['device']}: n_gpu_layers {res['plain'].get('n_gpu_layers', '?')}, "
              f"{res['n_tokens']} tokens, {res['reps']} rep(s), {res['threads']} thread(s), {res['seconds']} s", ""]
     sections = (("plain", "[1] plain decoding", _format_plain), ("cost", "[2] verify cost", _format_cost),
-                ("end_to_end", "[3] end to end", _format_e2e), ("modeled", "[4] modeled", _format_modeled))
+                ("end_to_end", "[3] end to end", _format_e2e), ("modeled", "[4] modeled", _format_modeled),
+                ("placements", "[5] placements", lambda r: format_placements(r["placements"])))
     for key, title, fmt in sections:
-        if key not in res:
+        if key == "modeled" and key not in res:
             lines += ["[4] modeled speedups: pass --acceptance FILE (recorded with --record-acceptance)"]
+        elif key not in res:
+            continue
         elif "error" in res[key]:
             lines += [f"{title}: failed: {res[key]['error']}", ""]
         else:

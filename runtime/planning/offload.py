@@ -85,10 +85,18 @@ def compare(pair: Pair, kv_types: list[str], allow_kv_quant: bool, kv_fixed: boo
             continue
         cand = _priced(pair, "c", name, q, on_gpu=True)
         why_not = _kv_refusal(q, kv_types, allow_kv_quant, kv_fixed)
+        if not why_not and cand.option.fits and _layers(cand.option, pair.t_shape) <= _layers(cands[0].option, pair.t_shape):
+            why_not = (f"no more of the target's layers fit on the GPU than with a {kv} KV cache: "
+                       "nothing gained for its quality cost")
         if why_not:
             cand = replace(cand, option=replace(cand.option, allowed=False, note=why_not))
         cands.append(cand)
     return _choose(cands, kv)
+
+
+def _layers(option: OffloadOption, shape: ModelShape) -> int:
+    """The option's ``n_gpu_layers`` as a count (-1: all of the ``n_layer + 1``)."""
+    return shape.n_layer + 1 if option.n_gpu_layers < 0 else option.n_gpu_layers
 
 
 def _kv_refusal(kv: str, kv_types: list[str], allow: bool, fixed: bool) -> str:

@@ -124,7 +124,8 @@ class OffloadOption:
     """With the drafter placed this way (the plain speed when drafting cannot pay)."""
     quality: str = "no quality cost"
     allowed: bool = True
-    """False when the request rules it out (``--no-kv-quant``, a fixed ``--kv-type``)."""
+    """False when ruled out whatever its speed: by the request (``--no-kv-quant``, a fixed
+    ``--kv-type``), or a quantized KV cache that puts no more layers on the GPU."""
     chosen: bool = False
     note: str = ""
     """Why it won, lost, does not fit or is not allowed."""
