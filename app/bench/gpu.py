@@ -268,10 +268,14 @@ def plot_gpu(res: dict, path: str | Path) -> None:
     measured_all = res.get("end_to_end", {}) if "error" not in res.get("end_to_end", {}) else {}
     modeled = res.get("modeled", {}).get("workloads", {})
     wls = list(dict.fromkeys([*measured_all, *modeled]))
-    if not wls:
-        return  # sections 3 and 4 failed: their errors are in the text and the JSON
-    fig, axes = plt.subplots(1, len(wls), figsize=(6.0 * len(wls), 4.2), squeeze=False)
-    for ax, wl in zip(axes.flat, wls, strict=True):
+    rows = [r for r in res.get("placements", {}).get("rows", []) if r.get("ratio_to_llama")]
+    if not wls and not rows:
+        return  # sections 3 to 5 failed: their errors are in the text and the JSON
+    panels = len(wls) + bool(rows)
+    fig, axes = plt.subplots(1, panels, figsize=(6.0 * panels, 4.2), squeeze=False)
+    if rows:
+        _plot_placements(axes.flat[-1], rows)
+    for ax, wl in zip(list(axes.flat)[:len(wls)], wls, strict=True):
         measured = measured_all.get(wl, {})
         names = list(dict.fromkeys([*measured, *modeled.get(wl, {})]))
         x = range(len(names))
@@ -292,10 +296,29 @@ def plot_gpu(res: dict, path: str | Path) -> None:
         ax.set_ylabel("ratio to plain Tandem")
         ax.set_title(wl, fontsize=10)
         ax.legend(fontsize=7)
-    p = res["plain"].get("ratio")
+    p = res.get("plain", {}).get("ratio")
     fig.suptitle(f"{res['target']} on {res['device']}" + (f": plain Tandem / llama-cpp-python decode "
                  f"{p['decode']['median']:.2f}x, prefill {p['prefill']['median']:.2f}x" if p else ""), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
+
+
+def _plot_placements(ax, rows: list[dict]) -> None:
+    """Section 5: each placement's tok/s over plain llama.cpp partial offload at the same
+    budget, plain (blue) and speculative (orange); the planner's pick starred."""
+    names = [("* " if r["chosen"] else "") + r["name"] for r in rows]
+    x = range(len(rows))
+    for dx, mode, color in ((-0.2, "plain", "tab:blue"), (0.2, "speculative", "tab:orange")):
+        values = [r["ratio_to_llama"].get(mode, 0.0) for r in rows]
+        ax.bar([i + dx for i in x], values, 0.4, color=color, label=mode)
+        for i, v in enumerate(values):
+            if v:
+                ax.text(i + dx, min(v, YMAX) + 0.05, f"{v:.2f}", ha="center", fontsize=7)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_ylim(0, min(YMAX, max([1.0, *(v for r in rows for v in r["ratio_to_llama"].values())]) * 1.2 + 0.2))
+    ax.set_xticks(list(x), names, rotation=30, fontsize=7, ha="right")
+    ax.set_ylabel("ratio to llama.cpp partial offload")
+    ax.set_title("bigger than the card (* planner's pick)", fontsize=10)
+    ax.legend(fontsize=7)

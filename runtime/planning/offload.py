@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tandem.runtime.planning.devices import SAFETY, fits, max_gpu_layers, place_draft
+from tandem.runtime.planning.devices import SAFETY, fits, max_gpu_layers, place_on_gpu
 from tandem.runtime.planning.hardware import Machine, format_size
 from tandem.runtime.planning.memory_model import Estimate, estimate
 from tandem.runtime.planning.plan import KV_QUALITY, KV_TYPES, ModelPlan, OffloadOption
@@ -113,17 +113,8 @@ def _priced(pair: Pair, key: str, name: str, kv: str, *, on_gpu: bool) -> Placed
     target = replace(pair.target, type_k=kv, type_v=kv)
     draft = pair.draft
     if draft is not None and pair.d_shape is not None:
-        placed = place_draft(machine, baseline, True, False, pair.t_shape, target, k, pair.d_shape, draft,
-                             target_on_gpu=on_gpu)
-        if placed is None:  # the same placement, priced anyway to say by how much it misses
-            g = max_gpu_layers(pair.d_shape, draft.setup(), machine, baseline, Estimate())
-            draft = replace(draft, n_gpu_layers=g)
-            d_est = estimate(pair.d_shape, draft.setup(), include_process=False)
-            g_t = max_gpu_layers(pair.t_shape, target.setup(k + 1), machine, baseline, d_est) if on_gpu else 0
-            target = replace(target, n_gpu_layers=g_t)
-            memory = estimate(pair.t_shape, target.setup(k + 1), pair.d_shape, draft.setup(), k=k)
-        else:
-            target, draft, memory = placed
+        target, draft, memory = place_on_gpu(machine, baseline, pair.t_shape, target, k, pair.d_shape, draft,
+                                             target_on_gpu=on_gpu)
     else:
         g = max_gpu_layers(pair.t_shape, target.setup(k + 1), machine, baseline, Estimate()) if on_gpu else 0
         target = replace(target, n_gpu_layers=g)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tandem.app.bench import placements
-from tandem.app.bench.gpu import format_gpu
+from tandem.app.bench.gpu import format_gpu, plot_gpu
 from tandem.app.bench.placements import (
     PEER,
     PlacementBenchConfig,
@@ -100,7 +100,7 @@ def test_a_target_that_fits_the_budget_is_skipped_with_the_reason(real_models) -
     assert format_placements(res)[0].startswith("[5] placements: skipped")
 
 
-def test_the_gpu_report_shows_the_section_only_when_asked(real_models, machine) -> None:
+def test_the_gpu_report_shows_the_section_only_when_asked(real_models, machine, tmp_path) -> None:
     section = bench_placements(_cfg(real_models, machine))
     base = {"device": "CPU", "target": "t.gguf", "n_tokens": 4, "reps": 1, "threads": 1, "seconds": 1.0,
             "plain": {"error": "x"}, "cost": {"error": "x"}, "end_to_end": {"error": "x"}}
@@ -108,6 +108,10 @@ def test_the_gpu_report_shows_the_section_only_when_asked(real_models, machine) 
     text = format_gpu({**base, "placements": section})
     assert "[5] bigger than the card" in text and "<- planner's pick" in text
     assert "[5] placements: failed: boom" in format_gpu({**base, "placements": {"error": "boom"}})
+    pytest.importorskip("matplotlib")  # the [plots] extra
+    png = tmp_path / "gpu.png"
+    plot_gpu({**base, "end_to_end": {}, "placements": section}, png)  # sections 1-4 failed: section 5 alone
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_vram_needs_gpu_and_a_size(real_models, capsys) -> None:
