@@ -321,7 +321,9 @@ def _finish(machine: Machine, baseline: int, t_shape: ModelShape, d_shape: Model
                        + "; flash attention on (GPU kernels differ by batch size: greedy speculative output"
                          " equals plain output except at near-ties)")
     else:
-        reasons.append("target on CPU threads" + (" (no GPU offload in this llama.cpp build)"
+        reasons.append("target on CPU threads" + (" (no GPU offload in this llama.cpp build: `tandem plan "
+                                                  "--profile rtx3060-laptop --vram SIZE` shows how a build that "
+                                                  "offloads would place it)"
                                                   if machine.gpus and not gpu_offload_ok(machine) else ""))
     if placements:
         reasons.append(summary(placements))
