@@ -128,6 +128,10 @@ out = subprocess.run([sys.executable, "-m", "tandem.app.cli", "plan", "-m", sys.
                      capture_output=True, text=True).stdout
 print(json.loads(out)["target"]["n_gpu_layers"])' "$big" 2>/dev/null || echo 12)
         step costs_7b_3gib 90 python3 -m benchmarks.gpu_costs "$big" --ngl "$ngl,0" --ks 1,2,3,4,6,8 --reps 5 --peer
+        # the placements the planner compares at 3 GiB (partial offload, target on CPU threads, quantized KV),
+        # each timed against llama-cpp-python's partial offload at that budget, plus sections 1-4 on the 7B
+        step bench_7b_3gib 300 "${CLI[@]}" bench --gpu -m "$big" --draft "$D" --vram 3GiB -n 32 --prompts 1 --reps 2 \
+            --acceptance benchmarks/figures/acceptance-qwen-coder.json --json "$LOGS/bench_7b_3gib.json"
     fi
     # issue 27: the 16-core host's CPU (this build's CPU llama.cpp): exact, repacked and the peer at 8 threads
     step cpu_kernels_8t 90 env PYTHONPATH="$CPU_PYTHONPATH" python3 -m benchmarks.kernels "$T" --threads 8 \

@@ -15,6 +15,10 @@ e.g. ``.gpu-kit/skel/qwen2.5-coder-1.5b.gguf``; only ``gguf`` and ``numpy`` are 
 
     python -m benchmarks.gpu_shapes qwen2.5-7b OUT.gguf --vocab-from SRC.gguf
     python -m benchmarks.gpu_shapes qwen3-30b-a3b OUT.gguf --vocab-from SRC.gguf [--layers 4]
+
+``--sparse`` writes the header only and leaves the weights a hole of zeros (a sparse file, a
+few MB on disk): a stand-in for planning (``tandem plan`` reads headers, llama.cpp's sizes
+come from metadata), which runs but computes nothing worth timing.
 """
 
 from __future__ import annotations
@@ -146,7 +150,7 @@ def copy_tokenizer(reader, writer) -> int:
     return n_vocab
 
 
-def write(name: str, out: str, vocab_from: str, layers: int | None = None) -> int:
+def write(name: str, out: str, vocab_from: str, layers: int | None = None, sparse: bool = False) -> int:
     import gguf
 
     s = SHAPES[name]
@@ -184,6 +188,13 @@ def write(name: str, out: str, vocab_from: str, layers: int | None = None) -> in
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     w.close()
+    if sparse:
+        with open(out, "r+b") as fh:
+            fh.seek(0, 2)
+            start = fh.tell() + (-fh.tell() % 32)
+            total = sum(nbytes(shape, kind) for _, shape, kind in plan)
+            fh.truncate(start + sum(nbytes(shape, kind) + (-nbytes(shape, kind) % 32) for _, shape, kind in plan))
+        return total
     rng = np.random.default_rng(0)
     pools = {k: block_pool(k, (64 << 20) // BLOCK[k][1], rng) for k in BLOCK}
     floats = (rng.standard_normal(1 << 22).astype(np.float32) * 0.02).tobytes()
@@ -212,9 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out")
     ap.add_argument("--vocab-from", required=True, help="a Qwen2.5 GGUF (or kit skeleton) to take the tokenizer from")
     ap.add_argument("--layers", type=int, help="fewer layers (tests only: the shape is no longer real)")
+    ap.add_argument("--sparse", action="store_true", help="header only, zero weights in a sparse file (planning)")
     args = ap.parse_args(argv)
     start = time.perf_counter()
-    size = write(args.shape, args.out, args.vocab_from, args.layers)
+    size = write(args.shape, args.out, args.vocab_from, args.layers, args.sparse)
     print(f"{args.out}: {args.shape}, {size / 2**30:.2f} GiB of weights in {time.perf_counter() - start:.1f} s")
     return 0
 

@@ -15,7 +15,10 @@ run works everywhere:
    drafting, the drafter's configurations), ratio to plain and greedy mismatches
    (on a GPU, batched and one-token kernels may part at near ties);
 4. **modeled**: acceptance recorded with the real models (:mod:`.acceptance`) priced on
-   the curve of section 2.
+   the curve of section 2;
+5. **bigger than the card** (with ``vram``): each placement the planner compares for a
+   target that does not fit that GPU budget, timed against plain llama.cpp partial
+   offload at the same budget (:mod:`.placements`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 from tandem.app.bench import acceptance
 from tandem.app.bench.cost_curve import measure_costs
 from tandem.app.bench.peers import LlamaPeer
+from tandem.app.bench.placements import PlacementBenchConfig, bench_placements, format_placements
 from tandem.app.bench.report import spread
 from tandem.app.bench.run import BenchConfig, run_bench, run_tandem
 from tandem.app.bench.workloads import EDIT, EXTRACT, workload
@@ -56,6 +60,10 @@ class GpuBenchConfig:
     ctx: int = 1024
     k_max: int = 16
     """Longest call of the cost curve, in tokens."""
+    vram: str | None = None
+    """A GPU budget the target does not fit whole: section 5 times the planner's placements."""
+    budget: str | None = None
+    """Host budget of section 5's plan (default: the planner's share of RAM)."""
     log: Callable[[str], None] = print
 
 
@@ -149,6 +157,11 @@ def run_gpu_bench(cfg: GpuBenchConfig) -> dict:
     section("end_to_end", "3/4 end to end on edit and extract", lambda: end_to_end(cfg, threads))
     if cfg.acceptance is not None:
         section("modeled", "4/4 modeled speedups from the recorded acceptance", lambda: modeled(cfg, out["cost"]))
+    if cfg.vram is not None:
+        section("placements", f"5/5 bigger than the card: the placements at {cfg.vram} of GPU memory",
+                lambda: bench_placements(PlacementBenchConfig(
+                    cfg.target, cfg.draft, cfg.vram, cfg.budget, ctx=cfg.ctx, threads=threads, n_tokens=cfg.n_tokens,
+                    prompts=cfg.prompts, reps=cfg.reps, log=cfg.log)))
     out["seconds"] = round(time.perf_counter() - started, 1)
     return out
 
@@ -184,10 +197,13 @@ def format_gpu(res: dict) -> str:
     lines = [f"{res['target']} on {res['device']}: n_gpu_layers {res['plain'].get('n_gpu_layers', '?')}, "
              f"{res['n_tokens']} tokens, {res['reps']} rep(s), {res['threads']} thread(s), {res['seconds']} s", ""]
     sections = (("plain", "[1] plain decoding", _format_plain), ("cost", "[2] verify cost", _format_cost),
-                ("end_to_end", "[3] end to end", _format_e2e), ("modeled", "[4] modeled", _format_modeled))
+                ("end_to_end", "[3] end to end", _format_e2e), ("modeled", "[4] modeled", _format_modeled),
+                ("placements", "[5] placements", lambda r: format_placements(r["placements"])))
     for key, title, fmt in sections:
-        if key not in res:
+        if key == "modeled" and key not in res:
             lines += ["[4] modeled speedups: pass --acceptance FILE (recorded with --record-acceptance)"]
+        elif key not in res:
+            continue
         elif "error" in res[key]:
             lines += [f"{title}: failed: {res[key]['error']}", ""]
         else:
@@ -252,10 +268,14 @@ def plot_gpu(res: dict, path: str | Path) -> None:
     measured_all = res.get("end_to_end", {}) if "error" not in res.get("end_to_end", {}) else {}
     modeled = res.get("modeled", {}).get("workloads", {})
     wls = list(dict.fromkeys([*measured_all, *modeled]))
-    if not wls:
-        return  # sections 3 and 4 failed: their errors are in the text and the JSON
-    fig, axes = plt.subplots(1, len(wls), figsize=(6.0 * len(wls), 4.2), squeeze=False)
-    for ax, wl in zip(axes.flat, wls, strict=True):
+    rows = [r for r in res.get("placements", {}).get("rows", []) if r.get("ratio_to_llama")]
+    if not wls and not rows:
+        return  # sections 3 to 5 failed: their errors are in the text and the JSON
+    panels = len(wls) + bool(rows)
+    fig, axes = plt.subplots(1, panels, figsize=(6.0 * panels, 4.2), squeeze=False)
+    if rows:
+        _plot_placements(axes.flat[-1], rows)
+    for ax, wl in zip(list(axes.flat)[:len(wls)], wls, strict=True):
         measured = measured_all.get(wl, {})
         names = list(dict.fromkeys([*measured, *modeled.get(wl, {})]))
         x = range(len(names))
@@ -276,10 +296,29 @@ def plot_gpu(res: dict, path: str | Path) -> None:
         ax.set_ylabel("ratio to plain Tandem")
         ax.set_title(wl, fontsize=10)
         ax.legend(fontsize=7)
-    p = res["plain"].get("ratio")
+    p = res.get("plain", {}).get("ratio")
     fig.suptitle(f"{res['target']} on {res['device']}" + (f": plain Tandem / llama-cpp-python decode "
                  f"{p['decode']['median']:.2f}x, prefill {p['prefill']['median']:.2f}x" if p else ""), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
+
+
+def _plot_placements(ax, rows: list[dict]) -> None:
+    """Section 5: each placement's tok/s over plain llama.cpp partial offload at the same
+    budget, plain (blue) and speculative (orange); the planner's pick starred."""
+    names = [("* " if r["chosen"] else "") + r["name"] for r in rows]
+    x = range(len(rows))
+    for dx, mode, color in ((-0.2, "plain", "tab:blue"), (0.2, "speculative", "tab:orange")):
+        values = [r["ratio_to_llama"].get(mode, 0.0) for r in rows]
+        ax.bar([i + dx for i in x], values, 0.4, color=color, label=mode)
+        for i, v in enumerate(values):
+            if v:
+                ax.text(i + dx, min(v, YMAX) + 0.05, f"{v:.2f}", ha="center", fontsize=7)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_ylim(0, min(YMAX, max([1.0, *(v for r in rows for v in r["ratio_to_llama"].values())]) * 1.2 + 0.2))
+    ax.set_xticks(list(x), names, rotation=30, fontsize=7, ha="right")
+    ax.set_ylabel("ratio to llama.cpp partial offload")
+    ax.set_title("bigger than the card (* planner's pick)", fontsize=10)
+    ax.legend(fontsize=7)

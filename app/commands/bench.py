@@ -18,6 +18,7 @@ from tandem.errors import TandemError
 from tandem.models.extras import require
 from tandem.models.store import resolve_model
 from tandem.runtime.engine import LLAMA_KV_TYPES
+from tandem.runtime.planning.hardware import parse_size
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -58,6 +59,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=None, help="threads of every engine (default: all cores)")
     p.add_argument("--ctx", type=int, default=None, help="context size (default 1024; --ar-overhead: 1024)")
     p.add_argument("--budget", default=None, help="host memory for the memory planner, as `tandem run --budget`")
+    p.add_argument("--vram", default=None,
+                   help="with --gpu: a GPU budget the target does not fit whole, e.g. 3GiB: also time each placement "
+                        "the planner compares (partial offload, target on CPU threads, quantized KV) against plain "
+                        "llama.cpp partial offload at that budget")
     p.add_argument("--kv-type", choices=LLAMA_KV_TYPES, default=None,
                    help="the target's llama.cpp KV cache type, as `tandem run --kv-type` (default: f16 unless "
                         "the budget needs less)")
@@ -93,6 +98,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.acceptance and not args.gpu:
         raise TandemError("--acceptance goes with --gpu (it prices recorded acceptance on this device).")
+    if args.vram and not args.gpu:
+        raise TandemError("--vram goes with --gpu (the GPU budget its placements are compared at).")
     if args.reps is None:
         args.reps = 3 if args.gpu else 1
     if args.gpu:
@@ -257,11 +264,14 @@ def run_gpu(args: argparse.Namespace) -> int:
         _check_writable(Path(args.plot))
     if args.json_file:
         _check_writable(Path(args.json_file))
+    if args.vram:
+        parse_size(args.vram)  # a bad size is refused before the long sections run
     record = acceptance.load(Path(args.acceptance)) if args.acceptance else None
     cfg = GpuBenchConfig(resolve_model(args.model), resolve_model(args.draft) if args.draft else None, record,
                          n_tokens=args.max_tokens, reps=args.reps,
                          prompts=2 if args.prompts is None else args.prompts, threads=args.threads,
-                         ctx=args.ctx or 1024, log=lambda line: print(line, file=sys.stderr, flush=True))
+                         ctx=args.ctx or 1024, vram=args.vram, budget=args.budget,
+                         log=lambda line: print(line, file=sys.stderr, flush=True))
     result = run_gpu_bench(cfg)
     print(format_gpu(result))
     if args.json_file:

@@ -18,7 +18,7 @@ from tandem.runtime.planning.calibration import calibrate
 from tandem.runtime.planning.hardware import PROFILES, format_size, resolve_machine
 from tandem.runtime.planning.options import TechniqueOption, llama_kv_options, torch_options
 from tandem.runtime.planning.placement import Choice, plan_options
-from tandem.runtime.planning.plan import Plan, PlanRequest
+from tandem.runtime.planning.plan import OffloadOption, Plan, PlanRequest
 from tandem.runtime.planning.planner import make_plan
 from tandem.runtime.planning.torch_target import TorchPlan, check_fits, plan_torch
 from tandem.runtime.speculative.factory import MODES
@@ -95,12 +95,31 @@ def render(plan: Plan) -> str:
             lines.append("where:   " + "; ".join(where_parts(plan)))
         lines.append(f"speed:   ~{plan.tokens_per_s:.1f} tok/s plain, ~{plan.tokens_per_s * plan.speedup:.1f} "
                      f"tok/s speculative (predicted)")
+    if plan.placements:
+        lines += render_placements(plan.placements)
     lines.append("why:")
     lines += [f"  - {r}" for r in plan.reasons]
     if plan.suggestions:
         lines.append("what would fit:")
         lines += [f"  - {s}" for s in plan.suggestions]
     return "\n".join(lines)
+
+
+def render_placements(options: list[OffloadOption]) -> list[str]:
+    """The placements compared for a target bigger than the GPU budget, each with its
+    memory, predicted speed and why it won or lost."""
+    lines = ["placements (the target does not fit the GPU budget whole; tok/s predicted, plain / speculative):"]
+    for o in options:
+        layers = "all" if o.n_gpu_layers < 0 else str(o.n_gpu_layers)
+        drafter = "" if o.draft_gpu_layers is None else (
+            ", drafter on the GPU" if o.draft_gpu_layers else ", drafter on the CPU")
+        speed = f"~{o.tokens_per_s:.1f} / ~{o.speculative_tokens_per_s:.1f} tok/s"
+        lines.append(f"  {o.key}. {o.name}, kv {o.type_k}: target n_gpu_layers {layers}{drafter}; "
+                     f"{format_size(o.host_bytes)} host + {format_size(o.gpu_bytes)} GPU; {speed}"
+                     + ("  <- chosen" if o.chosen else ""))
+        if o.note:
+            lines.append(f"       {o.note}")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:

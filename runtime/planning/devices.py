@@ -108,28 +108,41 @@ def place_experts(shape: ModelShape, setup: Setup, machine: Machine, baseline: i
     return (g, len(experts)) if g else (0, 0)
 
 
+def place_on_gpu(machine: Machine, baseline: int, t_shape: ModelShape, target: ModelPlan, k: int,
+                 d_shape: ModelShape, draft: ModelPlan, experts_home: bool = False, target_on_gpu: bool = True,
+                 ) -> tuple[ModelPlan, ModelPlan, Estimate]:
+    """(target, drafter, estimate) with a llama.cpp build that offloads, fitting or not: the
+    small drafter takes GPU layers first and the target the rest (none with
+    ``target_on_gpu=False``: the target on CPU threads, the GPU the drafter's alone).
+    ``experts_home`` (``--moe-offload``): the target's experts stay home as
+    :func:`place_experts` chooses."""
+    t_setup = target.setup(k + 1)
+    g = max_gpu_layers(d_shape, draft.setup(), machine, baseline, Estimate())
+    draft = replace(draft, n_gpu_layers=g)
+    d_est = estimate(d_shape, draft.setup(), include_process=False)
+    if experts_home and t_shape.expert_bytes:
+        g, n_home = place_experts(t_shape, t_setup, machine, baseline, d_est)
+        target = replace(target, n_gpu_layers=g, host_expert_layers=n_home)
+    elif target_on_gpu:
+        target = replace(target, n_gpu_layers=max_gpu_layers(t_shape, t_setup, machine, baseline, d_est))
+    else:
+        target = replace(target, n_gpu_layers=0)
+    return target, draft, estimate(t_shape, target.setup(k + 1), d_shape, draft.setup(), k=k)
+
+
 def place_draft(machine: Machine, baseline: int, gpu_ok: bool, torch_cuda: bool, t_shape: ModelShape,
                 target: ModelPlan, k: int, d_shape: ModelShape, draft: ModelPlan, experts_home: bool = False,
                 ) -> tuple[ModelPlan, ModelPlan, Estimate] | None:
     """(target, drafter, estimate) with the drafter on every device it fits on, or None.
 
     A llama.cpp build that offloads gives the small drafter GPU layers first and the
-    target the rest. Otherwise the drafter is priced on the CPU (llama.cpp, host memory)
-    and, with a usable CUDA GPU, in the torch engine there (VRAM, plus the CUDA
-    runtime's host side); ``devices`` lists those that fit, the GPU first. ``experts_home``
-    (``--moe-offload``): the target's experts stay home as :func:`place_experts` chooses."""
-    t_setup = target.setup(k + 1)
+    target the rest (:func:`place_on_gpu`). Otherwise the drafter is priced on the CPU
+    (llama.cpp, host memory) and, with a usable CUDA GPU, in the torch engine there (VRAM,
+    plus the CUDA runtime's host side); ``devices`` lists those that fit, the GPU first."""
     if gpu_ok:
-        g = max_gpu_layers(d_shape, draft.setup(), machine, baseline, Estimate())
-        draft = replace(draft, n_gpu_layers=g)
-        d_est = estimate(d_shape, draft.setup(), include_process=False)
-        if experts_home and t_shape.expert_bytes:
-            g, n_home = place_experts(t_shape, t_setup, machine, baseline, d_est)
-            target = replace(target, n_gpu_layers=g, host_expert_layers=n_home)
-        else:
-            target = replace(target, n_gpu_layers=max_gpu_layers(t_shape, t_setup, machine, baseline, d_est))
-        est = estimate(t_shape, target.setup(k + 1), d_shape, draft.setup(), k=k)
+        target, draft, est = place_on_gpu(machine, baseline, t_shape, target, k, d_shape, draft, experts_home)
         return (target, draft, est) if fits(est, machine, baseline) else None
+    t_setup = target.setup(k + 1)
     options = {"cpu": estimate(t_shape, t_setup, d_shape, draft.setup(), k=k)}
     if torch_cuda:
         options["cuda"] = estimate(t_shape, t_setup, d_shape, draft.setup(), k=k, draft_device="cuda",

@@ -99,6 +99,38 @@ class ModelPlan:
                            n_threads=self.n_threads)
 
 
+@dataclass(frozen=True)
+class OffloadOption:
+    """One placement of a target bigger than the GPU budget, priced and predicted
+    (:mod:`tandem.runtime.planning.offload`): the plan lists each, the winner marked."""
+
+    key: str
+    """``a`` (partial offload), ``b`` (target on CPU threads) or ``c`` (a quantized KV
+    cache making room for more layers)."""
+    name: str
+    type_k: str
+    """The target's KV cache type (K and V alike)."""
+    fits: bool
+    n_gpu_layers: int = 0
+    """The target's llama.cpp ``n_gpu_layers`` (-1: all)."""
+    draft_gpu_layers: int | None = None
+    """The drafter's; ``None``: no draft model."""
+    host_bytes: int = 0
+    """Predicted peak host memory, the process baseline included."""
+    gpu_bytes: int = 0
+    tokens_per_s: float = 0.0
+    """Predicted plain decode speed of the target placed this way."""
+    speculative_tokens_per_s: float = 0.0
+    """With the drafter placed this way (the plain speed when drafting cannot pay)."""
+    quality: str = "no quality cost"
+    allowed: bool = True
+    """False when ruled out whatever its speed: by the request (``--no-kv-quant``, a fixed
+    ``--kv-type``), or a quantized KV cache that puts no more layers on the GPU."""
+    chosen: bool = False
+    note: str = ""
+    """Why it won, lost, does not fit or is not allowed."""
+
+
 @dataclass
 class Plan:
     fits: bool
@@ -119,7 +151,11 @@ class Plan:
     suggestions: list[str] = field(default_factory=list)
     kv_note: str | None = None
     """Set when the planner quantized the target's KV cache on its own (no ``kv_type``
-    asked for) because f16 did not fit: the front ends say so."""
+    asked for), because f16 did not fit or to put more layers on the GPU: the front
+    ends say so."""
+    placements: list[OffloadOption] = field(default_factory=list)
+    """For a target bigger than the GPU budget, every placement compared (empty
+    otherwise): :mod:`tandem.runtime.planning.offload`."""
 
     @property
     def host_total(self) -> int:

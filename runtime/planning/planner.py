@@ -36,7 +36,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from tandem.errors import TandemError
-from tandem.kernels.acceptance import expected_tokens
 from tandem.runtime.planning.baseline import machine_baseline
 from tandem.runtime.planning.devices import (
     SAFETY,
@@ -51,24 +50,24 @@ from tandem.runtime.planning.hardware import Machine, format_size, resolve_machi
 from tandem.runtime.planning.llama_sizes import close_all
 from tandem.runtime.planning.memory_model import Estimate, Item, Setup, estimate
 from tandem.runtime.planning.memprobe import process_rss, unresident_code
+from tandem.runtime.planning.offload import Pair, compare, needs_comparing, summary
 from tandem.runtime.planning.plan import (
     ACCEPTANCE_PRIOR,
     KV_QUALITY,
     KV_TYPES,
     ModelPlan,
+    OffloadOption,
     Plan,
     PlanRequest,
     check_context,
 )
 from tandem.runtime.planning.shapes import ModelShape, shape_from_gguf
+from tandem.runtime.planning.speed import best_speedup, step_cost
 from tandem.runtime.planning.suggest import leanest_kv, suggest
-from tandem.runtime.speculative.cost import CPU_COST_CURVE
 
 PROFILE_BASELINE = 80 * 1024**2
 """Python, numpy, llama-cpp-python and the app, resident before any model (measured
 ~45 MiB for the CLI here; the TUI adds ~30 MiB)."""
-DECODE_EFFICIENCY = 0.6
-"""Share of memory bandwidth a decode step achieves reading weights (llama.cpp CPU)."""
 DRAFT_CELLS = (1024, 512, 256)
 """Context cells of a windowed drafter, from roomiest to leanest. llama.cpp pads a KV
 cache to 256 cells (and the torch engine's cache doubles from 256), so memory moves in
@@ -82,33 +81,6 @@ and a small batch shrinks its compute buffer, output buffer and logits rows."""
 DRAFT_QUANT = "q8_0"
 """Type of the drafter copy the ladder tries (lossless for the output: the target verifies)."""
 MIN_CTX = 256
-
-
-def _decode_speed(shape: ModelShape, setup: Setup, machine: Machine) -> float:
-    """Plain tokens/s: each step reads the weights and (on average) half the KV once."""
-    est = estimate(shape, setup, include_process=False)
-
-    def read(device: str) -> float:
-        return sum(i.bytes * (0.5 if "KV" in i.label else 1.0) for i in est.items
-                   if i.device == device and ("weights" in i.label or "KV" in i.label))
-
-    t = read("host") / (machine.ram_bandwidth_gbs * 1e9 * DECODE_EFFICIENCY)
-    if machine.gpu:
-        t += read("gpu") / (machine.gpu.bandwidth_gbs * 1e9 * DECODE_EFFICIENCY)
-    return 1.0 / max(t, 1e-9)
-
-
-def predicted_speedup(alpha: float, k: int, c_draft: float, verify_cost: float) -> float:
-    """§0: E[tokens/round] / (k·c + c_verify(k)), in units of one target step."""
-    if k <= 0:
-        return 1.0
-    return expected_tokens(alpha, k) / (k * c_draft + verify_cost)
-
-
-def _verify_cost(k: int, on_gpu: bool) -> float:
-    if on_gpu:
-        return 1.0 + 0.02 * k
-    return CPU_COST_CURVE(k)
 
 
 def _draft_rungs(d_shape: ModelShape, ctx: int, draft_max: int, quant: str | None):
@@ -232,8 +204,13 @@ def _make_plan(req: PlanRequest) -> Plan:
     plan.baseline = baseline
     if plan.fits and plan.target.type_k != "f16":
         kv = plan.target.type_k
+        chosen = next((o for o in plan.placements if o.chosen), None)
         if req.kv_type is not None:
             why = f"target KV cache {kv}, as asked ({KV_QUALITY[kv]})"
+        elif chosen is not None and chosen.key == "c":
+            why = (f"target KV cache quantized to {kv} to put more of its layers on the GPU (placement c, "
+                   f"predicted {chosen.speculative_tokens_per_s:.1f} tok/s; {KV_QUALITY[kv]})")
+            plan.kv_note = why
         else:
             why = f"target KV cache quantized to {kv}: f16 did not fit even without a draft model ({KV_QUALITY[kv]})"
             plan.kv_note = why
@@ -280,10 +257,14 @@ def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelSh
                 g = max_gpu_layers(t_shape, target.setup(k + 1), machine, baseline, Estimate()) if gpu_ok else 0
                 target = replace(target, n_gpu_layers=g)
             est = estimate(t_shape, target.setup(k + 1), k=k)
-            if fits(est, machine, baseline):
-                return _finish(machine, baseline, t_shape, d_shape, target, None, k, est, note, reasons,
-                               req.acceptance, req.drop_slow_draft)
-            continue
+            if not fits(est, machine, baseline):
+                continue
+            placements: list[OffloadOption] = []
+            if gpu_ok and not req.moe_offload and needs_comparing(target):
+                target, _, est, placements = _compared(req, Pair(machine, baseline, t_shape, target, k,
+                                                                 alpha=req.acceptance))
+            return _finish(machine, baseline, t_shape, d_shape, target, None, k, est, note, reasons,
+                           req.acceptance, req.drop_slow_draft, placements=placements)
         window, d_batch, d_kv, q = draft_cfg
         d_ctx = (window or min(ctx, d_shape.n_ctx_train)) + k + 1
         path = str(req.draft)
@@ -298,8 +279,12 @@ def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelSh
         if placed is None:
             continue
         target, draft, est = placed
+        placements = []
+        if gpu_ok and not req.moe_offload and needs_comparing(target):
+            target, draft, est, placements = _compared(req, Pair(machine, baseline, t_shape, target, k, d_shapes[q],
+                                                                 draft, req.acceptance))
         return _finish(machine, baseline, t_shape, d_shapes[q], target, draft, k, est, note, reasons,
-                       req.acceptance, req.drop_slow_draft, d_shape)
+                       req.acceptance, req.drop_slow_draft, d_shape, placements)
     kv = leanest_kv(t_shape, req.allow_kv_quant)
     est = estimate(t_shape, Setup(ctx * req.n_seq, 64, kv, kv))
     reasons = [*reasons, f"{t_shape.name} alone needs {(est.host + baseline) / 2**20:.1f} MiB of host memory "
@@ -310,12 +295,25 @@ def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelSh
                 ModelPlan(str(req.target), ctx), None, False, 0, est, 0.0, 1.0, reasons)
 
 
+def _compared(req: PlanRequest, pair: Pair) -> tuple[ModelPlan, ModelPlan | None, Estimate, list[OffloadOption]]:
+    """The placement :mod:`tandem.runtime.planning.offload` chooses for a target bigger than
+    the GPU budget (target, drafter, memory), and every placement it compared."""
+    placed = compare(pair, kv_candidates(pair.t_shape, req), req.allow_kv_quant, req.kv_type is not None)
+    options = [p.option for p in placed]
+    win = next((p for p in placed if p.option.chosen), None)
+    if win is None:
+        return pair.target, pair.draft, estimate(pair.t_shape, pair.target.setup(pair.k + 1), pair.d_shape,
+                                                 pair.draft.setup() if pair.draft else None, k=pair.k), options
+    return win.target, win.draft, win.memory, options
+
+
 def _finish(machine: Machine, baseline: int, t_shape: ModelShape, d_shape: ModelShape | None,
             target: ModelPlan, draft: ModelPlan | None, k: int, est: Estimate, note: str,
             reasons: list[str], alpha: float, drop_slow_draft: bool = True,
-            d_original: ModelShape | None = None) -> Plan:
+            d_original: ModelShape | None = None, placements: list[OffloadOption] | None = None) -> Plan:
     reasons = list(reasons)
-    speed = _decode_speed(t_shape, target.setup(), machine)
+    t_step = step_cost(t_shape, target.setup(), machine)
+    speed = 1.0 / max(t_step.seconds, 1e-9)
     speedup = 1.0
     if target.n_gpu_layers:
         reasons.append(f"target: {_layers(target.n_gpu_layers, t_shape)} on the GPU"
@@ -323,8 +321,12 @@ def _finish(machine: Machine, baseline: int, t_shape: ModelShape, d_shape: Model
                        + "; flash attention on (GPU kernels differ by batch size: greedy speculative output"
                          " equals plain output except at near-ties)")
     else:
-        reasons.append("target on CPU threads" + (" (no GPU offload in this llama.cpp build)"
+        reasons.append("target on CPU threads" + (" (no GPU offload in this llama.cpp build: `tandem plan "
+                                                  "--profile rtx3060-laptop --vram SIZE` shows how a build that "
+                                                  "offloads would place it)"
                                                   if machine.gpus and not gpu_offload_ok(machine) else ""))
+    if placements:
+        reasons.append(summary(placements))
     if target.host_expert_layers:
         reasons.append(f"experts of {target.host_expert_layers}/{len(t_shape.expert_layers)} layers in host memory "
                        f"({format_size(t_shape.host_expert_bytes(target.host_expert_layers))}), "
@@ -332,11 +334,9 @@ def _finish(machine: Machine, baseline: int, t_shape: ModelShape, d_shape: Model
     if target.n_batch < 256:
         reasons.append(f"prefill batch {target.n_batch} to shrink the compute buffer (prefill is slower)")
     if draft is not None and d_shape is not None:
-        d_speed = _decode_speed(d_shape, draft.setup(), machine)
-        c = speed / d_speed
+        c = step_cost(d_shape, draft.setup(), machine).seconds / max(t_step.seconds, 1e-9)
         # The adaptive policy picks the length at run time; k only caps it (and the memory).
-        speedup = max(predicted_speedup(alpha, j, c, _verify_cost(j, bool(target.n_gpu_layers)))
-                      for j in range(1, k + 1))
+        speedup = best_speedup(alpha, k, c, t_step)
         where = "GPU" if draft.n_gpu_layers else "CPU"
         if draft.device == "cuda":
             where = (f"GPU through the torch engine ({format_size(est.total('gpu', 'draft'))} of VRAM with "
@@ -369,7 +369,7 @@ def _finish(machine: Machine, baseline: int, t_shape: ModelShape, d_shape: Model
                    + (f" + {format_size(est.gpu)} GPU" if est.gpu else "")
                    + f" (speculation {format_size(extra)}) of a {format_size(machine.host_budget)} budget")
     return Plan(True, machine.describe(), machine.host_budget, machine.vram_budget, baseline, target,
-                draft, draft is not None, k, est, speed, speedup, reasons)
+                draft, draft is not None, k, est, speed, speedup, reasons, placements=list(placements or ()))
 
 
 def _layers(g: int, shape: ModelShape) -> str:
