@@ -314,7 +314,7 @@ class SequenceView:
             self._tokens.extend(ids[start:stop] if ids is not None else [-1] * (stop - start))
             return out
 
-        return chunked_logits(n, self.base.n_batch, self.n_vocab, logits_for, run)
+        return self.base.checked_logits(chunked_logits(n, self.base.n_batch, self.n_vocab, logits_for, run))
 
     def truncate(self, n: int) -> None:
         n = max(0, n)

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tandem.errors import ModelFormatError
 from tandem.models.extras import require
 from tandem.runtime.backends.protocol import Backend
+
+if TYPE_CHECKING:  # the module loads llama.cpp's libraries: imported where a GGUF opens
+    from tandem.runtime.backends.llama import LlamaCppBackend
 
 
 def backend_kind(path: str | Path) -> str:
@@ -40,49 +43,23 @@ def open_backend(path: str | Path, *, n_ctx: int | None = None, n_threads: int |
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 
     backend = LlamaCppBackend(path, llama_config or LlamaConfig(n_ctx=n_ctx, n_threads=n_threads), on_load=on_load)
-    try:
-        check_finite_once(backend)
-    except BaseException:
-        backend.close()
-        raise
+    check_finite_once(backend)
     return backend
 
 
-PROBE_TEXT = " The quick brown fox jumps over the lazy dog."
-PROBE_TOKENS = 4
-"""Tokens of :data:`PROBE_TEXT` the check evaluates. A NaN or infinite weight in any
-matrix reaches every row's logits, so a few rows find it; each one more costs a new
-pair's first run (0.02 s a token for a 1.5B model on 2 cores)."""
-
-
-def check_finite_once(backend: Backend) -> None:
-    """:func:`check_finite_logits`, once per file version and compute settings (the
-    answer is the file's: :mod:`tandem.runtime.backends.file_facts`)."""
+def check_finite_once(backend: LlamaCppBackend) -> None:
+    """Have ``backend`` check its first logits for NaN or infinite values
+    (:meth:`~tandem.runtime.backends.llama.LlamaCppBackend.check_first_logits`), once per
+    file version and compute settings: the answer is the file's
+    (:mod:`tandem.runtime.backends.file_facts`). A model on RPC servers is checked on
+    every load (its weights are theirs)."""
     from tandem.runtime.backends import file_facts
 
     settings = backend.compute_settings()
-    if settings.model_file is None or settings.remote:
-        check_finite_logits(backend)
+    model_file = settings.model_file
+    if model_file is None or settings.remote:
+        backend.check_first_logits(lambda: None)
         return
     fact = f"finite logits|{settings.settings}"
-    if file_facts.recall(settings.model_file, fact) is True:
-        return
-    check_finite_logits(backend)
-    file_facts.remember(settings.model_file, fact, True)
-
-
-def check_finite_logits(backend: Backend) -> None:
-    """One short forward pass after loading: damaged weights (a NaN or infinite scale in
-    a quantized block) give NaN or infinite logits, which would otherwise be "generated"
-    as garbage. Reports them as a corrupted file instead; the cache is left empty."""
-    import numpy as np  # local: numpy's import (0.06 s) only when this runs
-
-    bos = backend.special.bos
-    ids = ([] if bos is None else [bos]) + backend.tokenize(PROBE_TEXT)[: max(1, min(PROBE_TOKENS, backend.n_ctx - 2))]
-    try:
-        logits = backend.evaluate(ids or [0], logits_for=range(len(ids or [0])))
-    finally:
-        backend.truncate(0)
-    if not np.isfinite(logits).all():
-        raise ModelFormatError(f"{backend.name}: the model computes NaN or infinite values on a test prompt; "
-                               "its weights are damaged (re-download or re-convert the file).")
+    if file_facts.recall(model_file, fact) is not True:
+        backend.check_first_logits(lambda: file_facts.remember(model_file, fact, True))
