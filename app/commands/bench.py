@@ -199,16 +199,20 @@ def run_structured_bench(args: argparse.Namespace) -> int:
 
 def run_autocomplete(args: argparse.Namespace) -> int:
     from tandem.app.bench.autocomplete import PROMPTS, markdown_table, run_bench
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.engine import EngineSpec, open_engine
 
     if max(args.k) > 16:
         raise TandemError("--k values must be between 1 and 16.")
     prompts = 2 if args.prompts is None else args.prompts
     if args.max_tokens < 1 or args.reps < 1 or not 1 <= prompts <= len(PROMPTS):
         raise TandemError(f"--max-tokens and --reps must be at least 1, --prompts 1..{len(PROMPTS)}.")
-    config = LlamaConfig(n_ctx=args.ctx or 256, n_threads=args.threads)
-    with LlamaCppBackend(resolve_model(args.model), config) as target:
-        result = run_bench(target, sorted(set(args.k)), args.max_tokens, args.reps, PROMPTS[:prompts],
+    # The target as `tandem serve` opens it for /infill (planned, this machine's kernels).
+    spec = EngineSpec(resolve_model(args.model), draft_mode="off", n_ctx=args.ctx or 256, threads=args.threads)
+    with open_engine(spec) as engine:
+        if not isinstance(engine.target, LlamaCppBackend):
+            raise TandemError("--autocomplete compares decoders inside llama.cpp: give it a GGUF model.")
+        result = run_bench(engine.target, sorted(set(args.k)), args.max_tokens, args.reps, PROMPTS[:prompts],
                            log=lambda s: print(s, file=sys.stderr, flush=True))
     print(f"model {result['model']}, {result['max_tokens']} tokens per draft, medians of "
           f"{result['repeats']} x {result['prompts']} prompts")
