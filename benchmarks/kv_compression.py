@@ -30,7 +30,7 @@ from tandem.kernels.hadamard import balanced_permutation
 from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
 from tandem.runtime.kv.compress import use_compressed_cache
 from tandem.runtime.kv.config import KVCompressConfig
-from tandem.runtime.kv.store import calibrate_key_scales
+from tandem.runtime.kv.segments import calibrate_key_scales
 
 HELD_OUT = (
     "Once upon a time, there was a little boy named Tim. Tim had a red ball that he loved very much. "

@@ -56,7 +56,7 @@ TORCH_MODULES = {
     "tandem.runtime.backends.onnx_export",
     "tandem.runtime.backends.torch_engine.backend", "tandem.runtime.backends.torch_engine.cache",
     "tandem.runtime.backends.torch_engine.decoder", "tandem.runtime.backends.torch_engine.loader",
-    "tandem.runtime.kv.compress", "tandem.runtime.kv.store",
+    "tandem.runtime.kv.compress", "tandem.runtime.kv.segments",
     "tandem.runtime.moe.expert_cache", "tandem.runtime.moe.expert_store", "tandem.runtime.backends.torch_engine.moe_layer",
     "tandem.runtime.speculative.drafters.distill",
 }

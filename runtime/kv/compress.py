@@ -54,7 +54,7 @@ from tandem.kernels.kv_budget import (
 from tandem.runtime.backends.torch_engine.cache import KVCache
 from tandem.runtime.backends.torch_engine.config import ModelConfig
 from tandem.runtime.kv.config import KVCompressConfig
-from tandem.runtime.kv.store import CodecMixin, RopeTable, Seg, cat_opt, cat_q
+from tandem.runtime.kv.segments import CodecMixin, RopeTable, Seg, cat_opt, cat_q
 
 if TYPE_CHECKING:
     from tandem.runtime.backends.torch_engine.backend import TorchBackend

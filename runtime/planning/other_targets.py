@@ -5,7 +5,7 @@ The planner (:mod:`tandem.runtime.planning.planner`) sizes llama.cpp models; an 
 could turn, but the memory model prices both kinds. :func:`plan_unplanned` prices the
 target at the context it would open with and refuses, before anything is loaded, when
 the predicted host memory plus the process baseline exceeds the budget, so ``tandem run``
-and ``tandem chat`` never start a model that cannot fit (issue #7). The refusal names
+and ``tandem chat`` never start a model that cannot fit. The refusal names
 the largest context that would fit, since the context is the one thing the user can
 change for such a target.
 """

@@ -243,7 +243,7 @@ def test_kivi_groups_form_lazily_and_bytes_count_everything(stories260k: Path) -
 
 def test_key_reordering_from_calibration(stories260k: Path) -> None:
     from tandem.kernels.hadamard import balanced_permutation
-    from tandem.runtime.kv.store import calibrate_key_scales
+    from tandem.runtime.kv.segments import calibrate_key_scales
 
     b = _backend(stories260k, None)
     scales = calibrate_key_scales(b, b.tokenize("One day, a cat sat on a mat. It was warm.", add_bos=True))

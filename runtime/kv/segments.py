@@ -1,4 +1,4 @@
-"""Storage for :mod:`.kv_compress`: one layer's entries (full precision or quantized), RoPE tables, calibration.
+"""Storage segments for :mod:`.compress`: one layer's entries (full precision or quantized), RoPE tables, calibration.
 
 A :class:`Seg` holds one layer's sink or body entries token-major, in logical order.
 Every way a cache shrinks (eviction, rollback, tree acceptance) is an index selection
