@@ -411,8 +411,14 @@ def test_sigterm_answers_a_waiting_non_streaming_request(real_models) -> None:
         t = threading.Thread(target=ask)
         t.start()
         deadline = time.monotonic() + 60
-        while not any(m["busy"] for m in httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()["models"]
-                      .values()):
+
+        def generating() -> bool:
+            """The reply has tokens: the prompt's decode and two steps after it (a job
+            stopped before its first token is answered like a queued one: 503)."""
+            models = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()["models"].values()
+            return any(m["busy"] and m["batch"]["decodes"] >= 3 for m in models)
+
+        while not generating():
             assert time.monotonic() < deadline, "the request never started"
             time.sleep(0.05)
         proc.terminate()
