@@ -70,12 +70,22 @@ def gpu_offload_ok(machine: Machine) -> bool:
     return gpu_offload_build()
 
 
-def fits(est: Estimate, machine: Machine, baseline: int) -> bool:
-    host_room = machine.host_budget * (1 - SAFETY) - baseline
+def rooms(machine: Machine, baseline: int) -> tuple[float, float]:
+    """Bytes a plan may use in host memory (the budget less the safety share and the
+    ``baseline`` already resident) and on the GPU (its budget; less the safety share
+    unless the memory is unified, where the host room already keeps it)."""
     gpu = machine.gpu
-    if gpu is not None and gpu.unified:
-        return est.host + est.gpu <= host_room and est.gpu <= machine.vram_budget
-    return est.host <= host_room and est.gpu <= machine.vram_budget * (1 - SAFETY)
+    unified = gpu is not None and gpu.unified
+    return (machine.host_budget * (1 - SAFETY) - baseline,
+            machine.vram_budget if unified else machine.vram_budget * (1 - SAFETY))
+
+
+def fits(est: Estimate, machine: Machine, baseline: int) -> bool:
+    host_room, gpu_room = rooms(machine, baseline)
+    gpu = machine.gpu
+    if gpu is not None and gpu.unified:  # one memory: the GPU share counts against the host's too
+        return est.host + est.gpu <= host_room and est.gpu <= gpu_room
+    return est.host <= host_room and est.gpu <= gpu_room
 
 
 def max_gpu_layers(shape: ModelShape, setup: Setup, machine: Machine, baseline: int, others: Estimate) -> int:

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tandem.runtime.planning.devices import SAFETY, fits, max_gpu_layers, place_on_gpu
+from tandem.runtime.planning.devices import fits, max_gpu_layers, place_on_gpu, rooms
 from tandem.runtime.planning.hardware import Machine, format_size
 from tandem.runtime.planning.memory_model import Estimate, estimate
 from tandem.runtime.planning.plan import KV_QUALITY, KV_TYPES, ModelPlan, OffloadOption
 from tandem.runtime.planning.shapes import ModelShape
-from tandem.runtime.planning.speed import best_speedup, step_cost
+from tandem.runtime.planning.speed import predict
 
 KV_GAIN = {"q8_0": 1.02, "q4_0": 1.10}
 """How much faster than the best placement with the requested KV type a quantized KV
@@ -120,12 +120,10 @@ def _priced(pair: Pair, key: str, name: str, kv: str, *, on_gpu: bool) -> Placed
         target = replace(target, n_gpu_layers=g)
         memory = estimate(pair.t_shape, target.setup(k + 1), k=k)
     ok = fits(memory, machine, baseline)
-    t_step = step_cost(pair.t_shape, target.setup(), machine)
-    plain = 1.0 / max(t_step.seconds, 1e-9)
-    speedup = 1.0
-    if draft is not None and pair.d_shape is not None:
-        c = step_cost(pair.d_shape, draft.setup(), machine).seconds / max(t_step.seconds, 1e-9)
-        speedup = max(1.0, best_speedup(pair.alpha, k, c, t_step))  # the policy drafts only where it pays
+    speed = predict(machine, pair.t_shape, target.setup(), pair.alpha, k, pair.d_shape,
+                    draft.setup() if draft is not None else None)
+    plain = speed.plain
+    speedup = max(1.0, speed.speedup)  # the policy drafts only where it pays
     option = OffloadOption(key, name, kv, ok, target.n_gpu_layers, None if draft is None else draft.n_gpu_layers,
                            baseline + memory.host, memory.gpu, plain, plain * speedup, KV_QUALITY[kv],
                            note="" if ok else _overflow(memory, machine, baseline))
@@ -134,9 +132,8 @@ def _priced(pair: Pair, key: str, name: str, kv: str, *, on_gpu: bool) -> Placed
 
 def _overflow(est: Estimate, machine: Machine, baseline: int) -> str:
     """Which budget a placement misses, and by how much."""
-    host_room = machine.host_budget * (1 - SAFETY) - baseline
+    host_room, gpu_room = rooms(machine, baseline)
     gpu = machine.gpu
-    gpu_room = machine.vram_budget if gpu is not None and gpu.unified else machine.vram_budget * (1 - SAFETY)
     misses = []
     if est.host > host_room or (gpu is not None and gpu.unified and est.host + est.gpu > host_room):
         misses.append(f"{format_size(baseline + est.host)} of host memory, over the {format_size(machine.host_budget)} "

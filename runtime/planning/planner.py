@@ -62,7 +62,7 @@ from tandem.runtime.planning.plan import (
     check_context,
 )
 from tandem.runtime.planning.shapes import ModelShape, shape_from_gguf
-from tandem.runtime.planning.speed import best_speedup, step_cost
+from tandem.runtime.planning.speed import predict
 from tandem.runtime.planning.suggest import leanest_kv, suggest
 
 PROFILE_BASELINE = 80 * 1024**2
@@ -312,9 +312,8 @@ def _finish(machine: Machine, baseline: int, t_shape: ModelShape, d_shape: Model
             reasons: list[str], alpha: float, drop_slow_draft: bool = True,
             d_original: ModelShape | None = None, placements: list[OffloadOption] | None = None) -> Plan:
     reasons = list(reasons)
-    t_step = step_cost(t_shape, target.setup(), machine)
-    speed = 1.0 / max(t_step.seconds, 1e-9)
-    speedup = 1.0
+    predicted = predict(machine, t_shape, target.setup(), alpha, k, d_shape, draft.setup() if draft else None)
+    speed, speedup = predicted.plain, predicted.speedup
     if target.n_gpu_layers:
         reasons.append(f"target: {_layers(target.n_gpu_layers, t_shape)} on the GPU"
                        + ("" if _layers(target.n_gpu_layers, t_shape) == "all layers" else ", the rest on CPU threads")
@@ -334,9 +333,8 @@ def _finish(machine: Machine, baseline: int, t_shape: ModelShape, d_shape: Model
     if target.n_batch < 256:
         reasons.append(f"prefill batch {target.n_batch} to shrink the compute buffer (prefill is slower)")
     if draft is not None and d_shape is not None:
-        c = step_cost(d_shape, draft.setup(), machine).seconds / max(t_step.seconds, 1e-9)
         # The adaptive policy picks the length at run time; k only caps it (and the memory).
-        speedup = best_speedup(alpha, k, c, t_step)
+        c = predicted.draft_cost
         where = "GPU" if draft.n_gpu_layers else "CPU"
         if draft.device == "cuda":
             where = (f"GPU through the torch engine ({format_size(est.total('gpu', 'draft'))} of VRAM with "

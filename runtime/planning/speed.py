@@ -101,3 +101,28 @@ def best_speedup(alpha: float, k_max: int, c_draft: float, target: StepCost) -> 
     """The speedup at the best draft length up to ``k_max`` (the adaptive policy picks
     the length at run time; ``k_max`` only caps it)."""
     return max((predicted_speedup(alpha, k, c_draft, target.verify(k)) for k in range(1, k_max + 1)), default=1.0)
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """A placed pair's predicted speed."""
+
+    plain: float
+    """Plain tokens/s of the target."""
+    speedup: float
+    """Speculation's best speedup up to the draft cap (1.0 without a draft model)."""
+    draft_cost: float = 0.0
+    """The draft model's step over the target's (``c``)."""
+
+
+def predict(machine: Machine, t_shape: ModelShape, t_setup: Setup, alpha: float, k: int,
+            d_shape: ModelShape | None = None, d_setup: Setup | None = None) -> Predicted:
+    """Plain tokens/s of the target placed as ``t_setup`` says and, with a draft model
+    placed as ``d_setup`` says, the speedup its drafts are worth at acceptance ``alpha``."""
+    t_step = step_cost(t_shape, t_setup, machine)
+    plain = 1.0 / max(t_step.seconds, 1e-9)
+    if d_shape is None or d_setup is None:
+        return Predicted(plain, 1.0)
+    c = step_cost(d_shape, d_setup, machine).seconds / max(t_step.seconds, 1e-9)
+    return Predicted(plain, best_speedup(alpha, k, c, t_step), c)
+
