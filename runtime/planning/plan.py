@@ -74,7 +74,7 @@ class ModelPlan:
         plain output except at near-ties either way) and costs much: llama-cpp-python's
         default (flash attention on) prefilled 2.3x and decoded 1.8x faster than the
         flash-off configuration, Qwen2.5-Coder-1.5B shapes on an H200
-        (``benchmarks/gpu_costs.py``, BENCHMARKS.md "On a GPU")."""
+        (``benchmarks/gpu_costs.py``, BENCHMARKS.md "Quantized GGUF on a GPU")."""
         return self.flash_attn or self.n_gpu_layers != 0
 
     def setup(self, output_rows: int = 1) -> Setup:
