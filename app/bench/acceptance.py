@@ -32,10 +32,9 @@ from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.engine import Engine, EngineSpec
 from tandem.runtime.generate import DoneEvent, generate
 from tandem.runtime.machine import cpu_cores
+from tandem.runtime.speculative.factory import MODEL_FREE_SOURCES
 
 FORMAT = "tandem-acceptance/1"
-MODEL_FREE_SOURCES = ("suffix", "lookup")
-"""Drafters whose tokens cost (next to) nothing: the suffix tree and prompt lookup."""
 
 Round = tuple[int, int, int, int]
 """(drafted, accepted, evaluated, 1 if a drafter model drafted it else 0)."""

@@ -37,8 +37,9 @@ from tandem.runtime.constrained.target import MaskedTarget
 from tandem.runtime.generate import Commit, DecodeStats, Strategy
 from tandem.runtime.speculative.drafters.base import Drafter
 from tandem.runtime.speculative.drafters.chain import ChainDrafter
+from tandem.runtime.speculative.drafters.text_lookup import TextLookupDrafter
 from tandem.runtime.speculative.drafting import draft_sources
-from tandem.runtime.speculative.factory import SpeculativeStrategy
+from tandem.runtime.speculative.factory import MODEL_FREE_SOURCES, SpeculativeStrategy
 from tandem.runtime.speculative.loop import speculative
 
 
@@ -76,12 +77,19 @@ def forced_round(target: Backend, context: list[int], run: list[int], sampler: S
     return Commit([*run, token], 0, rows)
 
 
-def grammar_drafts(strategy: Strategy, grammar: Grammar, prompt_len: int) -> tuple[Strategy, Drafter | None]:
+def grammar_drafts(strategy: Strategy, grammar: Grammar, target: Backend, prompt_len: int,
+                   ) -> tuple[Strategy, Drafter | None]:
     """``strategy`` with each of its draft sources cut to legal drafts, and its drafter
-    (a plain strategy as it is, and ``None``)."""
+    (a plain strategy as it is, and ``None``). Where model-free drafting is on, text
+    lookup (:class:`~tandem.runtime.speculative.drafters.text_lookup.TextLookupDrafter`)
+    is asked first: a schema's values are mostly the prompt's words, quoted, which token
+    lookup cannot find (the quote changes their first token)."""
     if not isinstance(strategy, SpeculativeStrategy) or strategy.drafter is None or strategy.policy is None:
         return strategy, None
-    sources: list[Drafter] = [GrammarDrafter(d, grammar, prompt_len) for d in draft_sources(strategy.drafter)]
+    inner = draft_sources(strategy.drafter)
+    if any(d.name in MODEL_FREE_SOURCES for d in inner):
+        inner = [TextLookupDrafter(target), *inner]
+    sources: list[Drafter] = [GrammarDrafter(d, grammar, prompt_len) for d in inner]
     drafter: Drafter = sources[0] if len(sources) == 1 else ChainDrafter(sources)
     return speculative(drafter, strategy.policy, predraft=strategy.predraft), drafter
 
@@ -101,7 +109,7 @@ def constrained(strategy: Strategy, grammar: Grammar, *, forced_rounds: bool = T
             budget: int | None = None) -> Iterator[Commit]:
         masked = MaskedTarget(target, GrammarState(grammar), len(prompt))
         committed = GrammarState(grammar)
-        inner, drafter = grammar_drafts(strategy, grammar, len(prompt))
+        inner, drafter = grammar_drafts(strategy, grammar, masked, len(prompt))
         calls_at_start = drafter.calls if drafter is not None else 0
         context = list(prompt)
         left = target.n_ctx - len(prompt) if budget is None else budget

@@ -43,8 +43,11 @@ from tandem.runtime.speculative.policy import (
 
 MODES = ("auto", "model", "xvocab", "ngram", "off")
 """Draft modes (``--draft-mode``); see :func:`build_strategy`."""
-MODEL_FREE_SOURCES = frozenset({"suffix", "lookup"})
+MODEL_FREE_SOURCES = frozenset({"suffix", "lookup", "text-lookup"})
 """Draft sources that cost nothing to ask (see AdaptivePolicy.cheap_sources)."""
+MEASURED_SOURCES = frozenset({"text-lookup"})
+"""Model-free sources whose confidence is a measured acceptance rate (see
+AdaptivePolicy.measured_sources)."""
 
 
 @dataclass
@@ -278,7 +281,7 @@ def build_strategy(
                              if model_drafter is not None and opts.measure_cost else None)
         adaptive = AdaptivePolicy(cost, AdaptiveConfig(max_len=k_max, stop_threshold=opts.stop_threshold),
                                   draft_cost=opts.draft_cost or learnt_draft_cost or weight_ratio(drafter, target),
-                                  cheap_drafter=model_free,
+                                  cheap_drafter=model_free, measured_sources=MEASURED_SOURCES,
                                   cheap_sources=frozenset() if model_free or len(drafters) == 1 else MODEL_FREE_SOURCES)
         if opts.measure_cost:
             on_close = partial(remember_learnt, target, adaptive, model_drafter)

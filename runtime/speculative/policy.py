@@ -216,6 +216,12 @@ class AdaptivePolicy:
     cheap_sources: frozenset[str] = frozenset()
     """In a chain of model-free drafters ahead of a model drafter: the model-free
     sources. The model drafter gets :attr:`model_budget` tokens per round."""
+    measured_sources: frozenset[str] = frozenset()
+    """Model-free sources whose confidence is an acceptance rate measured for the use they
+    are asked in, not a match heuristic: trusted from the start (not raised to
+    :data:`UNPROVEN_POWER`, no short probe first), calibrated by their own verdicts with
+    :data:`TRUST_AFTER` tokens of prior at face value (one rejection does not silence
+    them), and never judged by the other sources' verdicts (they draft other text)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.cost, CostCurve):  # a curve given as it is: trusted, not re-measured
@@ -375,7 +381,7 @@ class AdaptivePolicy:
         m = int(np.argmax(rates))
         pays = m > 0 and rates[m] >= self.config.min_gain
         probe_pays = self.probe_can_pay()
-        unproven = self._calib.get(source, (0.0, 0.0))[1] < TRUST_AFTER
+        unproven = self._calib.get(source, (0.0, 0.0))[1] < TRUST_AFTER and source not in self.measured_sources
         if pays and unproven:
             if not probe_pays or rates[m] < self.config.probe_promise:
                 return 0  # trust could only be earned at a loss, or would gain too little
@@ -430,15 +436,16 @@ class AdaptivePolicy:
         probe failed (chat prose, a few matched words), the other's failed too — two
         failed probes a reply, 4 % of 64 tokens at 2 threads."""
         acc, conf = self._verdicts(source)
-        return float(np.clip((acc + 1.0) / (conf + 1.0), 0.0, 1.5))
+        prior = TRUST_AFTER if source in self.measured_sources else 1.0  # pseudo-tokens at face value
+        return float(np.clip((acc + prior) / (conf + prior), 0.0, 1.5))
 
     def _verdicts(self, source: str) -> tuple[float, float]:
         """(accepted, confidence tested) behind ``source``'s calibration: its own, or the
         model-free sources' pooled while it has none."""
         acc, conf = self._calib.get(source, (0.0, 0.0))
-        if conf == 0.0 and self.is_free(source):
-            acc = sum(a for name, (a, _) in self._calib.items() if self.is_free(name))
-            conf = sum(c for name, (_, c) in self._calib.items() if self.is_free(name))
+        if conf == 0.0 and self.is_free(source) and source not in self.measured_sources:
+            pooled = [v for name, v in self._calib.items() if self.is_free(name) and name not in self.measured_sources]
+            acc, conf = sum(a for a, _ in pooled), sum(c for _, c in pooled)
         return acc, conf
 
     def believed(self, confidence: np.ndarray, source: str) -> np.ndarray:
@@ -447,7 +454,7 @@ class AdaptivePolicy:
         most :data:`UNPROVEN_FIRST`)."""
         if self._verdicts(source)[1] > 0.0:
             return np.clip(confidence * self.calibration(source), 0.0, 0.999)
-        rates = np.clip(confidence, 0.0, 0.999) ** UNPROVEN_POWER
+        rates = np.clip(confidence, 0.0, 0.999) ** (1.0 if source in self.measured_sources else UNPROVEN_POWER)
         rates[:1] = np.minimum(rates[:1], UNPROVEN_FIRST)
         return rates
 

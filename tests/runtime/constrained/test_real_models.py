@@ -103,3 +103,32 @@ def test_seeded_constrained_sampling_repeats_with_speculation(target, grammar, p
         strategy.close()
     assert spec.tokens == plain.tokens
     json.loads(spec.text)
+
+
+def test_values_copied_from_the_request_are_drafted_by_text_lookup(target, grammar, prompt, plain,
+                                                                   monkeypatch) -> None:
+    """Model-free drafting under the grammar asks text lookup first (the suffix tree knows
+    only this request, not the replies of the tests before): "Maria Lopez" in the
+    request is ``" Maria", " Lopez"``, and after ``"name": "`` the reply's ``"Maria"`` is
+    another token, which token lookup cannot match. Output stays plain constrained output."""
+    from tandem.runtime.speculative.drafters.text_lookup import TextLookupDrafter
+
+    drafts: list[list[int]] = []
+    propose = TextLookupDrafter.propose
+
+    def spy(self, context, max_tokens, sampler):
+        draft = propose(self, context, max_tokens, sampler)
+        if draft.tokens:
+            drafts.append(draft.tokens)
+        return draft
+
+    monkeypatch.setattr(TextLookupDrafter, "propose", spy)
+    strategy = build_strategy(target, None, SpecOptions(mode="ngram", draft_length=2, measure_cost=False,
+                                                             suffix_memory="request"))
+    try:
+        spec = decode(target, prompt, constrained(strategy, grammar))
+    finally:
+        strategy.close()
+    assert spec.tokens == plain.tokens
+    assert [target.tokenize(" Lopez")[0]] in [d[:1] for d in drafts]
+    assert spec.stats.accepted_tokens > 0
