@@ -151,9 +151,11 @@ def infill_job(slot: ModelSlot, ids: list[int], req: InfillRequest, client: str 
                 strategy.prime(previous[common_prefix_len(previous, ids):])
             cache_owner.take(lane, client, ids)
             try:
-                yield from run_infill(lane.target, ids, Sampler(req.gen.params), req.limits,
-                                      strategy=strategy, cache_prompt=reuse,
-                                      cache_reuse=cache_reuse if reuse else 0, cancel=cancel)
+                for item in run_infill(lane.target, ids, Sampler(req.gen.params), req.limits,
+                                       strategy=strategy, cache_prompt=reuse,
+                                       cache_reuse=cache_reuse if reuse else 0, cancel=cancel):
+                    yield item
+                    lane.settle()  # the editor has its first text: the chat lanes go on
             finally:
                 if isinstance(strategy, SpeculativeStrategy):
                     strategy.prime([])  # never carried into another client's request

@@ -69,12 +69,18 @@ class Lane:
     def engaged(self, urgent: bool = False) -> Iterator[None]:
         """Around a job: the batcher waits for this lane's next step (see
         :class:`~tandem.runtime.backends.llama_batch.SequenceBatcher`); ``urgent`` (an
-        /infill) puts its steps first."""
+        /infill) has the batch to itself until :meth:`settle`."""
         if isinstance(self.target, SequenceView):
             with self.target.engaged(urgent):
                 yield
         else:
             yield
+
+    def settle(self) -> None:
+        """An urgent job's first token is out: the other lanes decode again (see
+        :meth:`~tandem.runtime.backends.llama_batch.SequenceView.settle`)."""
+        if isinstance(self.target, SequenceView):
+            self.target.settle()
 
     def owner_client(self) -> str | None:
         return self.kv_owner[0] if self.kv_owner is not None else None

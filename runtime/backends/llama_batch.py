@@ -14,8 +14,14 @@ What keeps the slots in step is *who was just served*: a slot that got its logit
 decode and is still *engaged* (inside a server job, :meth:`SequenceView.engaged`) comes
 back within a few Python steps with its next tokens, so the next decode waits for those
 slots to submit or to leave (end of the job). Without that, two slots settle into
-alternating one-row decodes and batching never happens. An *urgent* slot (an editor's
-/infill, whose user waits for its first token) waits for nobody and goes first.
+alternating one-row decodes and batching never happens.
+
+An *urgent* slot (an editor's /infill, whose user waits for its first token) has the
+context to itself until it settles (:meth:`SequenceView.settle`: its first token is out): its
+steps wait for nobody, and nobody else's are decoded meanwhile, so the other slots'
+threads sleep instead of taking the CPU from its decode (on two cores, a chat slot's
+Python work between its steps costs an /infill more than its rows in a shared batch).
+After that it is a slot like the others.
 
 **Lossless per slot.** What a slot computes must not depend on what the others do:
 
@@ -135,18 +141,20 @@ class SequenceBatcher:
 
     def _ready(self) -> bool:
         """Something is pending and every slot served last time has come back (or left);
-        a slot marked urgent (an editor's /infill) does not wait for the others."""
+        while a slot is urgent, only its own requests are ready, and at once."""
+        if self._urgent:
+            return any(r.seq in self._urgent for r in self._pending)
         if not self._pending:
             return False
-        return self._owed <= {r.seq for r in self._pending} or any(r.seq in self._urgent for r in self._pending)
+        return self._owed <= {r.seq for r in self._pending}
 
     def _take(self) -> list[_Request]:
-        """The pending requests of the next decode, urgent slots' first, then oldest first:
-        any number of token requests within :attr:`cap` rows, or one longer (or
-        embedding) request alone."""
+        """The pending requests of the next decode (only urgent slots' while there are
+        any), oldest first: any number of token requests within :attr:`cap` rows, or one
+        longer (or embedding) request alone."""
         group: list[_Request] = []
         rows = 0
-        for r in sorted(self._pending, key=lambda r: r.seq not in self._urgent):
+        for r in [r for r in self._pending if not self._urgent or r.seq in self._urgent]:
             alone = r.embeds is not None or r.n > self.cap
             if alone:
                 if not group:
@@ -206,6 +214,13 @@ class SequenceBatcher:
             self._engaged.add(seq)
             if urgent:
                 self._urgent.add(seq)
+
+    def settle(self, seq: int) -> None:
+        """``seq`` is urgent no more (its first token is out): the others decode again."""
+        with self._cond:
+            if seq in self._urgent:
+                self._urgent.discard(seq)
+                self._cond.notify_all()
 
     def release(self, seq: int) -> None:
         """``seq`` will not come back soon (its job ended): decodes stop waiting for it."""
@@ -352,12 +367,18 @@ class SequenceView:
     def engaged(self, urgent: bool = False) -> Iterator[None]:
         """While a job runs on this slot: the batcher waits for its next step before
         decoding others (see the module docstring); released when the job ends. An
-        ``urgent`` slot's steps (an editor waiting) go first and wait for nobody."""
+        ``urgent`` slot (an editor waiting) has the context to itself until it
+        settles (:meth:`settle`) or the job ends."""
         self.batcher.engage(self.seq, urgent)
         try:
             yield
         finally:
             self.batcher.release(self.seq)
+
+    def settle(self) -> None:
+        """This slot's urgent part is over (its user has the first token): the other
+        slots decode again, with its steps merged into theirs."""
+        self.batcher.settle(self.seq)
 
 
 def open_views(base: LlamaCppBackend) -> SequenceBatcher:

@@ -167,3 +167,45 @@ def test_an_urgent_slot_does_not_wait_for_slots_still_thinking(real_models):
         thread.join()
         batcher.close()
         base.close()
+
+
+def test_an_urgent_slot_has_the_context_to_itself_until_it_settles(real_models):
+    """While an /infill waits for its first token, a chat slot's step is not decoded at
+    all (neither alone nor merged into the urgent step); once the urgent slot settles,
+    the two share the next decode."""
+    base = LlamaCppBackend(real_models.smollm2, replace(CONFIG, n_seq=2))
+    batcher = open_views(base)
+    chat, editor = batcher.views
+    token = chat.tokenize(PROMPTS[1], add_bos=True)[:1]
+    chat_done = threading.Event()
+
+    def chat_step() -> None:
+        with chat.engaged():
+            chat.evaluate(token)
+            chat_done.set()
+
+    thread = None
+    try:
+        with editor.engaged(urgent=True):
+            thread = threading.Thread(target=chat_step)
+            thread.start()
+            deadline = threading.Event()
+            for _ in range(1200):  # until the chat step is queued (the thread may start late)
+                with batcher._cond:
+                    if any(r.seq == chat.seq for r in batcher._pending):
+                        break
+                deadline.wait(0.1)
+            else:
+                pytest.fail("the chat slot's step was never queued")
+            assert not chat_done.is_set()
+            editor.evaluate(token)  # the urgent step is decoded alone
+            assert not chat_done.is_set() and batcher.stats.merged == 0
+            editor.settle()
+            editor.evaluate(token)  # its next step: now shared with the chat slot's
+            assert chat_done.wait(120), "the chat slot's step stayed queued after the urgent slot settled"
+            assert batcher.stats.merged == 1
+    finally:
+        if thread is not None:
+            thread.join(120)
+        batcher.close()
+        base.close()
