@@ -86,6 +86,12 @@ class EngineSpec:
     vram: int | str | None = None
     placement: str = "auto"
     """auto | gpu | cpu | target-gpu (:data:`tandem.runtime.planning.placement.DEVICE_CHOICES`)."""
+    offload: str | None = None
+    """A GGUF target bigger than ``vram``: the placement to run it in, one of those the
+    planner compares (:data:`~tandem.runtime.planning.plan.OFFLOAD_CHOICES`: ``a`` partial
+    offload, ``b`` the target on CPU threads, ``c-q8_0``/``c-q4_0`` a quantized KV cache),
+    instead of the fastest predicted; refused when it does not fit
+    (:mod:`tandem.runtime.planning.offload`). ``tandem bench --gpu --vram`` times each."""
     engine: str = "auto"
     """:data:`ENGINES`."""
     device: str | None = None
@@ -166,6 +172,9 @@ class Engine:
         if self.plan is not None:
             out["kv_type"] = self.plan.target.type_k
             out["n_gpu_layers"] = self.plan.target.n_gpu_layers  # llama.cpp's count, the output layer first
+            chosen = next((o for o in self.plan.placements if o.chosen), None)
+            if chosen is not None:  # a target bigger than the GPU budget: how it was split
+                out["offload"] = chosen.pin
         if self.spec.kv_compress is not None:
             out["kv_compress"] = self.torch_plan.kv_label if self.torch_plan else True
         if self.spec.moe_offload is not None and self.torch_plan is not None:
@@ -235,6 +244,9 @@ def check_spec(spec: EngineSpec, kind: str) -> None:
         raise TandemError("--moe-offload BUDGET and its --moe-* options set the torch engine's expert cache: "
                           "add --engine torch. In llama.cpp, plain --moe-offload keeps as many layers' experts "
                           "in host memory as --vram needs.")
+    if spec.offload is not None and (kind != "llama.cpp" or spec.rpc):
+        raise TandemError("--offload picks how llama.cpp splits a GGUF target between the GPU and CPU threads; "
+                          "it does not apply " + ("with --rpc." if spec.rpc else f"to the {kind} engine."))
     if spec.rpc and kind != "llama.cpp":
         raise TandemError("--rpc splits a GGUF target in llama.cpp over RPC servers; it does not apply to "
                           f"the {kind} engine.")
@@ -328,16 +340,28 @@ def _wants_model(spec: EngineSpec) -> bool:
     return spec.drafter is not None and spec.draft_mode in ("auto", "model", "xvocab")
 
 
+def _planned_draft(spec: EngineSpec) -> Path | None:
+    """The drafter the memory planner prices: a GGUF one the draft mode uses."""
+    draft_path = spec.drafter if _wants_model(spec) else None
+    return draft_path if draft_path is not None and backend_kind(draft_path) == "gguf" else None
+
+
+def plan_llama(spec: EngineSpec) -> Plan:
+    """The memory planner's plan for ``spec``'s GGUF target in llama.cpp, exactly as
+    :func:`open_engine` makes it before loading (``BudgetError`` when nothing fits)."""
+    return plan_for_run(spec.target, _planned_draft(spec), spec.budget, spec.n_ctx, vram=spec.vram,
+                        threads=spec.threads, draft_max=spec.draft_max, drop_slow_draft=False, kv_type=spec.kv_type,
+                        model_free=spec.draft_mode in ("auto", "ngram"), n_seq=spec.parallel,
+                        moe_offload=spec.moe_offload is not None, offload=spec.offload)
+
+
 def _open_llama(spec: EngineSpec, say: Notify, on_load: Callable[[float], None] | None) -> Engine:
     if spec.rpc:
         return _open_rpc(spec, say, on_load)
     draft_path = spec.drafter if _wants_model(spec) else None
-    planned_draft = draft_path if draft_path is not None and backend_kind(draft_path) == "gguf" else None
+    planned_draft = _planned_draft(spec)
     say("planning memory")
-    plan = plan_for_run(spec.target, planned_draft, spec.budget, spec.n_ctx, vram=spec.vram, threads=spec.threads,
-                        draft_max=spec.draft_max, drop_slow_draft=False, kv_type=spec.kv_type,
-                        model_free=spec.draft_mode in ("auto", "ngram"), n_seq=spec.parallel,
-                        moe_offload=spec.moe_offload is not None)
+    plan = plan_llama(spec)
     notes = plan_notes(plan, planned_draft is not None)
     mode = spec.draft_mode
     if planned_draft is not None and plan.draft is None:

@@ -4,9 +4,12 @@ planner compares, measured against plain llama.cpp partial offload at the same b
 For a GPU budget the target does not fit whole, the memory planner prices (a) partial
 offload with the drafter on the GPU, (b) the target on CPU threads with the drafter on
 the GPU and (c) a quantized KV cache (:mod:`tandem.runtime.planning.offload`), and picks
-one by predicted speed. Here every placement that fits is opened as planned and timed:
+one by predicted speed. Here every placement that fits is opened as ``tandem run --vram
+SIZE --offload NAME`` opens it (:func:`~tandem.runtime.engine.open_engine`, the planner
+pinned to that placement) and timed:
 
-* **plain**: the target alone, placed as the option places it (its step cost);
+* **plain**: the same engine with drafting off: the target's step cost as placed (the
+  drafter stays loaded, idle, as its memory would be);
 * **speculative**: as `tandem run` runs it: the adaptive policy, model-free drafting and
   the drafter, placed as the option places it;
 
@@ -28,15 +31,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tandem.app.bench.report import spread
+from tandem.runtime.engine import EngineSpec, open_engine, plan_llama
 from tandem.runtime.planning.devices import max_gpu_layers
 from tandem.runtime.planning.hardware import Machine, resolve_machine
 from tandem.runtime.planning.memory_model import Estimate
-from tandem.runtime.planning.plan import ModelPlan, OffloadOption, Plan, PlanRequest
-from tandem.runtime.planning.planner import make_plan
+from tandem.runtime.planning.plan import OffloadOption, Plan
 from tandem.runtime.planning.shapes import shape_from_gguf
 
 PEER = "llama.cpp"
@@ -51,12 +54,21 @@ class PlacementRun:
     """One configuration to time: a placement the planner compared, or the peer."""
 
     name: str
-    target: ModelPlan | None = None
-    """Tandem's target as the option places it; ``None`` for the peer."""
-    draft: ModelPlan | None = None
     option: OffloadOption | None = None
+    """The placement, opened with ``--offload`` its :attr:`~OffloadOption.pin`; ``None``
+    for the peer."""
     peer_layers: int = 0
     """The peer's ``n_gpu_layers``."""
+
+
+@dataclass
+class Timed:
+    """One configuration's block: tok/s per mode, and the target's ``n_gpu_layers`` as
+    opened (the engine plans again when it opens; a process grown since the bench's own
+    plan may be given fewer layers, and the row then says so)."""
+
+    rates: dict[str, list[float]] = field(default_factory=dict)
+    n_gpu_layers: int | None = None
 
 
 @dataclass
@@ -71,20 +83,16 @@ class PlacementBenchConfig:
     prompts: int = 1
     reps: int = 3
     deadline_s: float = DEADLINE_S
-    machine: Machine | None = None
-    """Plan for this machine instead of this one with ``vram`` (tests: a profile's GPU)."""
     log: Callable[[str], None] = print
 
 
-def option_plans(plan: Plan, option: OffloadOption) -> tuple[ModelPlan, ModelPlan | None]:
-    """The target's and drafter's settings of ``option``: the plan's rung (context, batch,
-    drafter window) with the option's layers and KV type. The planner compared every
-    option at that rung, so this is what it priced."""
-    target = replace(plan.target, n_gpu_layers=option.n_gpu_layers, type_k=option.type_k, type_v=option.type_k)
-    draft = None
-    if plan.draft is not None and option.draft_gpu_layers is not None:
-        draft = replace(plan.draft, n_gpu_layers=option.draft_gpu_layers, device="cpu", devices=("cpu",))
-    return target, draft
+def engine_spec(cfg: PlacementBenchConfig, threads: int) -> EngineSpec:
+    """What ``tandem run -m TARGET --draft DRAFT --vram SIZE --budget SIZE --ctx N
+    --threads T`` asks for; each placement adds ``--offload``. Each request drafts from
+    itself alone, and llama.cpp's weights stay as stored (no background kernel probe
+    during the timing)."""
+    return EngineSpec(cfg.target, cfg.draft, budget=cfg.budget, vram=cfg.vram, engine="llama.cpp", threads=threads,
+                      n_ctx=cfg.ctx, repack=False, suffix_memory="request")
 
 
 def peer_gpu_layers(plan: Plan, machine: Machine) -> int:
@@ -98,34 +106,22 @@ def peer_gpu_layers(plan: Plan, machine: Machine) -> int:
 def runs_for(plan: Plan, machine: Machine) -> list[PlacementRun]:
     """The peer, then each placement that fits and is allowed, in the plan's order."""
     out = [PlacementRun(PEER, peer_layers=peer_gpu_layers(plan, machine))]
-    for o in plan.placements:
-        if o.fits and o.allowed:
-            target, draft = option_plans(plan, o)
-            out.append(PlacementRun(f"{o.key}. {o.name} ({o.type_k})", target, draft, o))
+    out += [PlacementRun(f"{o.pin}. {o.name} ({o.type_k})", o) for o in plan.placements if o.fits and o.allowed]
     return out
-
-
-def _plan(cfg: PlacementBenchConfig) -> tuple[Plan, Machine]:
-    machine = cfg.machine or resolve_machine(None, cfg.budget, cfg.vram)
-    plan = make_plan(PlanRequest(cfg.target, cfg.draft, cfg.ctx, machine, threads=cfg.threads, drop_slow_draft=False,
-                                 model_free=True)).check()
-    if plan.draft is not None and plan.draft.quant and plan.draft.source:
-        from tandem.models.quantize import cached_copy
-
-        plan.draft = replace(plan.draft, path=str(cached_copy(plan.draft.source, plan.draft.quant)))
-    return plan, machine
 
 
 def bench_placements(cfg: PlacementBenchConfig) -> dict:
     """Time each placement and the peer (module docstring); a dict for the JSON."""
-    plan, machine = _plan(cfg)
+    machine = resolve_machine(None, cfg.budget, cfg.vram, measure_bandwidth=False)  # as the engine's planner
+    spec = engine_spec(cfg, cfg.threads or machine.cpu_cores)
+    plan = plan_llama(spec)  # the placements the planner compares, as `tandem run` would see them
     if not plan.placements:
         return {"skipped": "the target fits the GPU budget whole, or this llama.cpp build cannot offload: "
                            "there are no placements to compare", "n_gpu_layers": plan.target.n_gpu_layers}
     runs = runs_for(plan, machine)
-    threads = cfg.threads or machine.cpu_cores
     prompts = _prompts(cfg)
     times: dict[str, dict[str, list[float]]] = {r.name: {"plain": [], "speculative": []} for r in runs}
+    opened: dict[str, int] = {}
     errors: dict[str, str] = {}
     started = time.perf_counter()
     reps_done, stopped = 0, False
@@ -139,12 +135,16 @@ def bench_placements(cfg: PlacementBenchConfig) -> dict:
                 continue
             cfg.log(f"  placements rep {rep + 1}/{cfg.reps}: {run.name}")
             try:
-                for mode, rate in _time_block(run, plan, prompts, cfg.n_tokens, threads).items():
-                    times[run.name][mode] += rate
+                timed = _time_block(run, spec, plan, prompts, cfg.n_tokens)
             except Exception as exc:  # noqa: BLE001  # one configuration's failure is its row's
                 errors[run.name] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                continue
+            for mode, rates in timed.rates.items():
+                times[run.name][mode] += rates
+            if timed.n_gpu_layers is not None:
+                opened[run.name] = timed.n_gpu_layers
         reps_done += 1
-    return _result(plan, runs, times, errors, reps_done, stopped, cfg.deadline_s)
+    return _result(plan, runs, times, opened, errors, reps_done, stopped, cfg.deadline_s)
 
 
 def _prompts(cfg: PlacementBenchConfig) -> list[list[int]]:
@@ -160,51 +160,37 @@ def _prompts(cfg: PlacementBenchConfig) -> list[list[int]]:
         vocab.close()
 
 
-def _time_block(run: PlacementRun, plan: Plan, prompts: Sequence[list[int]], n: int, threads: int,
-                ) -> dict[str, list[float]]:
+def _time_block(run: PlacementRun, spec: EngineSpec, plan: Plan, prompts: Sequence[list[int]], n: int) -> Timed:
     """Open ``run``'s configuration, time every prompt (plain, then speculative for a
-    placement), close it."""
-    if run.target is None:
+    placement), close it. A placement is opened by :func:`open_engine` with ``--offload``
+    pinning it, as `tandem run` opens it; its plain runs use the same engine with
+    drafting off."""
+    if run.option is None:
         from tandem.app.bench.peers import LlamaPeer
 
-        peer = LlamaPeer(Path(plan.target.path), n_ctx=plan.target.n_ctx, threads=threads, lookup=False,
+        peer = LlamaPeer(Path(plan.target.path), n_ctx=plan.target.n_ctx, threads=spec.threads, lookup=False,
                          n_gpu_layers=run.peer_layers)
         try:
             peer.run(prompts[0], 2)  # first launches (kernels, graphs) are not counted
-            return {"plain": [peer.run(p, n).tokens_per_s for p in prompts]}
+            return Timed({"plain": [peer.run(p, n).tokens_per_s for p in prompts]})
         finally:
             peer.close()
     from tandem.app.bench.run import run_tandem
-    from tandem.runtime.backends.opener import open_backend
-    from tandem.runtime.engine import Engine, EngineSpec
-    from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 
-    target = open_backend(plan.target.path, llama_config=replace(run.target.llama_config(), n_threads=threads))
-    drafter = engine = None
+    engine = open_engine(replace(spec, offload=run.option.pin))
     try:
-        if run.draft is not None:
-            drafter = open_backend(run.draft.path, llama_config=replace(run.draft.llama_config(), n_threads=threads))
-        options = SpecOptions(mode="auto", draft_max=plan.draft_max, suffix_memory="request",
-                              draft_window=run.draft.window if run.draft else None)
-        engine = Engine(EngineSpec(Path(plan.target.path), Path(run.draft.path) if run.draft else None), target,
-                        build_strategy(target, drafter, options), "llama.cpp", drafter_backend=drafter,
-                        options=options)
-        target = drafter = None  # the engine owns them
         run_tandem(engine, prompts[0], 2, shared_suffix_cache=False)  # warm-up, not counted
         out: dict[str, list[float]] = {"plain": [], "speculative": []}
-        plain = replace(engine, options=replace(options, mode="off"))  # the same backends, no drafting
         for prompt in prompts:
-            out["plain"].append(run_tandem(plain, prompt, n, shared_suffix_cache=False).tokens_per_s)
+            out["plain"].append(run_tandem(engine, prompt, n, shared_suffix_cache=False, mode="off").tokens_per_s)
             out["speculative"].append(run_tandem(engine, prompt, n, shared_suffix_cache=False).tokens_per_s)
-        return out
+        return Timed(out, engine.plan.target.n_gpu_layers if engine.plan is not None else None)
     finally:
-        for thing in (engine, drafter, target):
-            if thing is not None:
-                thing.close()
+        engine.close()
 
 
-def _result(plan: Plan, runs: list[PlacementRun], times: dict[str, dict[str, list[float]]], errors: dict[str, str],
-            reps_done: int, stopped: bool, deadline_s: float) -> dict:
+def _result(plan: Plan, runs: list[PlacementRun], times: dict[str, dict[str, list[float]]], opened: dict[str, int],
+            errors: dict[str, str], reps_done: int, stopped: bool, deadline_s: float) -> dict:
     peer = times[PEER]["plain"]
     peer_median = spread(peer)["median"] if peer else None
     rows = []
@@ -214,10 +200,12 @@ def _result(plan: Plan, runs: list[PlacementRun], times: dict[str, dict[str, lis
             row.update(n_gpu_layers=run.peer_layers, type_k="f16", chosen=False)
         else:
             o = run.option
-            row.update(key=o.key, n_gpu_layers=o.n_gpu_layers, type_k=o.type_k, chosen=o.chosen,
+            row.update(key=o.key, offload=o.pin, n_gpu_layers=o.n_gpu_layers, type_k=o.type_k, chosen=o.chosen,
                        draft_gpu_layers=o.draft_gpu_layers, host_bytes=o.host_bytes, gpu_bytes=o.gpu_bytes,
                        predicted_tok_s={"plain": round(o.tokens_per_s, 2),
                                         "speculative": round(o.speculative_tokens_per_s, 2)})
+            if opened.get(run.name, o.n_gpu_layers) != o.n_gpu_layers:
+                row["opened_n_gpu_layers"] = opened[run.name]
         if run.name in errors:
             row["error"] = errors[run.name]
         measured = {mode: spread(v) for mode, v in times[run.name].items() if v}
@@ -242,6 +230,8 @@ def format_placements(res: dict) -> list[str]:
     for row in res["rows"]:
         mark = "  <- planner's pick" if row["chosen"] else ""
         head = f"  {row['name'][:44]:44s} ngl {row['n_gpu_layers']:>3}"
+        if "opened_n_gpu_layers" in row:
+            head += f" (opened with {row['opened_n_gpu_layers']})"
         if "error" in row:
             lines.append(f"{head}  failed: {row['error']}")
             continue

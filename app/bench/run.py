@@ -139,12 +139,15 @@ def rotated(names: list[str], shift: int) -> list[str]:
     return names[shift:] + names[:shift]
 
 
-def run_tandem(engine: Engine, prompt: list[int], n: int, *, shared_suffix_cache: bool) -> RunResult:
+def run_tandem(engine: Engine, prompt: list[int], n: int, *, shared_suffix_cache: bool,
+               mode: str | None = None) -> RunResult:
     """One greedy generation of ``n`` tokens with a fresh strategy from ``engine`` (what
     model-free drafting learns from: the process's earlier requests when
-    ``shared_suffix_cache``, else this request alone)."""
+    ``shared_suffix_cache``, else this request alone; ``mode``: another draft mode than
+    the engine's, ``off`` for plain decoding on the same backends)."""
     started = time.perf_counter()
-    strategy = engine.fresh_strategy(suffix_memory="process" if shared_suffix_cache else "request")
+    changes = {"mode": mode} if mode is not None else {}
+    strategy = engine.fresh_strategy(suffix_memory="process" if shared_suffix_cache else "request", **changes)
     setup_s = time.perf_counter() - started
     try:
         done, cpu_first = None, None

@@ -18,6 +18,7 @@ from tandem.runtime.engine import ENGINES, LLAMA_KV_TYPES, EngineSpec
 from tandem.runtime.kv.config import PRESETS
 from tandem.runtime.moe.config import EVICTIONS, MoeOffloadSpec
 from tandem.runtime.planning.placement import DEVICE_CHOICES
+from tandem.runtime.planning.plan import OFFLOAD_CHOICES
 from tandem.runtime.speculative.drafters.suffix import SUFFIX_MEMORIES
 from tandem.runtime.speculative.factory import MODES
 
@@ -27,7 +28,7 @@ KV_COMPRESS_CHOICES = ("none", *PRESETS)
 def add_engine_flags(p: argparse.ArgumentParser, *, ctx_default: int | None = None) -> None:
     """``--ctx --threads --budget --vram``, the speculative-decoding group (``--draft
     --draft-mode --draft-max --draft-len --fast-verify --suffix-memory --placement``) and the engine and
-    memory techniques (``--engine --device --kv-type --kv-compress --moe-offload ...``)."""
+    memory techniques (``--engine --device --kv-type --offload --kv-compress --moe-offload ...``)."""
     g = p.add_argument_group("model and memory")
     g.add_argument("--ctx", type=int, default=ctx_default,
                    help="context length (default: " + (f"{ctx_default}" if ctx_default else
@@ -84,6 +85,11 @@ def add_technique_flags(p: argparse.ArgumentParser) -> None:
                    help="llama.cpp KV cache type (default: f16, or q8_0/q4_0 when the planner needs them to fit "
                         "the budget, said so); q8_0 is 1.9x smaller than f16, q4_0 3.6x; a quantized V cache "
                         "turns on flash attention, so greedy speculative output may differ from plain at near-ties")
+    g.add_argument("--offload", choices=OFFLOAD_CHOICES, default=None, metavar="PLACEMENT",
+                   help="a GGUF target bigger than --vram: run it as this placement instead of the fastest "
+                        "predicted: a partial offload (n_gpu_layers) with the drafter on the GPU; b the target on "
+                        "CPU threads, the GPU the drafter's; c-q8_0/c-q4_0 partial offload with that quantized KV "
+                        "cache. Refused when it does not fit (`tandem plan --vram SIZE` lists each, priced)")
     g.add_argument("--kv-compress", choices=KV_COMPRESS_CHOICES, default="none",
                    help="torch engine: compressed KV cache: "
                         + "; ".join(f"{name}: {preset.summary}" for name, preset in PRESETS.items())
@@ -125,6 +131,7 @@ def spec_from_args(args: argparse.Namespace, *, model: str | Path | None = None)
         budget=args.budget,
         vram=args.vram,
         placement=args.placement,
+        offload=args.offload,
         engine=args.engine,
         device=args.device,
         kv_type=args.kv_type,

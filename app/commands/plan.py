@@ -18,7 +18,7 @@ from tandem.runtime.planning.calibration import calibrate
 from tandem.runtime.planning.hardware import PROFILES, format_size, resolve_machine
 from tandem.runtime.planning.options import TechniqueOption, llama_kv_options, torch_options
 from tandem.runtime.planning.placement import Choice, plan_options
-from tandem.runtime.planning.plan import OffloadOption, Plan, PlanRequest
+from tandem.runtime.planning.plan import OFFLOAD_CHOICES, OffloadOption, Plan, PlanRequest
 from tandem.runtime.planning.planner import make_plan
 from tandem.runtime.planning.torch_target import TorchPlan, check_fits, plan_torch
 from tandem.runtime.speculative.factory import MODES
@@ -108,13 +108,14 @@ def render(plan: Plan) -> str:
 def render_placements(options: list[OffloadOption]) -> list[str]:
     """The placements compared for a target bigger than the GPU budget, each with its
     memory, predicted speed and why it won or lost."""
-    lines = ["placements (the target does not fit the GPU budget whole; tok/s predicted, plain / speculative):"]
+    lines = ["placements (the target does not fit the GPU budget whole; tok/s predicted, plain / speculative; "
+             f"--offload {'|'.join(OFFLOAD_CHOICES)} pins one):"]
     for o in options:
         layers = "all" if o.n_gpu_layers < 0 else str(o.n_gpu_layers)
         drafter = "" if o.draft_gpu_layers is None else (
             ", drafter on the GPU" if o.draft_gpu_layers else ", drafter on the CPU")
         speed = f"~{o.tokens_per_s:.1f} / ~{o.speculative_tokens_per_s:.1f} tok/s"
-        lines.append(f"  {o.key}. {o.name}, kv {o.type_k}: target n_gpu_layers {layers}{drafter}; "
+        lines.append(f"  {o.pin}. {o.name}, kv {o.type_k}: target n_gpu_layers {layers}{drafter}; "
                      f"{format_size(o.host_bytes)} host + {format_size(o.gpu_bytes)} GPU; {speed}"
                      + ("  <- chosen" if o.chosen else ""))
         if o.note:
@@ -124,7 +125,7 @@ def render_placements(options: list[OffloadOption]) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     target = resolve_model(args.model)
-    spec = EngineSpec(target, engine=args.engine, device=args.device, kv_type=args.kv_type,
+    spec = EngineSpec(target, engine=args.engine, device=args.device, kv_type=args.kv_type, offload=args.offload,
                       kv_compress=PRESETS[args.kv_compress].config if args.kv_compress != "none" else None,
                       moe_offload=moe_spec(args))
     kind = target_engine(spec)
@@ -142,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
                                  allow_kv_quant=not args.no_kv_quant, kv_type=args.kv_type, threads=args.threads,
                                  drop_slow_draft=draft is None, baseline=run_baseline(machine),
                                  model_free=args.draft_mode in ("auto", "ngram"),
-                                 moe_offload=spec.moe_offload is not None))
+                                 moe_offload=spec.moe_offload is not None, offload=args.offload))
     choice = calibrated(plan) if args.calibrate and plan.fits and plan.draft is not None else None
     n_ctx = plan.target.n_ctx
     options = [*llama_kv_options(target, n_ctx, plan.target.type_k if plan.fits else None),

@@ -119,8 +119,11 @@ def measure_drafter(drafter: Drafter, backend: Backend | None, prompt: Sequence[
     return per_token, accepted / max(drafted, 1)
 
 
-def calibration_key(target_path: str, draft_path: str, opts: Sequence[Option], mode: str) -> str:
-    """Same files, same machine, same candidates -> the cached costs apply."""
+def calibration_key(plan, opts: Sequence[Option], mode: str) -> str:
+    """Same files, same machine, same candidates, and the same llama.cpp placement (each
+    model's GPU layers and the target's KV type, which the measured costs depend on: a
+    target bigger than the GPU budget placed another way, ``--offload``, is measured
+    anew) -> the cached costs apply."""
 
     def ident(p: str) -> str:
         st = Path(p).stat()
@@ -131,7 +134,8 @@ def calibration_key(target_path: str, draft_path: str, opts: Sequence[Option], m
         import torch  # local: a CUDA option exists only where torch found the GPU
 
         gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    raw = "|".join([ident(target_path), ident(draft_path), mode, machine_id(), gpu,
+    placed = f"gpu layers {plan.target.n_gpu_layers}+{plan.draft.n_gpu_layers}, kv {plan.target.type_k}"
+    raw = "|".join([ident(plan.target.path), ident(plan.draft.path), mode, machine_id(), gpu, placed,
                     *(o.name for o in opts)])
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
@@ -156,7 +160,7 @@ def calibrate(target: Backend, plan, opts: Sequence[Option], *, mode: str = "aut
     opened for measuring are handed over in it (``draft:cpu``, ``draft:cuda``,
     ``target:cuda``) instead of being closed, so the caller does not open them again."""
     draft = plan.draft
-    key = calibration_key(plan.target.path, draft.path, opts, mode)
+    key = calibration_key(plan, opts, mode)
     cache = _cache_file()
     try:
         data = json.loads(cache.read_text()) if cache.exists() else {}

@@ -20,16 +20,28 @@ so (c) is a candidate only where KV quantization is allowed (``allow_kv_quant``,
 ``--kv-type``), and it wins only when it is predicted :data:`KV_GAIN` times faster than
 the best placement without it; the plan then says what it costs. Lossless speculation is
 unchanged by the choice: the target verifies every token wherever it runs.
+
+``--offload NAME`` (:attr:`~tandem.runtime.planning.plan.PlanRequest.offload`) takes one
+placement instead of the fastest: it is priced as the others are, and must fit and be
+allowed; otherwise the plan is refused with why, naming those that would do. That is how
+``tandem bench --gpu --vram`` opens each placement as `tandem run` would.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from tandem.errors import TandemError
 from tandem.runtime.planning.devices import fits, max_gpu_layers, place_on_gpu, rooms
 from tandem.runtime.planning.hardware import Machine, format_size
 from tandem.runtime.planning.memory_model import Estimate, estimate
-from tandem.runtime.planning.plan import KV_QUALITY, KV_TYPES, ModelPlan, OffloadOption
+from tandem.runtime.planning.plan import (
+    KV_QUALITY,
+    KV_TYPES,
+    OFFLOAD_CHOICES,
+    ModelPlan,
+    OffloadOption,
+)
 from tandem.runtime.planning.shapes import ModelShape
 from tandem.runtime.planning.speed import predict
 
@@ -38,6 +50,8 @@ KV_GAIN = {"q8_0": 1.02, "q4_0": 1.10}
 cache must be predicted to run before it is chosen: q8_0 costs almost nothing (next-token
 agreement with f16 1.000), so any real gain; q4_0 changes about 6 % of next tokens, so
 only a clear one (predictions are not measurements: a few percent is within their error)."""
+PINNED = "pinned by --offload"
+"""The pinned placement's note begins so."""
 
 
 @dataclass(frozen=True)
@@ -70,9 +84,18 @@ def needs_comparing(target: ModelPlan) -> bool:
     return target.n_gpu_layers >= 0
 
 
-def compare(pair: Pair, kv_types: list[str], allow_kv_quant: bool, kv_fixed: bool) -> list[Placed]:
+def check_pin(pin: str | None) -> None:
+    """Refuse an ``--offload`` that names no placement, before anything is priced."""
+    if pin is not None and pin not in OFFLOAD_CHOICES:
+        raise TandemError(f"Unknown --offload {pin!r}; choose one of {', '.join(OFFLOAD_CHOICES)} "
+                          "(a partial offload, b target on CPU threads, c-KV a quantized KV cache).")
+
+
+def compare(pair: Pair, kv_types: list[str], allow_kv_quant: bool, kv_fixed: bool,
+            pin: str | None = None) -> list[Placed]:
     """Every placement priced, the winner marked (``option.chosen``); ``kv_types``: the KV
-    types the request allows, best first (the ladder's rung uses ``pair.target``'s)."""
+    types the request allows, best first (the ladder's rung uses ``pair.target``'s);
+    ``pin``: the winner named by ``--offload`` instead of the fastest (:func:`pinned`)."""
     kv = pair.target.type_k
     cands = [_priced(pair, "a", "partial offload", kv, on_gpu=True),
              _priced(pair, "b", "target on CPU threads", kv, on_gpu=False)]
@@ -91,7 +114,7 @@ def compare(pair: Pair, kv_types: list[str], allow_kv_quant: bool, kv_fixed: boo
         if why_not:
             cand = replace(cand, option=replace(cand.option, allowed=False, note=why_not))
         cands.append(cand)
-    return _choose(cands, kv)
+    return pinned(cands, pin) if pin is not None else _choose(cands, kv)
 
 
 def _layers(option: OffloadOption, shape: ModelShape) -> int:
@@ -174,6 +197,31 @@ def _choose(cands: list[Placed], kv: str) -> list[Placed]:
     return out
 
 
+def pinned(cands: list[Placed], pin: str) -> list[Placed]:
+    """``cands`` with the placement ``pin`` names marked chosen; a :class:`TandemError`
+    (one line, with the placements that would do) when it was not compared, does not
+    fit or is not allowed: never another placement in its place."""
+    check_pin(pin)
+    usable = [c.option.pin for c in cands if c.option.fits and c.option.allowed]
+    choices = f"placements that fit here: {', '.join(usable)}" if usable else "no placement fits here"
+    win = next((c for c in cands if c.option.pin == pin), None)
+    if win is None:
+        raise TandemError(f"--offload {pin}: that placement is not compared for this target (the target's KV "
+                          f"cache is already {cands[0].option.type_k}); {choices}.")
+    if not win.option.fits or not win.option.allowed:
+        raise TandemError(f"--offload {pin} ({win.option.name}, {win.option.type_k} KV): {win.option.note}; "
+                          f"{choices}.")
+    out = []
+    for c in cands:
+        o = c.option
+        if c is win:
+            o = replace(o, chosen=True, note=f"{PINNED}; {o.quality}")
+        elif o.fits and o.allowed:
+            o = replace(o, note=f"{_speed(c) / max(_speed(win), 1e-9):.2f}x the pinned placement")
+        out.append(replace(c, option=o))
+    return out
+
+
 def _winner_note(winner: Placed, best: Placed, eligible: list[Placed], kv: str) -> str:
     """Why ``winner`` won: against the next fastest, and for a quantized KV cache its gain
     over ``best`` (the fastest with the requested type) and its quality cost."""
@@ -202,5 +250,6 @@ def summary(options: list[OffloadOption]) -> str:
         state = (f"~{o.speculative_tokens_per_s:.1f} tok/s" if o.fits else "does not fit") + ("" if o.allowed else
                                                                                            ", not allowed")
         parts.append(f"{o.key} {o.name} ({o.type_k}) {state}")
-    return (f"the target does not fit the GPU budget whole: placement {win.key} ({win.name}) chosen, predicted "
+    how = "pinned by --offload" if win.note.startswith(PINNED) else "chosen"
+    return (f"the target does not fit the GPU budget whole: placement {win.pin} ({win.name}) {how}, predicted "
             f"~{win.speculative_tokens_per_s:.1f} tok/s; compared: " + "; ".join(parts))

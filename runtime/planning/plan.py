@@ -28,6 +28,9 @@ on a 32-wide-head model (BENCHMARKS.md, "KV cache compression", llama.cpp KV typ
 A quantized V cache also turns on flash attention, which ends llama.cpp's exact
 configuration: greedy speculative output may then differ from plain decoding at a
 near-tie."""
+OFFLOAD_CHOICES = ("a", "b", *(f"c-{kv}" for kv in KV_TYPES[1:]))
+"""What ``--offload`` may pin (:attr:`OffloadOption.pin`): ``a`` partial offload, ``b``
+the target on CPU threads, ``c-q8_0``/``c-q4_0`` partial offload with that KV cache."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,12 @@ class OffloadOption:
     note: str = ""
     """Why it won, lost, does not fit or is not allowed."""
 
+    @property
+    def pin(self) -> str:
+        """The name ``--offload`` pins this placement by (:data:`OFFLOAD_CHOICES`): its key,
+        with the KV type for (c), which is compared once per quantized type."""
+        return f"{self.key}-{self.type_k}" if self.key == "c" else self.key
+
 
 @dataclass
 class Plan:
@@ -211,6 +220,11 @@ class PlanRequest:
     moe_offload: bool = False
     """A MoE GGUF target on a GPU: keep the experts of as few blocks as it takes in host
     memory for everything else to fit the VRAM budget (``--moe-offload``)."""
+    offload: str | None = None
+    """For a target bigger than the GPU budget, the placement to take (one of
+    :data:`OFFLOAD_CHOICES`, ``--offload``) instead of the fastest predicted; it must be
+    compared, fit and be allowed, or the plan is refused (never another one instead).
+    ``tandem bench --gpu --vram`` opens each placement this way."""
 
 
 

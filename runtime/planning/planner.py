@@ -50,7 +50,7 @@ from tandem.runtime.planning.hardware import Machine, format_size, resolve_machi
 from tandem.runtime.planning.llama_sizes import close_all
 from tandem.runtime.planning.memory_model import Estimate, Item, Setup, estimate
 from tandem.runtime.planning.memprobe import process_rss, unresident_code
-from tandem.runtime.planning.offload import Pair, compare, needs_comparing, summary
+from tandem.runtime.planning.offload import Pair, check_pin, compare, needs_comparing, summary
 from tandem.runtime.planning.plan import (
     ACCEPTANCE_PRIOR,
     KV_QUALITY,
@@ -173,6 +173,7 @@ def _make_plan(req: PlanRequest) -> Plan:
         baseline = detected_baseline()
     else:
         baseline = PROFILE_BASELINE
+    check_pin(req.offload)
     t_shape = shape_from_gguf(req.target)
     if req.moe_offload and not t_shape.expert_bytes:
         raise TandemError(f"{t_shape.name} is not a mixture-of-experts GGUF (no blk.N.ffn_*_exps tensors): "
@@ -263,6 +264,7 @@ def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelSh
             if gpu_ok and not req.moe_offload and needs_comparing(target):
                 target, _, est, placements = _compared(req, Pair(machine, baseline, t_shape, target, k,
                                                                  alpha=req.acceptance))
+            _check_pinned(req, machine, placements)
             return _finish(machine, baseline, t_shape, d_shape, target, None, k, est, note, reasons,
                            req.acceptance, req.drop_slow_draft, placements=placements)
         window, d_batch, d_kv, q = draft_cfg
@@ -283,6 +285,7 @@ def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelSh
         if gpu_ok and not req.moe_offload and needs_comparing(target):
             target, draft, est, placements = _compared(req, Pair(machine, baseline, t_shape, target, k, d_shapes[q],
                                                                  draft, req.acceptance))
+        _check_pinned(req, machine, placements)
         return _finish(machine, baseline, t_shape, d_shapes[q], target, draft, k, est, note, reasons,
                        req.acceptance, req.drop_slow_draft, d_shape, placements)
     kv = leanest_kv(t_shape, req.allow_kv_quant)
@@ -298,13 +301,29 @@ def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelSh
 def _compared(req: PlanRequest, pair: Pair) -> tuple[ModelPlan, ModelPlan | None, Estimate, list[OffloadOption]]:
     """The placement :mod:`tandem.runtime.planning.offload` chooses for a target bigger than
     the GPU budget (target, drafter, memory), and every placement it compared."""
-    placed = compare(pair, kv_candidates(pair.t_shape, req), req.allow_kv_quant, req.kv_type is not None)
+    placed = compare(pair, kv_candidates(pair.t_shape, req), req.allow_kv_quant, req.kv_type is not None,
+                     req.offload)
     options = [p.option for p in placed]
     win = next((p for p in placed if p.option.chosen), None)
     if win is None:
         return pair.target, pair.draft, estimate(pair.t_shape, pair.target.setup(pair.k + 1), pair.d_shape,
                                                  pair.draft.setup() if pair.draft else None, k=pair.k), options
     return win.target, win.draft, win.memory, options
+
+
+def _check_pinned(req: PlanRequest, machine: Machine, placements: list[OffloadOption]) -> None:
+    """Refuse an ``--offload`` where no placements were compared: it would pin nothing."""
+    if req.offload is None or placements:
+        return
+    if not gpu_offload_ok(machine):
+        why = ("there is no GPU llama.cpp can offload to here (no GPU, no --vram, or a llama.cpp build "
+               "without GPU offload)")
+    elif req.moe_offload:
+        why = "--moe-offload places a MoE target's experts itself"
+    else:
+        why = "the target fits the GPU budget whole"
+    raise TandemError(f"--offload {req.offload} picks among the placements of a target bigger than the GPU budget, "
+                      f"but {why}: leave --offload out.")
 
 
 def _finish(machine: Machine, baseline: int, t_shape: ModelShape, d_shape: ModelShape | None,
@@ -383,7 +402,7 @@ def plan_for_run(target_path: str | Path, draft_path: str | Path | None = None, 
                  ctx: int | None = None, *, vram: int | str | None = None, profile: str | None = None,
                  threads: int | None = None, draft_max: int = 8, acceptance: float = ACCEPTANCE_PRIOR,
                  drop_slow_draft: bool = True, model_free: bool | None = None, kv_type: str | None = None,
-                 n_seq: int = 1, moe_offload: bool = False) -> Plan:
+                 n_seq: int = 1, moe_offload: bool = False, offload: str | None = None) -> Plan:
     """The one call ``tandem run`` / ``tandem chat`` make: plan for this machine (or a
     profile) and raise :class:`BudgetError` with suggestions when nothing fits.
 
@@ -399,7 +418,7 @@ def plan_for_run(target_path: str | Path, draft_path: str | Path | None = None, 
     req = PlanRequest(Path(target_path), Path(draft_path) if draft_path else None, ctx, machine,
                       draft_max=draft_max, threads=threads, acceptance=acceptance,
                       drop_slow_draft=drop_slow_draft, model_free=model_free, kv_type=kv_type, n_seq=n_seq,
-                      moe_offload=moe_offload)
+                      moe_offload=moe_offload, offload=offload)
     plan = make_plan(req).check()
     if plan.draft is not None and plan.draft.quant and plan.draft.source:
         from tandem.models.quantize import cached_copy

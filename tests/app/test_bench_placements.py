@@ -1,10 +1,13 @@
 """`tandem bench --gpu --vram SIZE`'s placements section, on the CPU: every placement the
-planner compares is opened as planned and timed against llama-cpp-python at the most
-GPU layers of the target alone that fit the budget (llama.cpp's CPU build runs a layer
-"on the GPU" on the CPU, so the logic runs here; the figures mean nothing). SmolLM2-135M
-is target and drafter, planned for a profile's GPU with room for most of it."""
+planner compares is opened as `tandem run --offload NAME` opens it and timed against
+llama-cpp-python at the most GPU layers of the target alone that fit the budget
+(llama.cpp's CPU build runs a layer "on the GPU" on the CPU, so the logic runs here; the
+figures mean nothing). SmolLM2-135M is target and drafter, on this machine seen by the
+planner as a laptop with a GPU with room for most of it."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
@@ -14,53 +17,83 @@ from tandem.app.bench.placements import (
     PEER,
     PlacementBenchConfig,
     bench_placements,
+    engine_spec,
     format_placements,
-    option_plans,
     peer_gpu_layers,
     runs_for,
 )
 from tandem.app.cli import main
+from tandem.runtime.planning import hardware
 from tandem.runtime.planning.hardware import resolve_machine
 from tandem.runtime.planning.plan import PlanRequest
 from tandem.runtime.planning.planner import make_plan
 
+PROFILE = "rtx3060-laptop"
 VRAM = "700MiB"
 """SmolLM2-135M with itself as drafter: the drafter and 30 of the target's 31 layers fit."""
 
 
+@pytest.fixture(autouse=True)
+def gpu_laptop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine, to the planner, is the profile's laptop with its GPU (whatever this
+    machine has): what `tandem run` and the bench plan for is then what they compare."""
+    monkeypatch.setattr(hardware, "detect", lambda **_: hardware.from_profile(PROFILE))
+
+
 @pytest.fixture(scope="module")
 def machine():
-    return resolve_machine("rtx3060-laptop", None, VRAM)
+    return resolve_machine(PROFILE, None, VRAM)
 
 
-def _cfg(real_models, machine, **kw) -> PlacementBenchConfig:
+def _cfg(real_models, vram: str = VRAM, **kw) -> PlacementBenchConfig:
     lines: list[str] = []
-    defaults = dict(ctx=512, threads=1, n_tokens=4, prompts=1, reps=1, machine=machine, log=lines.append)
-    return PlacementBenchConfig(real_models.smollm2, real_models.smollm2, VRAM, **{**defaults, **kw})
+    defaults = dict(ctx=512, threads=1, n_tokens=4, prompts=1, reps=1, log=lines.append)
+    return PlacementBenchConfig(real_models.smollm2, real_models.smollm2, vram, **{**defaults, **kw})
 
 
-def test_runs_are_the_peer_and_each_placement_as_planned(real_models, machine) -> None:
+def test_runs_are_the_peer_and_each_placement_the_planner_compared(real_models, machine) -> None:
     plan = make_plan(PlanRequest(real_models.smollm2, real_models.smollm2, 512, machine, drop_slow_draft=False))
     runs = runs_for(plan, machine)
-    assert runs[0].name == PEER and runs[0].target is None
+    assert runs[0].name == PEER and runs[0].option is None
     assert [r.option for r in runs[1:]] == [o for o in plan.placements if o.fits and o.allowed]
-    assert {r.option.key for r in runs[1:]} >= {"a", "b"}
-    for run in runs[1:]:
-        o = run.option
-        assert (run.target.n_gpu_layers, run.target.type_k, run.target.type_v) == (o.n_gpu_layers, o.type_k, o.type_k)
-        assert run.target.n_ctx == plan.target.n_ctx and run.target.n_batch == plan.target.n_batch
-        assert run.draft is not None and run.draft.n_gpu_layers == o.draft_gpu_layers
-        assert run.draft.path == plan.draft.path and run.draft.window == plan.draft.window
-    chosen = next(o for o in plan.placements if o.chosen)
-    assert option_plans(plan, chosen)[0] == plan.target
+    assert {r.option.pin for r in runs[1:]} >= {"a", "b"}
+    assert all(r.name.startswith(f"{r.option.pin}. ") for r in runs[1:])
     # The target alone takes at least the layers it gets next to the drafter.
     a = next(o for o in plan.placements if o.key == "a")
     assert runs[0].peer_layers == peer_gpu_layers(plan, machine)
     assert runs[0].peer_layers < 0 or runs[0].peer_layers >= a.n_gpu_layers
 
 
-def test_each_placement_is_timed_against_llama_cpp(real_models, machine) -> None:
-    res = bench_placements(_cfg(real_models, machine, reps=3, deadline_s=0.0))
+def test_each_placement_is_opened_through_open_engine_pinned(real_models, monkeypatch) -> None:
+    """One engine per placement, from `tandem run`'s spec with ``--offload`` its name,
+    planned as that placement; its plain runs reuse it (no second load)."""
+    real = placements.open_engine
+    opened = []
+
+    def recording(spec, *args, **kw):
+        engine = real(spec, *args, **kw)
+        opened.append((spec, engine.plan, engine.describe()))
+        return engine
+
+    monkeypatch.setattr(placements, "open_engine", recording)
+    res = bench_placements(_cfg(real_models))
+    rows = {row["offload"]: row for row in res["rows"][1:]}
+    assert rows and all("error" not in row for row in rows.values()), res
+    assert sorted(spec.offload for spec, _, _ in opened) == sorted(rows)  # each once, and nothing else opened
+    base = engine_spec(_cfg(real_models), 1)
+    for spec, plan, described in opened:
+        assert spec == replace(base, offload=spec.offload)
+        (chosen,) = [o for o in plan.placements if o.chosen]
+        assert chosen.pin == spec.offload and described["offload"] == spec.offload
+        row = rows[spec.offload]
+        assert (plan.target.n_gpu_layers, plan.target.type_k) == (row["n_gpu_layers"], row["type_k"])
+        assert plan.draft is not None and plan.draft.n_gpu_layers == row["draft_gpu_layers"]
+        assert "opened_n_gpu_layers" not in row
+        assert set(row["tok_s"]) == {"plain", "speculative"}
+
+
+def test_each_placement_is_timed_against_llama_cpp(real_models) -> None:
+    res = bench_placements(_cfg(real_models, reps=3, deadline_s=0.0))
     assert res["reps"] == 1 and "deadline" in res["stopped"]  # the first repetition always runs
     rows = res["rows"]
     assert rows[0]["name"] == PEER and set(rows[0]["tok_s"]) == {"plain"}
@@ -77,7 +110,7 @@ def test_each_placement_is_timed_against_llama_cpp(real_models, machine) -> None
     assert "past the 0 s deadline" in text
 
 
-def test_a_configuration_that_fails_leaves_its_error_and_the_others_run(real_models, machine, monkeypatch) -> None:
+def test_a_configuration_that_fails_leaves_its_error_and_the_others_run(real_models, monkeypatch) -> None:
     real = placements._time_block
 
     def failing(run, *args):
@@ -86,7 +119,7 @@ def test_a_configuration_that_fails_leaves_its_error_and_the_others_run(real_mod
         return real(run, *args)
 
     monkeypatch.setattr(placements, "_time_block", failing)
-    res = bench_placements(_cfg(real_models, machine))
+    res = bench_placements(_cfg(real_models))
     (b,) = [row for row in res["rows"] if row.get("key") == "b"]
     assert b["error"] == "RuntimeError: cudaMalloc failed: out of memory" and b["tok_s"] == {}
     assert all(row["tok_s"] for row in res["rows"] if row is not b)
@@ -94,14 +127,13 @@ def test_a_configuration_that_fails_leaves_its_error_and_the_others_run(real_mod
 
 
 def test_a_target_that_fits_the_budget_is_skipped_with_the_reason(real_models) -> None:
-    roomy = resolve_machine("rtx3060-laptop", None, "4GiB")
-    res = bench_placements(_cfg(real_models, roomy))
+    res = bench_placements(_cfg(real_models, vram="4GiB"))
     assert "fits the GPU budget whole" in res["skipped"] and res["n_gpu_layers"] == -1
     assert format_placements(res)[0].startswith("[5] placements: skipped")
 
 
-def test_the_gpu_report_shows_the_section_only_when_asked(real_models, machine, tmp_path) -> None:
-    section = bench_placements(_cfg(real_models, machine))
+def test_the_gpu_report_shows_the_section_only_when_asked(real_models, tmp_path) -> None:
+    section = bench_placements(_cfg(real_models))
     base = {"device": "CPU", "target": "t.gguf", "n_tokens": 4, "reps": 1, "threads": 1, "seconds": 1.0,
             "plain": {"error": "x"}, "cost": {"error": "x"}, "end_to_end": {"error": "x"}}
     assert "[5]" not in format_gpu(base)

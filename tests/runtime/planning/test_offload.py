@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from real_shapes import qwen7b_header
 
+from tandem.errors import TandemError
 from tandem.runtime.planning.devices import SAFETY
 from tandem.runtime.planning.hardware import GiB, resolve_machine
 from tandem.runtime.planning.memory_model import Setup
@@ -157,3 +158,66 @@ def test_step_cost_reads_each_layer_where_it_is(qwen7b: Path) -> None:
     assert step.host_s > 0 and step.gpu_s > 0
     assert GPU_COST_CURVE(4) < step.verify(4) < CPU_COST_CURVE(4)
     assert step_cost(shape, Setup(256), machine).seconds > step.seconds
+
+
+def _priced(o):
+    """An option's pricing, without the marks the choice sets (``chosen``, ``note``)."""
+    return replace(o, chosen=False, note="")
+
+
+def test_pinning_each_placement_gives_that_placements_plan(qwen7b: Path, real_models) -> None:
+    """``offload=`` takes the named placement instead of the fastest: the plan is that
+    option as the comparison priced it (same rung, same layers, memory and speed), and
+    every option is priced as without the pin."""
+    machine = _machine()
+    base = _plan(qwen7b, real_models.qwen_05b, machine)
+    pins = [o.pin for o in _eligible(base)]
+    assert {"a", "b", "c-q8_0"} <= set(pins) and len(set(pins)) == len(pins)
+    for option in _eligible(base):
+        plan = _plan(qwen7b, real_models.qwen_05b, machine, offload=option.pin)
+        assert [_priced(o) for o in plan.placements] == [_priced(o) for o in base.placements]
+        (chosen,) = [o for o in plan.placements if o.chosen]
+        assert chosen.pin == option.pin and chosen.note.startswith("pinned by --offload")
+        assert plan.target == replace(base.target, n_gpu_layers=option.n_gpu_layers, type_k=option.type_k,
+                                      type_v=option.type_k)
+        assert plan.draft is not None and plan.draft.n_gpu_layers == option.draft_gpu_layers
+        assert replace(plan.draft, n_gpu_layers=0) == replace(base.draft, n_gpu_layers=0)
+        assert plan.memory.gpu == option.gpu_bytes and plan.host_total == option.host_bytes
+        assert plan.tokens_per_s * plan.speedup == pytest.approx(option.speculative_tokens_per_s)
+        assert any(f"placement {option.pin} ({option.name}) pinned by --offload" in r for r in plan.reasons)
+        assert (plan.kv_note is not None) == (option.type_k != "f16")
+    # Pinning the planner's own pick changes nothing but the words.
+    (pick,) = [o for o in base.placements if o.chosen]
+    same = _plan(qwen7b, real_models.qwen_05b, machine, offload=pick.pin)
+    assert (same.target, same.draft, same.memory) == (base.target, base.draft, base.memory)
+
+
+def test_an_unknown_or_unusable_pin_is_refused_with_the_choices(qwen7b: Path, real_models) -> None:
+    """One line that names what would do; never another placement in its place."""
+    machine = _machine()
+    with pytest.raises(TandemError, match=r"Unknown --offload 'd'; choose one of a, b, c-q8_0, c-q4_0") as exc:
+        _plan(qwen7b, real_models.qwen_05b, machine, offload="d")
+    assert "\n" not in str(exc.value)
+    tight = _machine(budget="4.5GiB")  # (b) misses the host budget
+    with pytest.raises(TandemError) as exc:
+        _plan(qwen7b, real_models.qwen_05b, tight, allow_kv_quant=False, offload="b")
+    message = str(exc.value)
+    assert message.startswith("--offload b (target on CPU threads, f16 KV): does not fit: needs")
+    assert "host memory" in message and message.endswith("placements that fit here: a.") and "\n" not in message
+    with pytest.raises(TandemError, match=r"--offload c-q8_0 .*not allowed: KV quantization is off.*"
+                                          r"placements that fit here: a, b\."):
+        _plan(qwen7b, real_models.qwen_05b, machine, allow_kv_quant=False, offload="c-q8_0")
+    with pytest.raises(TandemError, match="--offload c-q4_0 .*not compared: --kv-type fixes the KV cache type"):
+        _plan(qwen7b, real_models.qwen_05b, machine, kv_type="f16", offload="c-q4_0")
+    with pytest.raises(TandemError, match="--offload c-q8_0: that placement is not compared .* already q8_0"):
+        _plan(qwen7b, real_models.qwen_05b, machine, kv_type="q8_0", offload="c-q8_0")
+
+
+def test_a_pin_with_no_placements_to_choose_from_is_refused(qwen7b: Path, real_models) -> None:
+    roomy = _machine(vram="12GiB", budget="12GiB")
+    with pytest.raises(TandemError, match="--offload a picks among .* but the target fits the GPU budget whole"):
+        _plan(qwen7b, real_models.qwen_05b, roomy, offload="a")
+    no_gpu = resolve_machine(None, "12GiB", None, measure_bandwidth=False)
+    no_gpu = replace(no_gpu, gpus=(), vram_budget=0)
+    with pytest.raises(TandemError, match="--offload b picks among .* no GPU llama.cpp can offload to"):
+        _plan(qwen7b, None, no_gpu, offload="b")

@@ -104,6 +104,14 @@ def test_calibration_on_a_real_pair_is_measured_once_and_cached(target, stories_
     monkeypatch.setattr(calibration, "measure_target", no_measuring)
     again = calibrate(target, plan, opts, mode="model")
     assert again.cached and again.costs == first.costs and again.option == first.option
+    # Placed otherwise by llama.cpp (another --offload), the costs are another pair's.
+    from dataclasses import replace
+
+    key = calibration.calibration_key(plan, opts, "model")
+    for moved in (replace(plan, target=replace(plan.target, n_gpu_layers=5)),
+                  replace(plan, draft=replace(plan.draft, n_gpu_layers=-1)),
+                  replace(plan, target=replace(plan.target, type_k="q8_0", type_v="q8_0"))):
+        assert calibration.calibration_key(moved, opts, "model") != key
 
     # Costs cached in an older layout (keys without the device) are measured again, not a crash.
     monkeypatch.undo()
