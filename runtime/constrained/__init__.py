@@ -7,7 +7,7 @@ cannot), and decodes with ``generate(target, prompt, sampler,
 strategy=constrained(strategy, grammar))`` (:mod:`.strategy`) or
 ``ChatEngine.stream(..., grammar=grammar)``. Every strategy stays lossless: the target's
 logits are masked to the legal tokens (:mod:`.target`), drafts are cut at their first
-illegal token (:mod:`.drafter`), and runs the grammar forces are committed without a
+illegal token (:mod:`.grammar_drafter`), and runs the grammar forces are committed without a
 target call (:mod:`.strategy`).
 """
 

@@ -3,7 +3,7 @@
 ``generate(target, prompt, sampler, strategy=constrained(strategy, grammar))`` decodes
 with ``strategy`` (plain or speculative, any drafter) on the masked target
 (:class:`~tandem.runtime.constrained.target.MaskedTarget`), with its drafts cut to legal
-ones (:class:`~tandem.runtime.constrained.drafter.GrammarDrafter`), and adds what a
+ones (:class:`~tandem.runtime.constrained.grammar_drafter.GrammarDrafter`), and adds what a
 grammar knows before the model runs:
 
 * **Forced runs.** Where the grammar forces text (the ``", "age": `` between two fields
@@ -30,8 +30,8 @@ import numpy as np
 
 from tandem.kernels.sampling import Sampler
 from tandem.runtime.backends.protocol import Backend, common_prefix_len
-from tandem.runtime.constrained.drafter import GrammarDrafter
 from tandem.runtime.constrained.grammar import Grammar
+from tandem.runtime.constrained.grammar_drafter import GrammarDrafter
 from tandem.runtime.constrained.state import GrammarState
 from tandem.runtime.constrained.target import MaskedTarget
 from tandem.runtime.generate import Commit, DecodeStats, Strategy

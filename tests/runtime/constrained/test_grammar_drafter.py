@@ -10,7 +10,7 @@ from toy_models import PURE, random_table
 
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.constrained import GrammarSpec, compile_grammar
-from tandem.runtime.constrained.drafter import GrammarDrafter
+from tandem.runtime.constrained.grammar_drafter import GrammarDrafter
 from tandem.runtime.speculative.drafters.base import Draft
 
 A, B, AB, C, BA, D, CA, EOS = range(len(PIECES))
