@@ -21,7 +21,7 @@ from tandem.errors import PromptError
 from tandem.kernels.sampling import Sampler
 from tandem.runtime.backends.protocol import Backend, common_prefix_len, prefill
 from tandem.runtime.logprobs import TokenLogprob, token_logprobs
-from tandem.runtime.text import Detokenizer, StopMatcher
+from tandem.runtime.streaming_text import Detokenizer, StopMatcher
 
 
 @dataclass

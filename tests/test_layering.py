@@ -59,7 +59,7 @@ RUNTIME_LAYERS: tuple[tuple[str, ...], ...] = (
     ("generate",),
     ("kv", "moe"),
     ("backends",),
-    ("logprobs", "text", "machine"),
+    ("logprobs", "streaming_text", "machine"),
 )
 """The runtime's parts, top to bottom: a module may import its own part and the parts
 of lower rows, never a part of its own row or above. The engine builder opens and plans

@@ -61,7 +61,7 @@ def test_wheel_installs_and_imports_as_tandem(tmp_path: Path) -> None:
     )
     # A bare interpreter (no editable install) must find every sub-package in the wheel.
     code = (
-        "import tandem.app, tandem.runtime, tandem.kernels, tandem.models, tandem.runtime.text, tandem.errors;"
+        "import tandem.app, tandem.runtime, tandem.kernels, tandem.models, tandem.runtime.streaming_text, tandem.errors;"
         "print(tandem.runtime.__file__); print(tandem.errors.__file__)"
     )
     out = subprocess.run(

@@ -32,7 +32,7 @@ from tandem.runtime.generate import (
     check_prompt,
     generate,
 )
-from tandem.runtime.text import StopMatcher
+from tandem.runtime.streaming_text import StopMatcher
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from tandem.kernels.superpose import (
 from tandem.models.ngram import NgramModel
 from tandem.runtime.backends.protocol import Backend, EmbeddingInput, RowSource, prefill
 from tandem.runtime.generate import check_prompt
-from tandem.runtime.text import Detokenizer
+from tandem.runtime.streaming_text import Detokenizer
 
 
 @dataclass

@@ -43,7 +43,7 @@ RUN_PATH_MODULES = (
     "tandem.runtime.generate",
     "tandem.runtime.speculative.drafters.model",
     "tandem.runtime.backends.opener",
-    "tandem.runtime.text",
+    "tandem.runtime.streaming_text",
     "tandem.kernels.sampling",
     "numpy.random",
     "numpy.ctypeslib",

@@ -51,7 +51,7 @@ from tandem.runtime.backends.protocol import Backend, prefill
 from tandem.runtime.speculative.drafters.base import Draft
 from tandem.runtime.speculative.drafters.model import token_probability
 from tandem.runtime.speculative.drafters.xvocab.stats import XVocabStats
-from tandem.runtime.speculative.drafters.xvocab.text import (
+from tandem.runtime.speculative.drafters.xvocab.text_translation import (
     TextProposal,
     TextTranslator,
     encodable_prefix,

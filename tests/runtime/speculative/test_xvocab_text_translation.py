@@ -28,7 +28,10 @@ from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 from tandem.runtime.backends.llama_vocab import LlamaVocab
 from tandem.runtime.generate import autoregressive, generate
 from tandem.runtime.speculative.drafters.xvocab.drafter import CrossVocabDrafter, XVocabConfig
-from tandem.runtime.speculative.drafters.xvocab.text import TextTranslator, strip_leading
+from tandem.runtime.speculative.drafters.xvocab.text_translation import (
+    TextTranslator,
+    strip_leading,
+)
 from tandem.runtime.speculative.drafters.xvocab.vocab_map import pieces_of
 from tandem.runtime.speculative.loop import speculative
 from tandem.runtime.speculative.policy import FixedLength

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tandem.runtime.text import Detokenizer, StopMatcher
+from tandem.runtime.streaming_text import Detokenizer, StopMatcher
 
 
 def test_detokenizer_holds_partial_utf8() -> None:
