@@ -32,7 +32,7 @@ from tandem.runtime.speculative.drafters.xvocab.text_translation import (
     TextTranslator,
     strip_leading,
 )
-from tandem.runtime.speculative.drafters.xvocab.vocab_map import pieces_of
+from tandem.runtime.speculative.drafters.xvocab.vocab_pair import pieces_of
 from tandem.runtime.speculative.loop import speculative
 from tandem.runtime.speculative.policy import FixedLength
 
@@ -97,7 +97,7 @@ def test_translation_never_invents_text(translators, name: str, committed: str, 
 
 
 def _utf8_len(data: bytes) -> int:
-    from tandem.runtime.speculative.drafters.xvocab.vocab_map import complete_utf8_prefix
+    from tandem.runtime.speculative.drafters.xvocab.vocab_pair import complete_utf8_prefix
 
     return complete_utf8_prefix(data)
 

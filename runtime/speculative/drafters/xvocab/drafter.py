@@ -62,7 +62,7 @@ from tandem.runtime.speculative.drafters.xvocab.translation_cache import (
     default_cache_path,
     vocab_fingerprint,
 )
-from tandem.runtime.speculative.drafters.xvocab.vocab_map import (
+from tandem.runtime.speculative.drafters.xvocab.vocab_pair import (
     Tokenizer,
     VocabPair,
     complete_utf8_prefix,

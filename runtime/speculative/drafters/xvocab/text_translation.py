@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tandem.runtime.speculative.drafters.xvocab.vocab_map import (
+from tandem.runtime.speculative.drafters.xvocab.vocab_pair import (
     Tokenizer,
     adds_space_prefix,
     complete_utf8_prefix,
