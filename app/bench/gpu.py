@@ -14,7 +14,7 @@ run works everywhere:
 3. **end to end**: `tandem bench` on the edit and extract workloads (plain, model-free
    drafting, the drafter's configurations), ratio to plain and greedy mismatches
    (on a GPU, batched and one-token kernels may part at near ties);
-4. **modeled**: acceptance recorded with the real models (:mod:`.acceptance`) priced on
+4. **modeled**: acceptance recorded with the real models (:mod:`.acceptance_traces`) priced on
    the curve of section 2;
 5. **bigger than the card** (with ``vram``): each placement the planner compares for a
    target that does not fit that GPU budget, timed against plain llama.cpp partial
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tandem.app.bench import acceptance
+from tandem.app.bench import acceptance_traces
 from tandem.app.bench.cost_curve import measure_costs
 from tandem.app.bench.peers import LlamaPeer
 from tandem.app.bench.placements import PlacementBenchConfig, bench_placements, format_placements
@@ -52,7 +52,7 @@ class GpuBenchConfig:
     target: Path
     draft: Path | None = None
     acceptance: dict | None = None
-    """A recorded acceptance file (:func:`tandem.app.bench.acceptance.load`)."""
+    """A recorded acceptance file (:func:`tandem.app.bench.acceptance_traces.load`)."""
     n_tokens: int = 64
     reps: int = 3
     prompts: int = 2
@@ -185,8 +185,8 @@ def modeled(cfg: GpuBenchConfig, cost: dict) -> dict:
     record = cfg.acceptance or {}
     return {"note": f"modeled: acceptance recorded with the real models ({record.get('target')}, drafters "
                     f"{record.get('drafters')}), priced with this device's c(e) and drafter cost",
-            "workloads": acceptance.price(record, cost["curves"]["exact"],
-                                          next(iter(cost["drafter_cost"].values()), None))}
+            "workloads": acceptance_traces.price(record, cost["curves"]["exact"],
+                                                 next(iter(cost["drafter_cost"].values()), None))}
 
 
 def _s(s: dict, digits: int = 2) -> str:

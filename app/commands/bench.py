@@ -258,7 +258,7 @@ def run_cost_curve(args: argparse.Namespace) -> int:
 
 
 def run_gpu(args: argparse.Namespace) -> int:
-    from tandem.app.bench import acceptance
+    from tandem.app.bench import acceptance_traces
     from tandem.app.bench.gpu import GpuBenchConfig, format_gpu, plot_gpu, run_gpu_bench
 
     if args.max_tokens < 2 or args.reps < 1 or (args.prompts is not None and args.prompts < 1):
@@ -270,7 +270,7 @@ def run_gpu(args: argparse.Namespace) -> int:
         _check_writable(Path(args.json_file))
     if args.vram:
         parse_size(args.vram)  # a bad size is refused before the long sections run
-    record = acceptance.load(Path(args.acceptance)) if args.acceptance else None
+    record = acceptance_traces.load(Path(args.acceptance)) if args.acceptance else None
     cfg = GpuBenchConfig(resolve_model(args.model), resolve_model(args.draft) if args.draft else None, record,
                          n_tokens=args.max_tokens, reps=args.reps,
                          prompts=2 if args.prompts is None else args.prompts, threads=args.threads,
@@ -286,7 +286,7 @@ def run_gpu(args: argparse.Namespace) -> int:
 
 
 def run_record_acceptance(args: argparse.Namespace) -> int:
-    from tandem.app.bench import acceptance
+    from tandem.app.bench import acceptance_traces
     from tandem.app.bench.run import BenchConfig
 
     bad = [w for w in args.workloads if w not in WORKLOADS]
@@ -302,8 +302,8 @@ def run_record_acceptance(args: argparse.Namespace) -> int:
                       workloads=args.workloads, configs=args.configs, families=args.drafters, threads=args.threads,
                       ctx=args.ctx or 1024, budget=args.budget, kv_type=args.kv_type, repack=args.repack, peers=False,
                       log=lambda line: print(line, file=sys.stderr, flush=True))
-    record = acceptance.record_acceptance(cfg)
-    acceptance.save(record, out)
+    record = acceptance_traces.record_acceptance(cfg)
+    acceptance_traces.save(record, out)
     print(f"recorded {sum(len(t) for t in record['workloads'].values())} workload x configuration traces of "
           f"{record['target']} ({out.stat().st_size / 1024:.0f} KiB) in {out}")
     return 0

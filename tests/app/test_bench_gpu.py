@@ -12,7 +12,13 @@ import json
 
 import pytest
 
-from tandem.app.bench.acceptance import call_cost, is_model_source, load, modeled_speedup, price
+from tandem.app.bench.acceptance_traces import (
+    call_cost,
+    is_model_source,
+    load,
+    modeled_speedup,
+    price,
+)
 from tandem.app.cli import main
 from tandem.errors import TandemError
 
