@@ -13,7 +13,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from tandem.app.history.store import History
+from tandem.app.history.database import History
 from tandem.app.tui.app import AppConfig, TandemApp
 from tandem.app.tui.model_choice import ModelChoice, load_engine
 from tandem.app.tui.session import ChatSettings, run_reply

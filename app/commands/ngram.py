@@ -58,7 +58,7 @@ def iter_text_files(paths: list[str]) -> Iterator[tuple[str, str]]:
 
 
 def iter_chat_texts() -> Iterator[tuple[str, str]]:
-    from tandem.app.history.store import History, default_path
+    from tandem.app.history.database import History, default_path
 
     if not default_path().exists():
         return

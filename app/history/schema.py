@@ -1,7 +1,7 @@
 """The chat history's SQLite schema and its migrations, one function per version.
 
 ``MIGRATIONS[i]`` upgrades a database at version ``i`` (``PRAGMA user_version``) to
-``i + 1``; :class:`tandem.app.history.store.History` runs the missing ones in a transaction
+``i + 1``; :class:`tandem.app.history.database.History` runs the missing ones in a transaction
 each when it opens a file. Append new versions, never edit old ones: files in the
 field were written by them.
 """

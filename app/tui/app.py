@@ -10,7 +10,7 @@ from textual.app import App
 from textual.binding import Binding
 from textual.notifications import SeverityLevel
 
-from tandem.app.history.store import History, HistoryDamaged, default_path
+from tandem.app.history.database import History, HistoryDamaged, default_path
 from tandem.app.tui.chat_screen import ChatScreen
 from tandem.app.tui.modals import NoModelScreen
 from tandem.app.tui.model_choice import ModelChoice, restored_choice

@@ -16,10 +16,10 @@ from textual.binding import Binding, BindingType
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
-from tandem.app.history.store import ChatRecord, History
+from tandem.app.history.database import ChatRecord, History
 from tandem.app.tui.modals import Confirm, HelpScreen, ModelPicker, SettingsScreen, TextPrompt
 from tandem.app.tui.model_loading import ModelLoader
-from tandem.app.tui.search import SearchScreen
+from tandem.app.tui.search_dialog import SearchScreen
 from tandem.app.tui.session import ChatSettings
 from tandem.app.tui.shown import plain
 from tandem.app.tui.transcript import Transcript

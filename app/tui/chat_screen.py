@@ -23,7 +23,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Label, OptionList
 
-from tandem.app.history.store import INTERRUPTED, ChatRecord, History, MessageRecord
+from tandem.app.history.database import INTERRUPTED, ChatRecord, History, MessageRecord
 from tandem.app.tui.autocomplete import open_autocomplete
 from tandem.app.tui.chat_actions import ChatActions
 from tandem.app.tui.model_choice import ModelChoice, engine_record

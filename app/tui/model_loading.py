@@ -15,7 +15,7 @@ from typing import Any
 
 from textual.message import Message
 
-from tandem.app.history.store import ChatRecord
+from tandem.app.history.database import ChatRecord
 from tandem.app.tui.model_choice import (
     LoadProgress,
     ModelChoice,

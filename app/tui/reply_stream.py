@@ -19,7 +19,7 @@ from typing import Any
 from textual.message import Message
 from textual.worker import Worker
 
-from tandem.app.history.store import INTERRUPTED, ChatRecord, History, MessageRecord
+from tandem.app.history.database import INTERRUPTED, ChatRecord, History, MessageRecord
 from tandem.app.tui.model_choice import ModelChoice
 from tandem.app.tui.session import ReplyBuffer, run_reply
 from tandem.app.tui.transcript import Transcript

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from tandem.app.history.store import COMPLETE, INTERRUPTED, ChatRecord, History, MessageRecord
+from tandem.app.history.database import COMPLETE, INTERRUPTED, ChatRecord, History, MessageRecord
 from tandem.errors import TandemError
 from tandem.kernels.sampling import SamplingParams
 from tandem.runtime.chat import ChatEngine

@@ -14,7 +14,7 @@ from textual import on
 from textual.containers import VerticalScroll
 from textual.widget import Widget
 
-from tandem.app.history.store import MessageRecord
+from tandem.app.history.database import MessageRecord
 from tandem.app.tui.widgets import MessageView
 
 FOLLOW_ROWS = 4

@@ -15,7 +15,7 @@ from textual.widgets import Collapsible, Label, Markdown, OptionList, Static, Te
 from textual.widgets.markdown import MarkdownFence
 from textual.widgets.option_list import Option
 
-from tandem.app.history.store import INTERRUPTED, ChatRecord, MessageRecord
+from tandem.app.history.database import INTERRUPTED, ChatRecord, MessageRecord
 from tandem.app.terminal_text import mask_controls, strip_controls
 from tandem.app.tui.shown import shown
 from tandem.app.tui.thinking import Split, split_thinking, thinking_title

@@ -97,7 +97,7 @@ def test_tandem_run_strips_escapes_but_json_keeps_them(stories260k: Path, monkey
 async def test_chat_app_shows_a_stored_reply_without_escapes(stories260k: Path, tmp_path: Path) -> None:
     from textual.widgets import Markdown
 
-    from tandem.app.history.store import History
+    from tandem.app.history.database import History
     from tandem.app.tui.app import AppConfig, TandemApp
     from tandem.app.tui.widgets import ChatList, MessageView
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.app.history.store import COMPLETE, INTERRUPTED, History
+from tandem.app.history.database import COMPLETE, INTERRUPTED, History
 from tandem.app.tui.app import AppConfig, TandemApp
 from tandem.app.tui.chat_screen import ChatScreen
 from tandem.app.tui.session import ChatSettings

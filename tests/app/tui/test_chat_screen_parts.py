@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import tandem.app.tui.model_loading as model_loading
-from tandem.app.history.store import History
+from tandem.app.history.database import History
 from tandem.app.tui.model_choice import ModelChoice
 from tandem.app.tui.model_loading import EngineReady, ModelLoader
 from tandem.runtime.engine import EngineSpec

@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 from tui_pilot import SIZE, make_app, ready, until
 
-from tandem.app.history.store import History
+from tandem.app.history.database import History
 
 ESCAPES = ("\x1b]52;c;ZXZpbA==\x07"  # clipboard write
            "\x1b[2J\x1b[H"  # clear the screen

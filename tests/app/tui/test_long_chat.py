@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from tandem.app.history.store import History
+from tandem.app.history.database import History
 from tandem.app.tui.session import ChatSettings, run_reply
 from tandem.kernels.sampling import SamplingParams
 

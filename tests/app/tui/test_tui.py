@@ -9,7 +9,7 @@ import pytest
 from textual.widgets import Input, Label, Markdown, OptionList, Static, TextArea
 from tui_pilot import GREEDY, SIZE, SlowEngine, await_reply, make_app, ready, send, until
 
-from tandem.app.history.store import COMPLETE, INTERRUPTED, History
+from tandem.app.history.database import COMPLETE, INTERRUPTED, History
 from tandem.app.tui.chat_screen import ChatScreen
 from tandem.app.tui.modals import (
     Confirm,

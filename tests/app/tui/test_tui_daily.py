@@ -12,10 +12,10 @@ from textual.widgets._footer import FooterKey
 from textual.widgets.markdown import MarkdownFence
 from tui_pilot import SIZE, SlowEngine, await_reply, make_app, ready, send, until
 
-from tandem.app.history.store import COMPLETE, INTERRUPTED, History
+from tandem.app.history.database import COMPLETE, INTERRUPTED, History
 from tandem.app.tui.chat_screen import ChatScreen
 from tandem.app.tui.modals import ModelPicker, SettingsScreen
-from tandem.app.tui.search import SearchScreen
+from tandem.app.tui.search_dialog import SearchScreen
 from tandem.app.tui.widgets import MessageView, format_stats
 
 pytestmark = pytest.mark.anyio

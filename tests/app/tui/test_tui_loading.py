@@ -11,7 +11,7 @@ from textual.widgets import Label
 from tui_pilot import SIZE, make_app, until
 
 import tandem.app.tui.model_loading as model_loading
-from tandem.app.history.store import COMPLETE
+from tandem.app.history.database import COMPLETE
 from tandem.app.tui.chat_screen import ChatScreen
 from tandem.app.tui.widgets import MessageView
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tui_pilot import wait_for
 
-from tandem.app.history.store import COMPLETE, History
+from tandem.app.history.database import COMPLETE, History
 from tandem.models.paths import data_dir
 
 IN_CI = os.environ.get("CI", "").lower() == "true"

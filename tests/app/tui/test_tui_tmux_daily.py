@@ -86,7 +86,7 @@ def test_ctrl_bracket_and_function_keys_cycle_drafts_under_tmux(tmux, stories260
 def test_multi_turn_chat_on_a_real_model_at_80x24(tmux, real_models, isolated_home: Path) -> None:  # noqa: F811
     """Three turns with the real SmolLM2 chat model: every reply stored complete, its label
     and stats on screen, the footer whole, no escape sequences printed as text."""
-    from tandem.app.history.store import COMPLETE, History
+    from tandem.app.history.database import COMPLETE, History
     from tandem.models.paths import data_dir
 
     start_chat(tmux, isolated_home, real_models.smollm2, "-n", "8")

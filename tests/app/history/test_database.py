@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from sqlite_file import integrity_ok, pragma
 
-from tandem.app.history.schema import MIGRATIONS, SCHEMA_VERSION
-from tandem.app.history.store import (
+from tandem.app.history.database import (
     COMPLETE,
     INTERRUPTED,
     History,
     chat_markdown,
     default_path,
 )
+from tandem.app.history.schema import MIGRATIONS, SCHEMA_VERSION
 from tandem.app.tui.session import ChatSettings, LiveStats, conversation, drafted_chars, title_from
 from tandem.errors import TandemError
 from tandem.kernels.sampling import SamplingParams

@@ -15,8 +15,8 @@ from textual.containers import Vertical
 from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
-from tandem.app.history.search import HIT_END, HIT_START, SearchHit
-from tandem.app.history.store import History
+from tandem.app.history.database import History
+from tandem.app.history.full_text import HIT_END, HIT_START, SearchHit
 from tandem.app.tui.modals import Dialog
 from tandem.app.tui.shown import plain
 

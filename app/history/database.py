@@ -12,7 +12,7 @@ generation finishes, so whatever kills the process, what is on disk is labelled 
 
 The schema carries a version (``PRAGMA user_version``); the migrations of
 :mod:`tandem.app.history.schema` upgrade an older file step by step, and a file from a
-newer Tandem is refused with a clear error. Search is :mod:`tandem.app.history.search`.
+newer Tandem is refused with a clear error. Search is :mod:`tandem.app.history.full_text`.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tandem.app.history.full_text import SearchHit, search_messages
 from tandem.app.history.schema import MIGRATIONS, SCHEMA_VERSION
-from tandem.app.history.search import SearchHit, search_messages
 from tandem.errors import TandemError
 from tandem.models.paths import data_dir
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from sqlite_file import integrity_ok, pragma
 
+from tandem.app.history.database import COMPLETE, INTERRUPTED, History
+from tandem.app.history.full_text import HIT_END, HIT_START, fts_query
 from tandem.app.history.schema import MIGRATIONS
-from tandem.app.history.search import HIT_END, HIT_START, fts_query
-from tandem.app.history.store import COMPLETE, INTERRUPTED, History
 
 
 def test_search_finds_words_across_chats_and_follows_streamed_text(tmp_path: Path) -> None:

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from sqlite_file import integrity_ok
 
-from tandem.app.history.store import COMPLETE, INTERRUPTED, History
+from tandem.app.history.database import COMPLETE, INTERRUPTED, History
 
 CHILD = r"""
 import sys, time
 from pathlib import Path
-from tandem.app.history.store import History
+from tandem.app.history.database import History
 from tandem.app.tui.model_choice import ModelChoice, load_engine
 from tandem.runtime.engine import EngineSpec
 from tandem.app.tui.session import ChatSettings, run_reply
