@@ -73,7 +73,7 @@ def request_log_path(value: str | None) -> Path | None:
 def open_server(args: argparse.Namespace):
     """The model slot and the ASGI app ``args`` describe (the model is loaded here)."""
     from tandem.app.progress import Progress
-    from tandem.app.server.app import ServerConfig, create_app
+    from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import load_model
 
     spec = spec_from_args(args)

@@ -123,7 +123,7 @@ class GenRequest:
     """Alternatives per token for ``logprobs`` (0: only the chosen token's), ``None``: off."""
     grammar: Any = None
     """The runtime's compiled grammar the reply must follow (``None``: free text); see
-    :mod:`.structured`."""
+    :mod:`.output_format`."""
 
 
 def parse_common(body: dict, *, max_tokens_default: int = 256, max_tokens_key: str = "max_tokens") -> GenRequest:

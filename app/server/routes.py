@@ -20,11 +20,10 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
-from tandem.app.server import infill as infill_api
-from tandem.app.server import jobs, llama_completion
+from tandem.app.server import infill_api, jobs, llama_completion
 from tandem.app.server.cache_owner import client_identity
 from tandem.app.server.loaded_models import ModelSlot
-from tandem.app.server.logprobs import parse_logprobs, shape
+from tandem.app.server.logprobs_api import parse_logprobs, shape
 from tandem.app.server.openai import (
     ApiError,
     GenRequest,
@@ -36,6 +35,7 @@ from tandem.app.server.openai import (
     parse_prompt,
     usage,
 )
+from tandem.app.server.output_format import OutputFormat, compile_format, parse_output_format
 from tandem.app.server.streams import (
     OpenStreams,
     StreamConfig,
@@ -44,7 +44,6 @@ from tandem.app.server.streams import (
     generation_stream,
     infill_stream,
 )
-from tandem.app.server.structured import OutputFormat, compile_format, parse_output_format
 from tandem.app.server.tool_calls import ToolCallParser, parse_reply
 from tandem.app.server.tool_jobs import tool_chat_job
 from tandem.app.server.tools import ToolRequest, call_schema, parse_tools
@@ -205,7 +204,7 @@ class Routes:
         return JSONResponse(llama_completion.done_body(done, req, slot.name))
 
     async def infill(self, request: Request):
-        """llama-server's /infill (see :mod:`.infill`)."""
+        """llama-server's /infill (see :mod:`.infill_api`)."""
         req = infill_api.parse_infill(await self.body(request))
         slot = self.slot(req.gen.model)
         request.state.model = slot.name

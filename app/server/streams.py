@@ -23,7 +23,7 @@ from sse_starlette.sse import EventSourceResponse, SendTimeoutError
 from starlette.types import Receive, Scope, Send
 
 from tandem.app.server.jobs import PromptCache
-from tandem.app.server.logprobs import shape
+from tandem.app.server.logprobs_api import shape
 from tandem.app.server.openai import ApiError, Shaper, finish_reason, usage
 from tandem.app.server.tool_calls import ToolCallParser
 from tandem.app.server.worker import Job

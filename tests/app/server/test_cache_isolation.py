@@ -22,7 +22,7 @@ REQUESTS = {
 
 @pytest.fixture(scope="module")
 def server(stories260k):
-    from tandem.app.server.app import ServerConfig, create_app
+    from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import make_slot
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 

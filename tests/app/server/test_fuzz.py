@@ -67,7 +67,7 @@ PATHS = st.sampled_from(["/v1/chat/completions", "/v1/completions", "/infill", "
 
 @pytest.fixture(scope="module")
 def fuzz_server(stories260k):
-    from tandem.app.server.app import ServerConfig, create_app
+    from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import make_slot
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 

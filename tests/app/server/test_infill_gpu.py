@@ -19,7 +19,7 @@ REQUESTS = Path(__file__).parent / "infill_requests"
 
 @pytest.fixture(scope="module")
 def gpu_server(request: pytest.FixtureRequest):
-    from tandem.app.server.app import ServerConfig, create_app
+    from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import make_slot
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 

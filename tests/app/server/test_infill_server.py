@@ -25,7 +25,7 @@ def _request(name: str, **override) -> dict:
 @pytest.fixture(scope="module")
 def qwen_server(real_models):
     """The server as `tandem serve` builds it (speculative decoding on, the default)."""
-    from tandem.app.server.app import ServerConfig, create_app
+    from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import make_slot
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 
@@ -161,7 +161,7 @@ def test_cache_reuse_keeps_the_extra_chunks_that_moved(real_models) -> None:
     """llama.vim's ring of extra chunks rotates (the oldest file leaves the front): with
     ``tandem serve --cache-reuse N`` the chunks both requests share are shifted into place
     rather than evaluated again, and the fill is still the right one."""
-    from tandem.app.server.app import ServerConfig, create_app
+    from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import make_slot
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 
@@ -183,7 +183,7 @@ def test_asking_again_with_the_accepted_part_drafts_the_rest(real_models) -> Non
     the rest of the previous suggestion, still in that client's cache, is drafted and
     accepted, and the fill is the one a fresh request from another client gets (lossless).
     A fixed draft length, so the test does not depend on this CPU's verify costs."""
-    from tandem.app.server.app import ServerConfig, create_app
+    from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import isolated, slot_for
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
     from tandem.runtime.engine import EngineSpec, engine_for

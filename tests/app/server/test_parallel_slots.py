@@ -15,7 +15,7 @@ QUESTIONS = ["Name a colour.", "What is 2 + 2?", "Say hello in French.", "Name a
 
 @pytest.fixture(scope="module")
 def two_slot_server(real_models):
-    from tandem.app.server.app import ServerConfig, create_app
+    from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import make_slot
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 

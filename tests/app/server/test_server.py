@@ -20,7 +20,7 @@ PROMPT = "Once upon a time"
 @pytest.fixture(scope="module")
 def server(stories260k):
     """One server for the module: stories260K, speculative default, real sockets."""
-    from tandem.app.server.app import ServerConfig, create_app
+    from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import make_slot
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 

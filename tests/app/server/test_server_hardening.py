@@ -48,7 +48,7 @@ def own_slot(stories260k):
 
 @pytest.fixture(scope="module")
 def server(slot):
-    from tandem.app.server.app import ServerConfig, create_app
+    from tandem.app.server.asgi import ServerConfig, create_app
 
     app = create_app([slot], ServerConfig(max_body_bytes=1 << 20, body_timeout_s=2.0))
     with running(app, header_timeout_s=1.5) as url:
@@ -270,7 +270,7 @@ def test_host_and_origin_checks(server, headers: dict, status: int) -> None:
 
 
 def test_allowed_origin_and_preflight(own_slot) -> None:
-    from tandem.app.server.app import ServerConfig, create_app
+    from tandem.app.server.asgi import ServerConfig, create_app
 
     app = create_app([own_slot], ServerConfig(allow_origins=("https://app.example",)))
     with running(app) as url:
@@ -286,7 +286,7 @@ def test_allowed_origin_and_preflight(own_slot) -> None:
 def test_api_key(own_slot) -> None:
     from openai import AuthenticationError, OpenAI
 
-    from tandem.app.server.app import ServerConfig, create_app
+    from tandem.app.server.asgi import ServerConfig, create_app
 
     app = create_app([own_slot], ServerConfig(api_key="s3cret-key"))
     with running(app) as url:
@@ -433,7 +433,7 @@ def test_sigterm_answers_a_waiting_non_streaming_request(real_models) -> None:
 def test_requests_queued_at_shutdown_get_503(own_slot) -> None:
     """stop_all (the server shutting down) skips queued jobs: their clients get a JSON 503
     saying so, as does any request that still arrives."""
-    from tandem.app.server.app import ServerConfig, create_app
+    from tandem.app.server.asgi import ServerConfig, create_app
 
     gate, started = threading.Event(), threading.Event()
 

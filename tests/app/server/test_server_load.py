@@ -18,7 +18,7 @@ CLIENTS, REQUESTS, TOKENS = 16, 3, 4
 
 @pytest.fixture(scope="module")
 def qwen_server(real_models):
-    from tandem.app.server.app import ServerConfig, create_app
+    from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import make_slot
     from tandem.runtime.backends.opener import open_backend
 

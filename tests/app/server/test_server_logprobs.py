@@ -20,7 +20,7 @@ PROMPT = "Once upon a time"
 
 @pytest.fixture(scope="module")
 def served(stories260k: Path, tmp_path_factory: pytest.TempPathFactory):
-    from tandem.app.server.app import ServerConfig, create_app
+    from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import make_slot
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 

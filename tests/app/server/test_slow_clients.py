@@ -57,7 +57,7 @@ def read_rest(sock: socket.socket) -> bytes:
 
 
 def _app(path, n_ctx: int, request_log: Path | None = None):
-    from tandem.app.server.app import ServerConfig, create_app
+    from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import make_slot
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 

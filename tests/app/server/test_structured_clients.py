@@ -22,7 +22,7 @@ SMALL, BIG, SMOL = "qwen-0.5b", "qwen-1.5b", "smollm2"
 @pytest.fixture(scope="module")
 def server(real_models):
     """One server, both coders and SmolLM2 (a request picks one with ``model``)."""
-    from tandem.app.server.app import ServerConfig, create_app
+    from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import make_slot
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 
