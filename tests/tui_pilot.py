@@ -10,7 +10,7 @@ from pathlib import Path
 from textual.app import App
 
 from tandem.app.tui.app import AppConfig, TandemApp
-from tandem.app.tui.autocomplete import AutocompleteScreen
+from tandem.app.tui.autocomplete_screen import AutocompleteScreen
 from tandem.app.tui.chat_screen import ChatScreen
 from tandem.app.tui.session import ChatSettings
 from tandem.kernels.sampling import SamplingParams

@@ -24,7 +24,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Label, OptionList
 
 from tandem.app.history.database import INTERRUPTED, ChatRecord, History, MessageRecord
-from tandem.app.tui.autocomplete import open_autocomplete
+from tandem.app.tui.autocomplete_screen import open_autocomplete
 from tandem.app.tui.chat_actions import ChatActions
 from tandem.app.tui.model_choice import ModelChoice, engine_record
 from tandem.app.tui.model_loading import EngineReady, ModelLoader
@@ -356,5 +356,5 @@ class ChatScreen(Screen):
         self.transcript.toggle_drafted()
 
     def action_autocomplete(self) -> None:
-        """F9 / Ctrl+Space: the autocomplete pane (:mod:`tandem.app.tui.autocomplete`)."""
+        """F9 / Ctrl+Space: the autocomplete pane (:mod:`tandem.app.tui.autocomplete_screen`)."""
         open_autocomplete(self.engine, self.input)

@@ -9,7 +9,7 @@ import pytest
 from textual.widgets import Label
 from tui_pilot import PREFIX, PaneApp, wait_for_drafts
 
-from tandem.app.tui.autocomplete import AutocompleteScreen, shown_drafts
+from tandem.app.tui.autocomplete_screen import AutocompleteScreen, shown_drafts
 from tandem.runtime.autocomplete.drafts import AutocompleteConfig, Autocompleter, Suggestion
 
 pytestmark = pytest.mark.anyio

@@ -7,7 +7,7 @@ import threading
 import pytest
 from tui_pilot import PREFIX, PaneApp, wait_for_drafts
 
-from tandem.app.tui.autocomplete import AutocompleteScreen
+from tandem.app.tui.autocomplete_screen import AutocompleteScreen
 from tandem.runtime.autocomplete.drafts import AutocompleteConfig, Autocompleter
 
 pytestmark = pytest.mark.anyio

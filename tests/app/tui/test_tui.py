@@ -339,7 +339,7 @@ async def test_help_screen_and_autocomplete_hook(stories260k: Path, tmp_path: Pa
         await pilot.press("f9")  # issue 5's pane, or a clear note when it is not there
         await pilot.pause()
         try:
-            import tandem.app.tui.autocomplete  # noqa: F401
+            import tandem.app.tui.autocomplete_screen  # noqa: F401
         except ModuleNotFoundError:
             assert any("Autocomplete" in n.message for n in app._notifications)
         else:
