@@ -25,7 +25,14 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from tandem.app.bench.run import BenchConfig, open_configs, select, select_families
+from tandem.app.bench.run import (
+    SAME_ENGINE_MODES,
+    BenchConfig,
+    engines_in,
+    open_configs,
+    select,
+    select_families,
+)
 from tandem.app.bench.workloads import workload
 from tandem.errors import TandemError
 from tandem.kernels.sampling import Sampler, SamplingParams
@@ -42,6 +49,12 @@ Round = tuple[int, int, int, int]
 
 def is_model_source(source: str) -> bool:
     return not all(part in MODEL_FREE_SOURCES for part in source.split("+") if part)
+
+
+def same_engine(name: str) -> dict[str, str]:
+    """The strategy change that makes configuration ``name`` of its engine (``plain`` and
+    ``ngram`` run on the first drafter's engine: :data:`SAME_ENGINE_MODES`)."""
+    return {"mode": SAME_ENGINE_MODES[name]} if name in SAME_ENGINE_MODES else {}
 
 
 def record_reply(engine: Engine, prompt: list[int], n: int, **changes) -> tuple[list[int], list[Round]]:
@@ -108,7 +121,8 @@ def record_acceptance(cfg: BenchConfig) -> dict:
                 replies, mismatches = [], 0
                 for pi, prompt in enumerate(wl.prompts):
                     tokens, rounds = (record_reply(engines["plain"], prompt, cfg.n_tokens, **fixed_free[name])
-                                      if name in fixed_free else record_reply(engines[name], prompt, cfg.n_tokens))
+                                      if name in fixed_free else record_reply(engines[name], prompt, cfg.n_tokens,
+                                                                              **same_engine(name)))
                     if name == "plain":
                         plain_tokens.append(tokens)
                     mismatches += tokens != plain_tokens[pi]
@@ -120,7 +134,7 @@ def record_acceptance(cfg: BenchConfig) -> dict:
             out["workloads"][wl_name] = table
         return out
     finally:
-        for engine in reversed(engines.values()):
+        for engine in reversed(engines_in(engines)):
             engine.close()
 
 

@@ -76,8 +76,10 @@ class BenchConfig:
     """Host memory budget for the planner, as ``tandem run --budget``."""
     kv_type: str | None = None
     """The target's llama.cpp KV type, as ``tandem run --kv-type``."""
-    repack: bool = False
-    """Tandem's target with llama.cpp's repacked weights, as ``tandem run --repack``."""
+    repack: bool | None = None
+    """Tandem's target with llama.cpp's repacked weights (``True``) or as stored
+    (``False``), as ``tandem run --repack/--no-repack``; ``None``: this machine's choice
+    (:mod:`tandem.runtime.backends.llama_kernels`), as users get it."""
     peers: bool = True
     """Run llama-cpp-python plain and with prompt lookup."""
     log: Callable[[str], None] = print
@@ -85,12 +87,16 @@ class BenchConfig:
     """Called with the report so far after each workload (the CLI writes --json then)."""
 
 
-@dataclass(frozen=True)
-class TandemConfig:
-    """A model-free Tandem configuration: its name and draft mode."""
+SAME_ENGINE_MODES = {"plain": "off", "ngram": "ngram"}
+"""Configurations run on one engine with only the draft mode changed: that of the first
+drafter when one is given, so plain decoding, model-free drafting and ``auto`` decode on
+the very same weights. (Repacked weights are a copy per loaded model, and two copies of
+one file measured 10 % apart in one process, which a ratio between engines would show.)"""
 
-    name: str
-    mode: str
+
+def engines_in(configs: dict[str, Engine]) -> list[Engine]:
+    """Each engine once, in the order opened."""
+    return list({id(e): e for e in configs.values()}.values())
 
 
 @dataclass
@@ -173,14 +179,13 @@ def wanted(cfg: BenchConfig, name: str) -> bool:
 
 def open_configs(base: EngineSpec, cfg: BenchConfig, log: Callable[[str], None]) -> tuple[dict[str, Engine], list[Drafter]]:
     """An engine per Tandem configuration asked for, opened as a user's spec for it would
-    be (``plain`` first), and the drafters labelled by vocabulary (each one's ``auto``
-    engine tells). On failure every engine opened so far is closed."""
+    be, ``plain`` and ``ngram`` first (both on the first drafter's engine, with its draft
+    mode changed: :data:`SAME_ENGINE_MODES`), and the drafters labelled by vocabulary (each
+    one's ``auto`` engine tells). On failure every engine opened so far is closed."""
     engines: dict[str, Engine] = {}
     drafters: list[Drafter] = []
+    shared: Engine | None = None
     try:
-        for config in (TandemConfig("plain", "off"), TandemConfig("ngram", "ngram")):
-            if wanted(cfg, config.name):
-                engines[config.name] = open_engine(replace(base, draft_mode=config.mode))
         for path, role in ((cfg.draft, "draft"), (cfg.draft2, "draft"), (cfg.oracle, "oracle")):
             if path is None:
                 continue
@@ -195,20 +200,24 @@ def open_configs(base: EngineSpec, cfg: BenchConfig, log: Callable[[str], None])
             if label in taken:
                 label = next(f"{label}{i}" for i in range(2, 10) if f"{label}{i}" not in taken)
             drafters.append(Drafter(label, path, same))
+            shared = shared or auto
             if wanted(cfg, f"auto+{label}"):
                 engines[f"auto+{label}"] = auto
-            else:
+            elif auto is not shared:
                 auto.close()
             for k in cfg.lengths:
                 if wanted(cfg, f"{label}@{k}"):
                     fixed = replace(base, drafter=path, draft_mode="model" if same else "xvocab", draft_len=k)
                     engines[f"{label}@{k}"] = open_engine(fixed)
+        shared = shared or open_engine(replace(base, draft_mode="off"))
+        first = {name: shared for name in SAME_ENGINE_MODES if wanted(cfg, name)}
+        engines = {**first, **engines}
         for name, engine in engines.items():
             for note in engine.notes:
                 log(f"{name}: {note}")
         return engines, drafters
     except BaseException:
-        for engine in reversed(engines.values()):
+        for engine in reversed(engines_in({**engines, **({"shared": shared} if shared else {})})):
             engine.close()
         raise
 
@@ -258,6 +267,7 @@ def run_bench(cfg: BenchConfig) -> dict:
     engines, drafters = open_configs(spec, cfg, cfg.log)
     engine = engines["plain"]
     target = engine.target
+    repacked = engine.kernels.repack if engine.kernels is not None else bool(cfg.repack)
     peers: dict[str, LlamaPeer] = {}
     try:
         work = {name: workload(target, name, cfg.prompts) for name in cfg.workloads}
@@ -273,7 +283,7 @@ def run_bench(cfg: BenchConfig) -> dict:
             n = n or cfg.n_tokens
             if name in peers:
                 return peers[name].run(prompt, n)
-            return run_tandem(engines[name], prompt, n, shared_suffix_cache=shared)
+            return run_tandem(engines[name], prompt, n, shared_suffix_cache=shared, mode=SAME_ENGINE_MODES.get(name))
 
         info = machine()
         cfg.log(f"{target.name}: {len(names)} configurations, {threads} thread(s), context {target.n_ctx}, "
@@ -293,7 +303,7 @@ def run_bench(cfg: BenchConfig) -> dict:
             "threads": threads, "ctx": target.n_ctx, "lengths": list(cfg.lengths), "draft_max": cfg.draft_max,
             "drafters": {d.label: {"path": str(d.path), "same_vocab": d.same_vocab} for d in drafters},
             "tandem_backend": ("LlamaConfig(exact=True, repack=True): weights repacked, verify calls of at most 3 tokens"
-                               if cfg.repack else "LlamaConfig(exact=True): weights not repacked"),
+                               if repacked else "LlamaConfig(exact=True): weights not repacked"),
             "kv_type": engine.plan.target.type_k if engine.plan else None,
             "peers": PEER_NOTE if peers else None,
             "cold_setup_s": cold_setup,
@@ -315,5 +325,5 @@ def run_bench(cfg: BenchConfig) -> dict:
     finally:
         for peer in peers.values():
             peer.close()
-        for opened in reversed(engines.values()):
+        for opened in reversed(engines_in(engines)):
             opened.close()

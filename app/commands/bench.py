@@ -66,8 +66,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-type", choices=LLAMA_KV_TYPES, default=None,
                    help="the target's llama.cpp KV cache type, as `tandem run --kv-type` (default: f16 unless "
                         "the budget needs less)")
-    p.add_argument("--repack", action="store_true",
-                   help="Tandem's target with llama.cpp's repacked weights (still exact), as `tandem run --repack`")
+    p.add_argument("--repack", action=argparse.BooleanOptionalAction, default=None,
+                   help="Tandem's target with llama.cpp's repacked weights (still exact), or with --no-repack the "
+                        "weights as stored, as `tandem run --repack/--no-repack` (default: this machine's choice, "
+                        "as users get it)")
     p.add_argument("--no-peers", "--no-llama-baseline", dest="no_peers", action="store_true",
                    help="skip llama-cpp-python (plain and prompt lookup)")
     p.add_argument("--json", dest="json_file", default=None, metavar="FILE", help="write the figures as JSON")

@@ -160,3 +160,25 @@ def test_cost_curve_exact_and_fast_and_drafter_cost(stories260k, tmp_path) -> No
     for curve in res["curves"].values():
         assert len(curve) == 5 and curve[0] == 1.0 and min(curve) > 0
     assert res["t1_ms"]["exact"] > 0 and res["drafter_cost"]["stories260K"] > 0
+
+
+def test_plain_and_model_free_run_on_the_first_drafters_engine(real_models) -> None:
+    """``plain``, ``ngram`` and ``auto+model`` decode on one loaded target (only the draft
+    mode differs), so their ratios compare strategies, not two copies of the weights."""
+    from pathlib import Path
+
+    from tandem.app.bench.run import BenchConfig, engines_in, open_configs
+    from tandem.runtime.engine import EngineSpec
+
+    cfg = BenchConfig(Path(real_models.smollm2), draft=Path(real_models.smollm2), draft2=Path(real_models.qwen_05b),
+                      threads=1, ctx=512, lengths=())
+    spec = EngineSpec(cfg.target, draft_mode="off", threads=1, n_ctx=512, engine="llama.cpp")
+    engines, drafters = open_configs(spec, cfg, lambda _: None)
+    try:
+        assert list(engines)[:2] == ["plain", "ngram"]
+        assert engines["plain"] is engines["ngram"] is engines["auto+model"]
+        assert engines["auto+xvocab"] is not engines["plain"]
+        assert len(engines_in(engines)) == 2 and [d.label for d in drafters] == ["model", "xvocab"]
+    finally:
+        for engine in engines_in(engines):
+            engine.close()
