@@ -13,6 +13,7 @@ sampled acceptance stays exact.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -21,27 +22,6 @@ from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.constrained.grammar import Grammar
 from tandem.runtime.constrained.state import GrammarState
 from tandem.runtime.speculative.drafters.base import Draft, Drafter
-
-
-def with_forced(draft: Draft, forced: Sequence[int]) -> Draft:
-    """``draft`` followed by ``forced`` (one-hot q rows, full confidence)."""
-    if not forced:
-        return draft
-    q = draft.q
-    if q is not None:
-        one_hot = np.zeros((len(forced), q.shape[1]), dtype=q.dtype)
-        one_hot[np.arange(len(forced)), list(forced)] = 1.0
-        q = np.concatenate([q, one_hot])
-    confidence = None if draft.confidence is None else [*draft.confidence, *[1.0] * len(forced)]
-    return Draft([*draft.tokens, *forced], q, draft.source, confidence, draft.catch_up_s)
-
-
-def cut(draft: Draft, n: int) -> Draft:
-    """The first ``n`` tokens of ``draft``."""
-    if n >= len(draft.tokens):
-        return draft
-    return Draft(draft.tokens[:n], None if draft.q is None else draft.q[:n], draft.source,
-                 None if draft.confidence is None else draft.confidence[:n], draft.catch_up_s)
 
 
 class GrammarDrafter:
@@ -71,14 +51,14 @@ class GrammarDrafter:
         draft = self.inner.propose(context, max_tokens, sampler)
         reply = list(context[self.prompt_len:])
         if self.state.follow(reply) < len(reply) or self.state.done:
-            return cut(draft, 0)
+            return draft.head(0)
         legal = self._legal(draft, sampler)
         if not legal.tokens or len(legal.tokens) >= max_tokens:
             return legal
         self.state.consume(legal.tokens)
         forced = self.state.forced()[: max_tokens - len(legal.tokens)]
         self.state.rollback(len(legal.tokens))
-        return with_forced(legal, forced)
+        return legal.extended(forced, 1.0)
 
     def _legal(self, draft: Draft, sampler: Sampler) -> Draft:
         """The draft up to its first illegal token.
@@ -89,7 +69,7 @@ class GrammarDrafter:
         draw from the row it is verified with. (Cutting where a random draw happened to
         be illegal, and keeping q, would bias the rejection rule's residual.)"""
         if draft.q is None or sampler.greedy or sampler.keyed:
-            return cut(draft, self.state.legal_prefix(draft.tokens))  # q is not read
+            return draft.head(self.state.legal_prefix(draft.tokens))  # q is not read
         tokens: list[int] = []
         rows: list[np.ndarray] = []
         for i, token in enumerate(draft.tokens):
@@ -113,10 +93,13 @@ class GrammarDrafter:
         self.state.rollback(len(tokens))
         q_rows = np.stack(rows).astype(draft.q.dtype) if rows else None
         confidence = None if draft.confidence is None else [float(r[t]) for r, t in zip(rows, tokens, strict=True)]
-        return Draft(tokens, q_rows, draft.source, confidence, draft.catch_up_s)
+        return replace(draft, tokens=tokens, q=q_rows, confidence=confidence)
 
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         self.inner.commit(context, n_accepted)
+
+    def backlog(self, context: Sequence[int]) -> int:
+        return self.inner.backlog(context)
 
     def weight_bytes(self) -> int:
         return self.inner.weight_bytes()

@@ -1,6 +1,6 @@
 """Measured costs kept per model, settings and machine (the user cache dir's
 ``verify_cost.json``): the c(k) a run measured or learnt, and a model drafter's cost per
-drafted token once rounds timed it. A fresh strategy starts from them instead of a prior,
+drafted token and per token it catches up on once rounds timed them. A fresh strategy starts from them instead of a prior,
 so nothing is measured twice and a drafter that cannot pay here is not probed again.
 Writes are atomic and best effort: a read-only cache dir only means starting from the
 prior again.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.models.paths import cache_dir, write_cache_file
@@ -106,24 +107,37 @@ def _draft_cost_key(target: Backend, drafter_name: str, drafter_bytes: int) -> s
     return "draft:" + cache_key(key, drafter_name, drafter_bytes)
 
 
-def cached_draft_cost(target: Backend, drafter_name: str, drafter_bytes: int, *,
-                      cache_file: Path | None = None) -> float | None:
-    """A model drafter's cost per drafted token (in one-token target calls) as an earlier
-    run with this target, drafter and machine learnt it, if any. A fresh strategy starts
-    from it instead of the drafter's weight share: a drafter that cannot pay here (a
-    cross-vocabulary one whose text translation costs more than its weights suggest) is
-    then never probed, where each new conversation used to pay a probe and its catch-up
-    to learn that again."""
+@dataclass(frozen=True)
+class DrafterCosts:
+    """What runs learnt of a model drafter next to a target, in one-token target calls."""
+
+    draft_cost: float
+    """Per drafted token."""
+    catch_up_cost: float | None = None
+    """Per token caught up on in one batched call (``None``: never timed)."""
+
+
+def cached_drafter_costs(target: Backend, drafter_name: str, drafter_bytes: int, *,
+                         cache_file: Path | None = None) -> DrafterCosts | None:
+    """A model drafter's costs as an earlier run with this target, drafter and machine
+    learnt them, if any. A fresh strategy starts from them instead of the drafter's weight
+    share: a drafter that cannot pay here (a cross-vocabulary one whose text translation
+    costs more than its weights suggest) is then never probed, where each new conversation
+    used to pay a probe and its catch-up to learn that again."""
     entry = _cached_entry(_draft_cost_key(target, drafter_name, drafter_bytes), cache_file)
-    return float(entry["draft_cost"]) if entry and entry.get("draft_cost", 0) > 0 else None
+    if not entry or not entry.get("draft_cost", 0) > 0:
+        return None
+    catch_up = entry.get("catch_up_cost")
+    return DrafterCosts(float(entry["draft_cost"]), float(catch_up) if catch_up else None)
 
 
-def remember_draft_cost(target: Backend, drafter_name: str, drafter_bytes: int, draft_cost: float, *,
-                        cache_file: Path | None = None) -> None:
-    """Cache what a run learnt of a model drafter's cost (best effort, atomic)."""
+def remember_drafter_costs(target: Backend, drafter_name: str, drafter_bytes: int, costs: DrafterCosts, *,
+                           cache_file: Path | None = None) -> None:
+    """Cache what a run learnt of a model drafter's costs (best effort, atomic)."""
     key = _draft_cost_key(target, drafter_name, drafter_bytes)
-    if key is not None and draft_cost > 0:
-        _store(key, {"draft_cost": draft_cost, "drafter": drafter_name}, cache_file)
+    if key is not None and costs.draft_cost > 0:
+        _store(key, {"draft_cost": costs.draft_cost, "catch_up_cost": costs.catch_up_cost, "drafter": drafter_name},
+               cache_file)
 
 
 def load_cost_curve(backend: Backend, k_max: int = 8, *, cache_file: Path | None = None) -> CostCurve:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 from tandem.kernels.sampling import Sampler
 from tandem.runtime.speculative.drafters.base import Draft, Drafter
@@ -33,29 +34,50 @@ def draft_sources(drafter: Drafter) -> list[Drafter]:
     return [drafter]
 
 
-def cut(draft: Draft, n: int) -> Draft:
-    """The first ``n`` tokens of a draft, with their q rows and confidences."""
-    if len(draft.tokens) <= n:
-        return draft
-    return Draft(draft.tokens[:n], None if draft.q is None else draft.q[:n], draft.source,
-                 None if draft.confidence is None else draft.confidence[:n])
+EXPECTED_REPLY = 256
+"""Tokens a reply without a token budget is expected to run (a chat answer). A reply
+already longer is expected to run as long again."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The reply being decoded: what is left of it is what waking a drafter, which must
+    first catch up on text it has not seen, can gain on."""
+
+    prompt_len: int
+    horizon: int
+    """The context length drafts may fill up to (the token budget, or the context size)."""
+    budgeted: bool
+    """The caller asked for at most a number of tokens (else :data:`EXPECTED_REPLY`)."""
+
+    def remaining(self, context_len: int) -> int:
+        """Tokens the reply is expected to run past ``context_len``."""
+        left = self.horizon - context_len
+        if self.budgeted:
+            return left
+        produced = context_len - self.prompt_len
+        return min(left, max(EXPECTED_REPLY - produced, produced))
 
 
 def draft_round(sources: Sequence[Drafter], policy: LengthPolicy, context: list[int], k: int,
-                sampler: Sampler) -> Draft:
+                sampler: Sampler, remaining: int) -> Draft:
     """This round's draft: ask the sources in order (model-free ones first) for what the
     policy allots each out of ``k`` (its :meth:`~LengthPolicy.next_length`, capped by the
     room left), and take the first draft the policy keeps any of (it may keep a prefix).
-    An empty draft makes a plain round."""
+    A drafter that must first catch up on text it has not seen is asked only where the
+    policy says that pays over the ``remaining`` tokens. An empty draft makes a plain round."""
     for source in sources:
         n = policy.length_for(source.name, k)
         if n <= 0:
+            continue
+        backlog = source.backlog(context)
+        if backlog and not policy.catch_up_pays(source.name, backlog, remaining):
             continue
         draft = source.propose(context, n, sampler)
         if draft.tokens:
             keep = policy.trim(draft.confidence, len(draft.tokens), draft.source or source.name)
             if keep:
-                return cut(draft, keep)
+                return draft.head(keep)
     return Draft([], None, "")
 
 
@@ -68,12 +90,12 @@ class SourceDrafting:
     hits = misses = 0
     """Rounds that started with a pre-drafted draft, pre-drafts dropped (none here)."""
 
-    def __init__(self, drafter: Drafter, policy: LengthPolicy, sampler: Sampler) -> None:
-        self.drafter, self.policy, self.sampler = drafter, policy, sampler
+    def __init__(self, drafter: Drafter, policy: LengthPolicy, sampler: Sampler, reply: Reply) -> None:
+        self.drafter, self.policy, self.sampler, self.reply = drafter, policy, sampler, reply
         self.sources = draft_sources(drafter)
 
     def draft(self, context: list[int], k: int) -> Draft:
-        return draft_round(self.sources, self.policy, context, k, self.sampler)
+        return draft_round(self.sources, self.policy, context, k, self.sampler, self.reply.remaining(len(context)))
 
     def draft_ahead(self, context: list[int], draft: Draft, k: int, horizon: int) -> None:
         """Called with the draft about to be verified: nothing to do here."""
@@ -105,8 +127,8 @@ class PreDrafting(SourceDrafting):
 
     ``hits`` / ``misses``: rounds that started with a ready draft, pre-drafts dropped."""
 
-    def __init__(self, drafter: Drafter, policy: LengthPolicy, sampler: Sampler) -> None:
-        super().__init__(drafter, policy, sampler)
+    def __init__(self, drafter: Drafter, policy: LengthPolicy, sampler: Sampler, reply: Reply) -> None:
+        super().__init__(drafter, policy, sampler, reply)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-predraft")
         self.pending: Future | None = None
         self.owed: tuple[list[int], int] | None = None
@@ -131,7 +153,7 @@ class PreDrafting(SourceDrafting):
             assumed, ready = self._settle()
             if assumed == context and ready.tokens and k > 0:
                 self.hits += 1
-                return cut(ready, k)
+                return ready.head(k)
             self.misses += 1
         return super().draft(context, k)
 

@@ -20,10 +20,11 @@ from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.generate import Commit, DecodeStats, autoregressive
 from tandem.runtime.speculative.cost import CPU_COST_CURVE, OnlineCost
 from tandem.runtime.speculative.cost_cache import (
+    DrafterCosts,
     cached_cost_curve,
-    cached_draft_cost,
+    cached_drafter_costs,
     remember_cost_curve,
-    remember_draft_cost,
+    remember_drafter_costs,
 )
 from tandem.runtime.speculative.drafters.base import Drafter
 from tandem.runtime.speculative.drafters.chain import ChainDrafter
@@ -277,10 +278,11 @@ def build_strategy(
         else:
             cost = OnlineCost.untimed(k_max, chunk=target.exact_batch)
         model_free = draft is None or opts.mode == "ngram"
-        learnt_draft_cost = (cached_draft_cost(target, model_drafter.name, model_drafter.weight_bytes())
-                             if model_drafter is not None and opts.measure_cost else None)
+        learnt = (cached_drafter_costs(target, model_drafter.name, model_drafter.weight_bytes())
+                  if model_drafter is not None and opts.measure_cost else None)
         adaptive = AdaptivePolicy(cost, AdaptiveConfig(max_len=k_max, stop_threshold=opts.stop_threshold),
-                                  draft_cost=opts.draft_cost or learnt_draft_cost or weight_ratio(drafter, target),
+                                  draft_cost=opts.draft_cost or (learnt.draft_cost if learnt else weight_ratio(drafter, target)),
+                                  catch_up_cost=learnt.catch_up_cost if learnt else None,
                                   cheap_drafter=model_free, measured_sources=MEASURED_SOURCES,
                                   cheap_sources=frozenset() if model_free or len(drafters) == 1 else MODEL_FREE_SOURCES)
         if opts.measure_cost:
@@ -293,8 +295,9 @@ def build_strategy(
 def remember_learnt(target: Backend, policy: AdaptivePolicy, model_drafter: Drafter | None) -> None:
     """What a strategy learnt, cached for the next one with this target (and drafter) on
     this machine: the verify-cost curve it measured while decoding, and the model
-    drafter's cost per token once rounds timed it."""
+    drafter's costs once rounds timed them."""
     if isinstance(policy.cost, OnlineCost) and policy.cost.learnt:
         remember_cost_curve(target, policy.cost.curve(), policy.cost.observed())
-    if model_drafter is not None and policy.draft_timed > 0:
-        remember_draft_cost(target, model_drafter.name, model_drafter.weight_bytes(), policy.draft_cost)
+    if model_drafter is not None and (policy.draft_timed > 0 or policy.catch_up_cost is not None):
+        remember_drafter_costs(target, model_drafter.name, model_drafter.weight_bytes(),
+                               DrafterCosts(policy.draft_cost, policy.catch_up_cost))

@@ -32,7 +32,7 @@ from tandem.kernels.sampling import Sampler
 from tandem.runtime.backends.protocol import Backend, common_prefix_len
 from tandem.runtime.generate import Commit, DecodeStats
 from tandem.runtime.speculative.drafters.base import Draft, Drafter
-from tandem.runtime.speculative.drafting import PreDrafting, SourceDrafting, cut
+from tandem.runtime.speculative.drafting import PreDrafting, Reply, SourceDrafting
 from tandem.runtime.speculative.observer import Round, RoundObserver, RoundStats
 from tandem.runtime.speculative.policy import LengthPolicy
 from tandem.runtime.speculative.timing import for_timing
@@ -127,7 +127,7 @@ def speculative_round(target: Backend, drafting: SourceDrafting, policy: LengthP
     logits = verify_logits(target, context, draft, sampler)
     verified_at = time.perf_counter()
     # Accept: the longest prefix the rejection rule keeps, plus the one token it emits.
-    verdict = verify_round(logits, cut(draft, len(logits) - 1), context, sampler, target.n_vocab)
+    verdict = verify_round(logits, draft.head(len(logits) - 1), context, sampler, target.n_vocab)
     # Truncate: the target's cache drops the rejected drafts (it holds all but the last token).
     target.truncate(len(context) + verdict.accepted)
     # Commit: the accepted drafts and the emitted token; the drafter rolls back to them.
@@ -156,7 +156,8 @@ def speculative(drafter: Drafter, policy: LengthPolicy, *, hook: RoundHook | Non
         horizon = target.n_ctx if budget is None else min(target.n_ctx, len(prompt) + budget - 1)
         _prefill_all_but_last(target, context)
         drafter.stop_threshold = policy.stop_threshold
-        drafting = (PreDrafting if predraft else SourceDrafting)(drafter, policy, sampler)
+        reply = Reply(len(prompt), horizon, budgeted=budget is not None)
+        drafting = (PreDrafting if predraft else SourceDrafting)(drafter, policy, sampler, reply)
         observe: RoundObserver = RoundStats(stats, policy, drafter, drafting)
         try:
             while len(context) <= target.n_ctx:

@@ -90,6 +90,8 @@ class RoundStats:
             extra[f"drafted:{source}"] = extra.get(f"drafted:{source}", 0.0) + n
             extra[f"accepted:{source}"] = extra.get(f"accepted:{source}", 0.0) + r.accepted
         catch_up = r.verified.catch_up_s
+        if r.verified.catch_up_tokens:
+            self.policy.observe_catch_up(source, r.verified.catch_up_tokens, catch_up)
         self.policy.observe(r.proposed, min(r.accepted, r.proposed), drafted_at - start - catch_up,
                             verified_at - drafted_at, end - start - catch_up, source,
                             timed=self.caught_up or r.proposed == 0 or r.timing, evaluated=len(r.logits))

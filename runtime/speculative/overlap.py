@@ -55,6 +55,9 @@ class WindowedDrafter:
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         self.inner.commit(self._view(context, 1), n_accepted)
 
+    def backlog(self, context: Sequence[int]) -> int:
+        return self.inner.backlog(self._view(context, 1))
+
     def weight_bytes(self) -> int:
         return self.inner.weight_bytes()
 

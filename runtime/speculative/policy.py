@@ -61,6 +61,16 @@ class LengthPolicy(Protocol):
         worth it (PEARL's pre-drafting, "where the acceptance outlook allows")."""
         ...
 
+    def catch_up_pays(self, source: str, backlog: int, remaining: int) -> bool:
+        """Whether to ask the drafter named ``source`` this round, when it must first
+        evaluate ``backlog`` tokens to catch up (:meth:`~tandem.runtime.speculative.drafters.base.Drafter.backlog`)
+        and about ``remaining`` tokens of the reply are left to gain on."""
+        ...
+
+    def observe_catch_up(self, source: str, tokens: int, seconds: float) -> None:
+        """Learn from a catch-up: ``source`` evaluated ``tokens`` backlog tokens in ``seconds``."""
+        ...
+
     def observe(
         self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float, source: str = "",
         *, timed: bool = True, evaluated: int | None = None,
@@ -92,6 +102,12 @@ class FixedLength:
 
     def predraft_pays(self, n: int) -> bool:
         return True
+
+    def catch_up_pays(self, source: str, backlog: int, remaining: int) -> bool:
+        return True
+
+    def observe_catch_up(self, source: str, tokens: int, seconds: float) -> None:
+        return None
 
     def observe(
         self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float, source: str = "",
@@ -172,6 +188,11 @@ holds, a sure run is believed as it stands, so a short sure match is no longer p
 where its verify barely pays (a 2-token match where 3 tokens cost 2.6 steps)."""
 
 
+CATCH_UP_TIMED = 16
+"""A catch-up over at least this many tokens times the drafter's cost per caught-up
+token; a shorter one is mostly the fixed cost of one call."""
+
+
 class _Acceptance:
     """Decayed counts of how often drafted token i was reached and accepted."""
 
@@ -216,6 +237,9 @@ class AdaptivePolicy:
     cheap_sources: frozenset[str] = frozenset()
     """In a chain of model-free drafters ahead of a model drafter: the model-free
     sources. The model drafter gets :attr:`model_budget` tokens per round."""
+    catch_up_cost: float | None = None
+    """Model drafter seconds per token it catches up on (one batched call) / seconds of a
+    one-token target call; ``None`` until a catch-up is timed (:meth:`catch_up_per_token`)."""
     measured_sources: frozenset[str] = frozenset()
     """Model-free sources whose confidence is an acceptance rate measured for the use they
     are asked in, not a match heuristic: trusted from the start (not raised to
@@ -240,6 +264,9 @@ class AdaptivePolicy:
         self.draft_timed = 0
         """Rounds that timed the model drafter (its :attr:`draft_cost` is then learnt)."""
         self._timing = 0
+        self._model_rate = 1.0
+        """The rate the model drafter's length this round was chosen for (its estimate, or
+        when probing, what it would reach if never wrong): what waking it is worth."""
 
     # -- model ------------------------------------------------------------------------
     @property
@@ -333,12 +360,13 @@ class AdaptivePolicy:
             return self._timing
         if self.cheap_drafter:
             return self.config.free_max_len  # asking is free; trim() decides what to verify
-        k = self.best_length()
-        if k > 0:
+        k, self._model_rate = self._best()
+        if k > 0 and self._model_rate >= self.config.min_gain:
             k = self._on(k)
-        elif self.ceiling() >= PROBE_CEILING:
-            k = self._off(self.config.max_len)
+        elif (ceiling := self.ceiling()) >= PROBE_CEILING:
+            k, self._model_rate = self._off(self.config.max_len), ceiling
         else:
+            k = 0
             self.rounds_off += 1  # could not pay enough at any acceptance: not even probed
         if self.cheap_sources:  # model-free drafters are always asked; the model gets k
             self.model_budget = k
@@ -427,6 +455,36 @@ class AdaptivePolicy:
         hit = float(np.prod(a[: min(n + 1, len(a))]))
         saved = min((n + 1) * self.draft_cost, self.cost(n))
         return hit * saved > (1 - hit) * spill
+
+    def catch_up_per_token(self) -> float:
+        """The model drafter's cost per caught-up token, in one-token target calls: as
+        timed, or before that, its cost per drafted token scaled as the target's own verify
+        call scales, ``c(k)/(k+1)`` at the longest draft (a batch spreads a call's cost
+        over its tokens on the drafter as on the target: about 0.4 on 2 CPU cores, 0.15 on
+        a GPU). The 0.5B drafter for the 1.5B target at 2 threads with the weights as
+        stored: timed 0.13, predicted 0.12."""
+        if self.catch_up_cost is not None:
+            return self.catch_up_cost
+        k = self.config.max_len
+        return self.draft_cost * self.cost(k) / (k + 1)
+
+    def catch_up_pays(self, source: str, backlog: int, remaining: int) -> bool:
+        """Catching up costs ``backlog`` tokens at :meth:`catch_up_per_token`; drafting
+        at the rate ``r`` this round was chosen for saves ``1 - 1/r`` of a step on each of
+        the ``remaining`` tokens. The 0.5B drafter's first catch-up on a 231-token edit
+        prompt (weights as stored, 2 threads) cost 2 s, 30 steps of the 1.5B, where a
+        64-token reply at the best predicted rate could save 8: auto ran 0.70-0.77x plain."""
+        if backlog <= 0 or self.is_free(source):
+            return True
+        saved = max(0, remaining) * (1.0 - 1.0 / max(self._model_rate, 1.0))
+        return saved > backlog * self.catch_up_per_token()
+
+    def observe_catch_up(self, source: str, tokens: int, seconds: float) -> None:
+        t1 = self.cost.t1_s
+        if self.is_free(source) or tokens < CATCH_UP_TIMED or t1 <= 0:
+            return
+        timed = seconds / tokens / t1
+        self.catch_up_cost = timed if self.catch_up_cost is None else 0.5 * (self.catch_up_cost + timed)
 
     def calibration(self, source: str = "") -> float:
         """Observed acceptances per unit of predicted confidence for ``source`` (decayed):

@@ -10,7 +10,7 @@ costs what it verifies past the real draft.
 
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import replace
 
 from tandem.runtime.speculative.drafters.base import Draft
 from tandem.runtime.speculative.policy import LengthPolicy
@@ -21,13 +21,7 @@ def padded(draft: Draft, size: int, filler: int) -> Draft:
     pad = size - len(draft.tokens)
     if pad <= 0:
         return draft
-    q = draft.q
-    if q is not None:
-        one_hot = np.zeros((pad, q.shape[1]), dtype=q.dtype)
-        one_hot[:, filler] = 1.0
-        q = np.concatenate([q, one_hot])
-    confidence = None if draft.confidence is None else [*draft.confidence, *[0.0] * pad]
-    return Draft([*draft.tokens, *[filler] * pad], q, draft.source or "timing", confidence, draft.catch_up_s)
+    return replace(draft.extended([filler] * pad, 0.0), source=draft.source or "timing")
 
 
 def for_timing(policy: LengthPolicy, draft: Draft, k: int, context: list[int]) -> tuple[Draft, bool]:

@@ -165,6 +165,9 @@ class FixedProposer:
     def commit(self, context, n_accepted) -> None:
         pass
 
+    def backlog(self, context) -> int:
+        return 0
+
     def close(self) -> None:
         pass
 

@@ -10,7 +10,7 @@ the drafter what was committed, so it can roll back its own cache and learn.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -35,10 +35,34 @@ class Draft:
     """Seconds the drafter spent bringing its own cache up to the context before drafting
     (text committed while it was not asked): not a cost of drafting, so adaptive policies
     do not charge it per drafted token — a drafter switched off for a while catches up
-    in one batched call, and that must not keep it switched off."""
+    in one batched call, and that must not keep it switched off. They price it as a
+    whole instead, before waking the drafter (:meth:`Drafter.backlog`)."""
+    catch_up_tokens: int = 0
+    """How many tokens that catch-up evaluated beyond the one every drafting round does
+    (:meth:`Drafter.backlog` before the proposal): what ``catch_up_s`` bought."""
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def head(self, n: int) -> Draft:
+        """The first ``n`` tokens, with their q rows and confidences (the catch-up stays)."""
+        if n >= len(self.tokens):
+            return self
+        return replace(self, tokens=self.tokens[:n], q=None if self.q is None else self.q[:n],
+                       confidence=None if self.confidence is None else self.confidence[:n])
+
+    def extended(self, tokens: Sequence[int], confidence: float) -> Draft:
+        """This draft followed by ``tokens``, proposed for certain (one-hot q rows), each
+        believed with ``confidence``: forced tokens under a grammar, a timing round's padding."""
+        if not tokens:
+            return self
+        q = self.q
+        if q is not None:
+            one_hot = np.zeros((len(tokens), q.shape[1]), dtype=q.dtype)
+            one_hot[np.arange(len(tokens)), list(tokens)] = 1.0
+            q = np.concatenate([q, one_hot])
+        believed = None if self.confidence is None else [*self.confidence, *[confidence] * len(tokens)]
+        return replace(self, tokens=[*self.tokens, *tokens], q=q, confidence=believed)
 
 
 @runtime_checkable
@@ -61,6 +85,14 @@ class Drafter(Protocol):
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         """The round is over: ``context`` is the full committed target sequence and
         ``n_accepted`` of the proposed tokens were accepted. Roll back and learn here."""
+        ...
+
+    def backlog(self, context: Sequence[int]) -> int:
+        """Tokens the drafter would evaluate to catch up on ``context`` before drafting,
+        beyond the last committed one every drafting round evaluates: 0 for model-free
+        drafters and for a model drafter that drafted last round; the whole prompt for one
+        that has not run yet. The length policy weighs that catch-up against what drafting
+        can still gain in the reply (:meth:`~tandem.runtime.speculative.policy.LengthPolicy.catch_up_pays`)."""
         ...
 
     def weight_bytes(self) -> int:

@@ -50,6 +50,9 @@ class ChainDrafter:
         for d in self.drafters:
             d.commit(context, n_accepted)
 
+    def backlog(self, context: Sequence[int]) -> int:
+        return sum(d.backlog(context) for d in self.drafters)
+
     def weight_bytes(self) -> int:
         return sum(d.weight_bytes() for d in self.drafters)
 

@@ -58,6 +58,9 @@ class PromptLookupDrafter:
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         """Nothing to roll back: the index only ever holds committed tokens."""
 
+    def backlog(self, context: Sequence[int]) -> int:
+        return 0  # nothing to catch up on: it drafts from the context itself
+
     def weight_bytes(self) -> int:
         return 0
 

@@ -67,9 +67,17 @@ class ModelDrafter:
         self._calib_conf = 0.0
         self._last_conf: list[float] | None = None
 
+    def _reuse(self, context: Sequence[int]) -> int:
+        """Cached tokens that stay: the common prefix, less at least the last token (its
+        logits are the first draft's)."""
+        return min(common_prefix_len(self.backend.tokens, context), len(context) - 1)
+
+    def backlog(self, context: Sequence[int]) -> int:
+        return max(0, len(context) - self._reuse(context) - 1) if context else 0
+
     def _catch_up(self, context: Sequence[int]) -> np.ndarray:
         """Bring the cache to ``context`` and return the logits after its last token."""
-        reuse = min(common_prefix_len(self.backend.tokens, context), len(context) - 1)
+        reuse = self._reuse(context)
         self.backend.truncate(reuse)
         self.calls += 1
         return self.backend.evaluate(list(context[reuse:]))[-1]
@@ -78,6 +86,7 @@ class ModelDrafter:
         k = min(max_tokens, self.backend.n_ctx - len(context))
         if k <= 0 or not context:
             return Draft([], None, self.name)
+        backlog = self.backlog(context)
         started = time.perf_counter()
         logits = self._catch_up(context)
         catch_up_s = time.perf_counter() - started
@@ -109,7 +118,7 @@ class ModelDrafter:
             logits = self.backend.evaluate([x])[-1]
         q_out = None if sampler.greedy else np.stack(rows)
         self._last_conf = confidence
-        return Draft(tokens, q_out, self.name, confidence, catch_up_s)
+        return Draft(tokens, q_out, self.name, confidence, catch_up_s, backlog)
 
     def calibration(self) -> float:
         """Observed acceptances per unit of own probability (decayed). Greedy acceptance

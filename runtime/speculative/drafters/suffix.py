@@ -326,6 +326,9 @@ class SuffixDrafter:
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         """Committed tokens are added lazily at the next proposal."""
 
+    def backlog(self, context: Sequence[int]) -> int:
+        return 0  # nothing to catch up on: it drafts from the context itself
+
     def weight_bytes(self) -> int:
         return 0
 

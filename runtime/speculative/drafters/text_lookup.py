@@ -130,6 +130,9 @@ class TextLookupDrafter:
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         """Nothing to roll back: the text only ever holds the context it was asked about."""
 
+    def backlog(self, context: Sequence[int]) -> int:
+        return 0  # nothing to catch up on: it drafts from the context itself
+
     def weight_bytes(self) -> int:
         return 0
 

@@ -33,6 +33,7 @@ class Scripted:
                      "scripted")
 
     def commit(self, context: Sequence[int], n_accepted: int) -> None: ...
+    def backlog(self, context: Sequence[int]) -> int: return 0
     def weight_bytes(self) -> int: return 0
     def prime(self, tokens: Sequence[int]) -> None: ...
     def model_backend(self): return None

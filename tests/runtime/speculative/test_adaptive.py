@@ -475,10 +475,11 @@ def test_a_reply_too_short_to_time_the_target_caches_nothing(stories260k: Path) 
 
 def test_a_drafter_cost_learnt_in_one_strategy_seeds_the_next(stories260k: Path) -> None:
     """A fresh strategy prices its model drafter by weight share until rounds time it; what
-    they learnt (and the verify curve learnt while decoding) is cached at close, so the next
-    strategy for this target, drafter and machine starts from it: a drafter that cannot pay
-    here is then not probed again by every new conversation."""
-    from tandem.runtime.speculative.cost_cache import cached_draft_cost
+    they learnt (its cost per drafted and per caught-up token, and the verify curve learnt
+    while decoding) is cached at close, so the next strategy for this target, drafter and
+    machine starts from it: a drafter that cannot pay here is then not probed again by
+    every new conversation."""
+    from tandem.runtime.speculative.cost_cache import cached_drafter_costs
     from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 
     with LlamaCppBackend(stories260k, LlamaConfig(n_ctx=256, n_threads=1)) as target:
@@ -494,14 +495,18 @@ def test_a_drafter_cost_learnt_in_one_strategy_seeds_the_next(stories260k: Path)
         for _ in range(6):
             policy.observe(4, 1, draft_s=4 * 0.030, verify_s=0.020, round_s=0.150)  # 3 steps a token
         assert policy.draft_timed == 6 and policy.draft_cost > 2.0
+        policy.observe_catch_up("model", 100, 100 * 0.25 * 0.010)  # a quarter step per caught-up token
         learnt = policy.draft_cost
         name, size = first.drafter.name, first.drafter.weight_bytes()
         first.close()
-        assert cached_draft_cost(target, name, size) == pytest.approx(learnt)
+        cached = cached_drafter_costs(target, name, size)
+        assert cached is not None and cached.draft_cost == pytest.approx(learnt)
+        assert cached.catch_up_cost == pytest.approx(0.25)
         second = build_strategy(target, stories260k, SpecOptions(mode="model"))
         try:
             assert isinstance(second.policy, AdaptivePolicy)
             assert second.policy.draft_cost == pytest.approx(learnt)
+            assert second.policy.catch_up_per_token() == pytest.approx(0.25)
             assert second.policy.cost.call(4) == pytest.approx(2.0)  # the learnt c(4), not the prior
         finally:
             second.close()

@@ -125,6 +125,9 @@ class Recorder:
     def commit(self, context, n_accepted) -> None:
         self.commits += 1
 
+    def backlog(self, context) -> int:
+        return 0
+
     def close(self) -> None:
         pass
 

@@ -106,6 +106,9 @@ def test_windowed_drafter_view_moves_in_half_windows() -> None:
         def commit(self, context, n):
             pass
 
+        def backlog(self, context):
+            return 0
+
         def close(self):
             pass
 

@@ -27,8 +27,9 @@ tokens in its own vocabulary, which are turned into target ids:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +48,7 @@ from tandem.kernels.vocab_map import (
     text_confidence,
     translate,
 )
-from tandem.runtime.backends.protocol import Backend, prefill
+from tandem.runtime.backends.protocol import Backend, common_prefix_len, prefill
 from tandem.runtime.speculative.drafters.base import Draft
 from tandem.runtime.speculative.drafters.model import token_probability
 from tandem.runtime.speculative.drafters.xvocab.stats import XVocabStats
@@ -193,11 +194,26 @@ class CrossVocabDrafter:
             self.stats.unsynced += synced is None
             return empty
         self.stats.rounds += 1
-        if text_mode:
-            return self._propose_text(context, synced, max_tokens, budget, sampler)
-        history = list(synced.draft_ids)
-        logits = prefill(self.drafter, history)
+        backlog = self._backlog(synced.draft_ids)
+        started = time.perf_counter()
+        logits = prefill(self.drafter, synced.draft_ids)
         self.calls += 1
+        caught_up = {"catch_up_s": time.perf_counter() - started, "catch_up_tokens": backlog}
+        if text_mode:
+            return replace(self._propose_text(context, synced, logits, max_tokens, budget, sampler), **caught_up)
+        return replace(self._propose_tokens(synced, logits, max_tokens, sampler), **caught_up)
+
+    def _backlog(self, draft_ids: Sequence[int]) -> int:
+        """Drafter tokens :func:`prefill` evaluates for ``draft_ids`` beyond the last one."""
+        return max(0, len(draft_ids) - min(common_prefix_len(self.drafter.tokens, draft_ids), len(draft_ids) - 1) - 1)
+
+    def backlog(self, context: Sequence[int]) -> int:
+        synced = self._sync(context, hold_space=self.text is not None)
+        return 0 if synced is None else self._backlog(synced.draft_ids)
+
+    def _propose_tokens(self, synced: _Synced, logits: np.ndarray, max_tokens: int, sampler: Sampler) -> Draft:
+        """Draft in the drafter's vocabulary and translate token by token (``omni``, ``tli``)."""
+        history = list(synced.draft_ids)
         tli = self.config.mode == "tli"
         drafted: list[int] = []
         q_of: list[float] = []
@@ -237,15 +253,13 @@ class CrossVocabDrafter:
         self.stats.from_cache += from_cache
         return Draft(tokens, q_rows, self.name, confidence)
 
-    def _propose_text(self, context: Sequence[int], synced: _Synced, max_tokens: int, budget: int,
-                      sampler: Sampler) -> Draft:
+    def _propose_text(self, context: Sequence[int], synced: _Synced, logits: np.ndarray, max_tokens: int,
+                      budget: int, sampler: Sampler) -> Draft:
         """Draft greedily until the re-tokenized text yields ``max_tokens`` stable target
         tokens (or ``budget`` drafter tokens, the drafter's end of text, or SpecDec++'s
         stop). Greedy drafting makes the proposal a function of the context: one-hot q."""
         assert self.text is not None
         history = list(synced.draft_ids)
-        logits = prefill(self.drafter, history)
-        self.calls += 1
         held, drafted, conf, ends = synced.held, [], [], []
         text, prop, survive, final = b"", TextProposal(), 1.0, False
         for j in range(budget):
