@@ -34,7 +34,7 @@ from tandem.runtime.generate import generate
 from tandem.runtime.speculative.cost import CostCurve, OnlineCost
 from tandem.runtime.speculative.cost_cache import cached_cost_curve
 from tandem.runtime.speculative.factory import SpeculativeStrategy, model_free_drafter
-from tandem.runtime.speculative.policy import AdaptiveConfig, AdaptivePolicy
+from tandem.runtime.speculative.policy.adaptive import AdaptiveConfig, AdaptivePolicy
 
 
 class RecordingPolicy(AdaptivePolicy):

@@ -30,7 +30,7 @@ from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
 from tandem.runtime.generate import DoneEvent, generate
 from tandem.runtime.speculative.loop import speculative
-from tandem.runtime.speculative.policy import FixedLength
+from tandem.runtime.speculative.policy.base import FixedLength
 
 TEST = ["Once upon a time", "Lily and Tom went to the park.", "One day, a little boy named", "Sara had a red ball.",
         "The sun was shining and", "Tim was sad because", "The little bird", "Anna found a box"]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from tandem.kernels.sampling import Sampler
 from tandem.runtime.speculative.drafters.base import Draft, Drafter
 from tandem.runtime.speculative.drafters.chain import ChainDrafter
-from tandem.runtime.speculative.policy import LengthPolicy
+from tandem.runtime.speculative.policy.base import LengthPolicy
 
 
 def draft_sources(drafter: Drafter) -> list[Drafter]:

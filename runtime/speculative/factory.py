@@ -35,12 +35,8 @@ from tandem.runtime.speculative.drafters.xvocab.drafter import CrossVocabDrafter
 from tandem.runtime.speculative.drafters.xvocab.translation_cache import vocab_fingerprint
 from tandem.runtime.speculative.loop import RoundHook, speculative
 from tandem.runtime.speculative.overlap import WindowedDrafter
-from tandem.runtime.speculative.policy import (
-    AdaptiveConfig,
-    AdaptivePolicy,
-    FixedLength,
-    LengthPolicy,
-)
+from tandem.runtime.speculative.policy.adaptive import AdaptiveConfig, AdaptivePolicy
+from tandem.runtime.speculative.policy.base import FixedLength, LengthPolicy
 
 MODES = ("auto", "model", "xvocab", "ngram", "off")
 """Draft modes (``--draft-mode``); see :func:`build_strategy`."""

@@ -34,7 +34,7 @@ from tandem.runtime.generate import Commit, DecodeStats
 from tandem.runtime.speculative.drafters.base import Draft, Drafter
 from tandem.runtime.speculative.drafting import PreDrafting, Reply, SourceDrafting
 from tandem.runtime.speculative.observer import Round, RoundObserver, RoundStats
-from tandem.runtime.speculative.policy import LengthPolicy
+from tandem.runtime.speculative.policy.base import LengthPolicy
 from tandem.runtime.speculative.timing import for_timing
 
 RoundHook = Callable[[Backend, Drafter, list[int]], None]

@@ -4,7 +4,7 @@ The loop (:mod:`tandem.runtime.speculative.loop`) hands every finished round, as
 :class:`Round`, to one observer; :class:`RoundStats` turns it into the generation's
 :class:`~tandem.runtime.generate.DecodeStats` (counters, per-source tallies, seconds
 spent drafting and verifying) and into what the length policy learns from
-(:meth:`~tandem.runtime.speculative.policy.LengthPolicy.observe`).
+(:meth:`~tandem.runtime.speculative.policy.base.LengthPolicy.observe`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 from tandem.runtime.generate import DecodeStats
 from tandem.runtime.speculative.drafters.base import Draft, Drafter
-from tandem.runtime.speculative.policy import LengthPolicy
+from tandem.runtime.speculative.policy.base import LengthPolicy
 
 
 @dataclass

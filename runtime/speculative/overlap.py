@@ -25,7 +25,7 @@ from tandem.kernels.sampling import Sampler
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.speculative.drafters.base import Draft, Drafter
 from tandem.runtime.speculative.loop import speculative
-from tandem.runtime.speculative.policy import FixedLength
+from tandem.runtime.speculative.policy.base import FixedLength
 
 
 class WindowedDrafter:

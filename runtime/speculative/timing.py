@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tandem.runtime.speculative.drafters.base import Draft
-from tandem.runtime.speculative.policy import LengthPolicy
+from tandem.runtime.speculative.policy.base import LengthPolicy
 
 
 def padded(draft: Draft, size: int, filler: int) -> Draft:

@@ -34,7 +34,7 @@ from tandem.runtime.generate import generate
 from tandem.runtime.speculative.drafters.base import Draft
 from tandem.runtime.speculative.drafters.model import ModelDrafter
 from tandem.runtime.speculative.loop import speculative
-from tandem.runtime.speculative.policy import FixedLength
+from tandem.runtime.speculative.policy.base import FixedLength
 
 N = 1_000_000
 

@@ -92,7 +92,7 @@ class Drafter(Protocol):
         beyond the last committed one every drafting round evaluates: 0 for model-free
         drafters and for a model drafter that drafted last round; the whole prompt for one
         that has not run yet. The length policy weighs that catch-up against what drafting
-        can still gain in the reply (:meth:`~tandem.runtime.speculative.policy.LengthPolicy.catch_up_pays`)."""
+        can still gain in the reply (:meth:`~tandem.runtime.speculative.policy.base.LengthPolicy.catch_up_pays`)."""
         ...
 
     def weight_bytes(self) -> int:

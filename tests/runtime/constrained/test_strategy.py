@@ -15,7 +15,7 @@ from tandem.runtime.constrained.strategy import constrained
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
 from tandem.runtime.speculative.drafters.model import ModelDrafter
 from tandem.runtime.speculative.factory import SpeculativeStrategy
-from tandem.runtime.speculative.policy import FixedLength
+from tandem.runtime.speculative.policy.base import FixedLength
 
 PROMPT = [PIECES.index(b"d")]
 MAX_TOKENS = 6

@@ -22,13 +22,9 @@ from tandem.runtime.speculative.cost import (
     merge_runs,
 )
 from tandem.runtime.speculative.cost_cache import load_cost_curve
-from tandem.runtime.speculative.policy import (
-    PROBE_WORTHY,
-    UNPROVEN_FIRST,
-    AdaptiveConfig,
-    AdaptivePolicy,
-    FixedLength,
-)
+from tandem.runtime.speculative.policy.adaptive import PROBE_WORTHY, AdaptiveConfig, AdaptivePolicy
+from tandem.runtime.speculative.policy.base import FixedLength
+from tandem.runtime.speculative.policy.beliefs import UNPROVEN_FIRST
 
 CPU = CostCurve((1.0, 1.7, 1.9, 2.1, 2.4, 2.55, 2.7, 2.85, 3.0), 0.1)
 

@@ -25,7 +25,7 @@ from tandem.runtime.speculative.drafters.distill import (
 )
 from tandem.runtime.speculative.drafters.model import ModelDrafter, same_vocabulary
 from tandem.runtime.speculative.loop import speculative
-from tandem.runtime.speculative.policy import FixedLength
+from tandem.runtime.speculative.policy.base import FixedLength
 
 TINY = dict(stories=24, story_tokens=64, n_embd=32, n_layer=1, n_head=2, n_ff=64, batch=8, seq_len=64, seconds=180.0)
 """``seconds`` only caps a slow machine: 150 steps take a few seconds on an idle one, and a

@@ -19,7 +19,8 @@ from tandem.runtime.speculative.drafters.model import ModelDrafter
 from tandem.runtime.speculative.drafters.suffix import GlobalSuffixCache, SuffixDrafter
 from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 from tandem.runtime.speculative.loop import speculative
-from tandem.runtime.speculative.policy import AdaptiveConfig, AdaptivePolicy, FixedLength
+from tandem.runtime.speculative.policy.adaptive import AdaptiveConfig, AdaptivePolicy
+from tandem.runtime.speculative.policy.base import FixedLength
 
 STORY_PROMPTS = [
     "Once upon a time", "Lily went to the park", "The little dog", "Tom had a big red ball",

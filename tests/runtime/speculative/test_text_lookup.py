@@ -21,7 +21,7 @@ from tandem.runtime.speculative.drafters.text_lookup import (
     clause_head,
     longest_earlier_match,
 )
-from tandem.runtime.speculative.policy import AdaptiveConfig, AdaptivePolicy
+from tandem.runtime.speculative.policy.adaptive import AdaptiveConfig, AdaptivePolicy
 
 GREEDY = Sampler(SamplingParams.greedy_params())
 

@@ -45,7 +45,7 @@ from tandem.runtime.generate import generate
 from tandem.runtime.speculative.drafters.xvocab.drafter import CrossVocabDrafter, XVocabConfig
 from tandem.runtime.speculative.drafters.xvocab.translation_cache import NGramCache
 from tandem.runtime.speculative.loop import speculative
-from tandem.runtime.speculative.policy import FixedLength
+from tandem.runtime.speculative.policy.base import FixedLength
 
 """Partly overlapping: the drafter lacks d/cd (its tokenizer spells unknown bytes '?'),
 the target lacks e/ba/?; the drafter has 'a' twice."""

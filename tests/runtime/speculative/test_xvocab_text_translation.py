@@ -34,7 +34,7 @@ from tandem.runtime.speculative.drafters.xvocab.text_translation import (
 )
 from tandem.runtime.speculative.drafters.xvocab.vocab_pair import pieces_of
 from tandem.runtime.speculative.loop import speculative
-from tandem.runtime.speculative.policy import FixedLength
+from tandem.runtime.speculative.policy.base import FixedLength
 
 
 # -- pure helpers ---------------------------------------------------------------------------

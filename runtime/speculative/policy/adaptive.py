@@ -1,119 +1,21 @@
-"""Adaptive speculation: which source drafts each round, how much, or none at all.
-
-On a CPU, verifying k drafted tokens is not free: one call over k+1 tokens costs c(k)
-times a one-token call (≈1.6x for k=1, ≈3.5x for k=8 for the Qwen 1.5B on 2 cores). So
-the engine
-
-1. learns c(k) online from the run's own verify calls (:class:`OnlineCost`), starting
-   from the curve cached for this model on this machine, or else from a few call sizes
-   timed in its first rounds (padded drafts that still emit tokens) — nothing is
-   measured before the first token;
-2. keeps, per draft source, a decayed estimate of the conditional acceptance a_i of the
-   i-th drafted token (given the ones before it were accepted), plus the model
-   drafter's cost per token and the per-round overhead, relative to a one-token call;
-3. picks, each round, the source and length maximising expected tokens per unit time,
-   E(k) / T(k) with E(k) = 1 + sum_j prod_{i<=j} a_i and T(k) = c(k) + d k + o,
-   where k = 0 is plain decoding (E = T = 1); model-free sources (d = 0) are asked
-   every round and judged by their draft's own confidence;
-4. when k = 0 wins, speculation is off; it probes again after a back-off that doubles
-   while probes keep failing, so the worst case stays within a few percent of plain;
-5. passes a SpecDec++ threshold to drafters that can stop early: stop drafting when
-   the drafter's own estimate of P(any rejection) exceeds it.
-
-The length only changes which tokens get verified, never the acceptance rule, so any
-policy keeps decoding lossless.
-"""
+"""The adaptive length policy: which source drafts each round, how much, or none at all
+(see the package docstring for the model it maximises)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
 from tandem.kernels.acceptance import expected_tokens, expected_tokens_upto
 from tandem.runtime.speculative.cost import CostCurve, OnlineCost
-
-
-class LengthPolicy(Protocol):
-    """Chooses the draft length each round and learns from the outcome."""
-
-    stop_threshold: float | None
-
-    def next_length(self) -> int: ...
-
-    def length_for(self, source: str, k: int) -> int:
-        """Tokens to ask of the drafter named ``source`` in a round of length ``k``."""
-        ...
-
-    def trim(self, confidence: Sequence[float] | None, n: int, source: str = "") -> int:
-        """How many of the ``n`` drafted tokens to verify (may be all, or none)."""
-        ...
-
-    def timing_length(self) -> int:
-        """Drafts this round's verify call must hold, padded if fewer were drafted: a
-        call size the verify-cost curve still needs timed (0: none)."""
-        ...
-
-    def predraft_pays(self, n: int) -> bool:
-        """Whether drafting the next round during the verification of ``n`` drafts is
-        worth it (PEARL's pre-drafting, "where the acceptance outlook allows")."""
-        ...
-
-    def catch_up_pays(self, source: str, backlog: int, remaining: int) -> bool:
-        """Whether to ask the drafter named ``source`` this round, when it must first
-        evaluate ``backlog`` tokens to catch up (:meth:`~tandem.runtime.speculative.drafters.base.Drafter.backlog`)
-        and about ``remaining`` tokens of the reply are left to gain on."""
-        ...
-
-    def observe_catch_up(self, source: str, tokens: int, seconds: float) -> None:
-        """Learn from a catch-up: ``source`` evaluated ``tokens`` backlog tokens in ``seconds``."""
-        ...
-
-    def observe(
-        self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float, source: str = "",
-        *, timed: bool = True, evaluated: int | None = None,
-    ) -> None:
-        """Learn from a round (``evaluated``: tokens the verify call(s) evaluated). ``timed=False``: the times are not representative (the
-        first round of a generation also pays the drafter's catch-up on the whole prompt
-        and, on a GPU, first-launch costs) and only the acceptance counts."""
-        ...
-
-
-@dataclass
-class FixedLength:
-    """Always ask for ``k`` tokens (the drafter may return fewer)."""
-
-    k: int
-    stop_threshold: float | None = None
-
-    def next_length(self) -> int:
-        return self.k
-
-    def length_for(self, source: str, k: int) -> int:
-        return k
-
-    def trim(self, confidence: Sequence[float] | None, n: int, source: str = "") -> int:
-        return n
-
-    def timing_length(self) -> int:
-        return 0
-
-    def predraft_pays(self, n: int) -> bool:
-        return True
-
-    def catch_up_pays(self, source: str, backlog: int, remaining: int) -> bool:
-        return True
-
-    def observe_catch_up(self, source: str, tokens: int, seconds: float) -> None:
-        return None
-
-    def observe(
-        self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float, source: str = "",
-        *, timed: bool = True, evaluated: int | None = None,
-    ) -> None:
-        return None
+from tandem.runtime.speculative.policy.beliefs import (
+    TRUST_AFTER,
+    UNPROVEN_FIRST,
+    UNPROVEN_POWER,
+    Acceptance,
+)
 
 
 @dataclass
@@ -162,55 +64,9 @@ never wrong beat plain decoding by this much: on one Zen 5 core the 1.5B verifie
 tokens for k + 1 steps (c(6) = 6.0-6.6), so a perfect draft gains at most 6 %, which the
 acceptance estimates are not sharp enough to win; ngram drafting there cost 7-18 % on
 codegen (4 of 10 drafts accepted) before this bound."""
-TRUST_AFTER = 3.0
-"""Confidence-weighted tokens a model-free source must have had verified before a draft
-of it is verified at full length: a fresh strategy trusted its first confident draft at
-face value and verified it whole (9 tokens, all rejected: 8 % of a 64-token reply on a
-compute-bound target); now a :attr:`AdaptiveConfig.probe_len` prefix earns the trust."""
-UNPROVEN_POWER = 3.0
-"""Before any verdict on a model-free source, a draft of confidence c is believed at c³
-(as if it had to come true three times): suffix-tree and lookup confidences are
-optimistic on short matches, and workloads differ most there. Measured on the 1.5B's
-greedy replies (96 tokens, 3 prompts per workload, the bench's prompts), first-token
-acceptance of a draft of confidence 0.75 (a 2-token match) was 27 % on chat, 48 % on
-codegen, 60-74 % on edit and extract; of 0.88, 40-45 % and 67-81 %; of 0.97 and above,
-72-92 % everywhere. So at 2 threads (c(2) = 2.7), with
-:attr:`AdaptiveConfig.probe_promise`, a first probe needs a long match of 5 tokens or
-more where it needed two, a sure run (a re-asked prompt, 0.999) is believed at 0.997 (its
-first token at :data:`UNPROVEN_FIRST`), and on a cheap verify (c(2) = 1.1) any draft is
-still probed."""
-UNPROVEN_FIRST = 0.8
-"""Before any verdict, the first token of a model-free draft is believed at most this
-likely, however sure its match: in the same measurement drafts of confidence 0.97 and
-above had their first token accepted 72-92 % of the time (a reply's first sure match is
-often the start of a code block the model then writes differently). Once the first token
-holds, a sure run is believed as it stands, so a short sure match is no longer probed
-where its verify barely pays (a 2-token match where 3 tokens cost 2.6 steps)."""
-
-
 CATCH_UP_TIMED = 16
 """A catch-up over at least this many tokens times the drafter's cost per caught-up
 token; a shorter one is mostly the fixed cost of one call."""
-
-
-class _Acceptance:
-    """Decayed counts of how often drafted token i was reached and accepted."""
-
-    def __init__(self, n: int, config: AdaptiveConfig) -> None:
-        self.reached = np.zeros(n)
-        self.accepted = np.zeros(n)
-        self.config = config
-
-    def rates(self) -> np.ndarray:
-        cfg = self.config
-        return (self.accepted + cfg.prior_accept * cfg.prior_weight) / (self.reached + cfg.prior_weight)
-
-    def observe(self, drafted: int, accepted: int) -> None:
-        self.reached *= self.config.decay
-        self.accepted *= self.config.decay
-        tested = min(drafted, accepted + 1, len(self.reached))
-        self.reached[:tested] += 1.0
-        self.accepted[:min(accepted, len(self.accepted))] += 1.0
 
 
 @dataclass
@@ -250,8 +106,8 @@ class AdaptivePolicy:
     def __post_init__(self) -> None:
         if isinstance(self.cost, CostCurve):  # a curve given as it is: trusted, not re-measured
             self.cost = OnlineCost(self.cost, measure_t1=False)
-        self._model = _Acceptance(self.config.max_len, self.config)
-        self._free: dict[str, _Acceptance] = {}
+        self._model = self._acceptance(self.config.max_len)
+        self._free: dict[str, Acceptance] = {}
         self.stop_threshold = self.config.stop_threshold
         self._off_rounds = 0
         self._probe_gap = self.config.probe_every
@@ -434,10 +290,14 @@ class AdaptivePolicy:
         n = self.config.probe_len
         return self.rate(n, np.ones(n), 0.0) >= self.config.min_gain
 
-    def _free_stats(self, source: str) -> _Acceptance:
+    def _acceptance(self, n: int) -> Acceptance:
+        cfg = self.config
+        return Acceptance(n, cfg.prior_accept, cfg.prior_weight, cfg.decay)
+
+    def _free_stats(self, source: str) -> Acceptance:
         stats = self._free.get(source)
         if stats is None:
-            stats = self._free[source] = _Acceptance(self.config.free_max_len, self.config)
+            stats = self._free[source] = self._acceptance(self.config.free_max_len)
         return stats
 
     def predraft_pays(self, n: int) -> bool:
