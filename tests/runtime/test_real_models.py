@@ -85,7 +85,7 @@ def test_repacked_weights_compute_short_batches_exactly_too(real_models, threads
                 assert diff == 0.0, f"{model.name}: a repacked batch of {m} differs from steps by {diff}"
 
 
-@pytest.mark.parametrize(("mode", "k"), [("ngram", None), ("model", 5)])
+@pytest.mark.parametrize(("mode", "k"), [("ngram", 8), ("model", 5)])
 def test_greedy_speculative_output_with_repacked_weights_is_plain_greedy_output(real_models, mode, k) -> None:
     """``--repack`` keeps greedy identity: drafts are verified 3 tokens per call."""
     with LlamaCppBackend(real_models.qwen_15b, LlamaConfig(n_ctx=512, n_threads=2, repack=True)) as target:
