@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tandem.kernels.sampling import Sampler
-from tandem.runtime.speculative.drafters.base import Draft, Drafter
+from tandem.runtime.speculative.drafters.base import LONG_CATCH_UP, Draft, Drafter
 from tandem.runtime.speculative.drafters.chain import ChainDrafter
 from tandem.runtime.speculative.policy.base import LengthPolicy
 
@@ -64,14 +64,15 @@ def draft_round(sources: Sequence[Drafter], policy: LengthPolicy, context: list[
     """This round's draft: ask the sources in order (model-free ones first) for what the
     policy allots each out of ``k`` (its :meth:`~LengthPolicy.next_length`, capped by the
     room left), and take the first draft the policy keeps any of (it may keep a prefix).
-    A drafter that must first catch up on text it has not seen is asked only where the
-    policy says that pays over the ``remaining`` tokens. An empty draft makes a plain round."""
+    A drafter that must first catch up on a long text it has not seen
+    (:data:`~tandem.runtime.speculative.drafters.base.LONG_CATCH_UP`) is asked only where
+    the policy says that pays over the ``remaining`` tokens. An empty draft makes a plain round."""
     for source in sources:
         n = policy.length_for(source.name, k)
         if n <= 0:
             continue
         backlog = source.backlog(context)
-        if backlog and not policy.catch_up_pays(source.name, backlog, remaining):
+        if backlog >= LONG_CATCH_UP and not policy.catch_up_pays(source.name, backlog, remaining):
             continue
         draft = source.propose(context, n, sampler)
         if draft.tokens:

@@ -18,6 +18,15 @@ import numpy as np
 from tandem.kernels.sampling import Sampler
 from tandem.runtime.backends.protocol import Backend
 
+LONG_CATCH_UP = 16
+"""Tokens of backlog (:meth:`Drafter.backlog`) from which a drafter's catch-up is a cost of
+its own. A shorter one (a round's bonus token, a few tokens a model-free source drafted)
+is part of what drafting costs round after round, and is timed with it; a longer one (the
+prompt, or text committed while the drafter slept) is reported apart
+(:attr:`Draft.catch_up_s`) and weighed before the drafter is woken. Counted as drafting,
+the SmolLM2 cross-vocabulary drafter's re-encoded tail (a few tokens every round) was
+missing from its cost, and auto with it fell to 0.88x plain on codegen at 2 threads."""
+
 
 @dataclass
 class Draft:
@@ -32,17 +41,22 @@ class Draft:
     probability of it, or a suffix-tree path frequency); adaptive length policies use
     them. Never used for the acceptance decision itself, so any values keep it lossless."""
     catch_up_s: float = 0.0
-    """Seconds the drafter spent bringing its own cache up to the context before drafting
-    (text committed while it was not asked): not a cost of drafting, so adaptive policies
+    """Seconds the drafter spent bringing its own cache up to the context before drafting,
+    when that was a backlog of :data:`LONG_CATCH_UP` tokens or more (text committed while
+    it was not asked, the prompt): not a cost of drafting, so adaptive policies
     do not charge it per drafted token — a drafter switched off for a while catches up
     in one batched call, and that must not keep it switched off. They price it as a
     whole instead, before waking the drafter (:meth:`Drafter.backlog`)."""
     catch_up_tokens: int = 0
-    """How many tokens that catch-up evaluated beyond the one every drafting round does
-    (:meth:`Drafter.backlog` before the proposal): what ``catch_up_s`` bought."""
+    """The backlog that catch-up evaluated (:meth:`Drafter.backlog` before the proposal):
+    what ``catch_up_s`` bought; 0 with it."""
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def caught_up(self, seconds: float, backlog: int) -> Draft:
+        """This draft with the catch-up before it reported, if the backlog was long."""
+        return replace(self, catch_up_s=seconds, catch_up_tokens=backlog) if backlog >= LONG_CATCH_UP else self
 
     def head(self, n: int) -> Draft:
         """The first ``n`` tokens, with their q rows and confidences (the catch-up stays)."""

@@ -118,7 +118,7 @@ class ModelDrafter:
             logits = self.backend.evaluate([x])[-1]
         q_out = None if sampler.greedy else np.stack(rows)
         self._last_conf = confidence
-        return Draft(tokens, q_out, self.name, confidence, catch_up_s, backlog)
+        return Draft(tokens, q_out, self.name, confidence).caught_up(catch_up_s, backlog)
 
     def calibration(self) -> float:
         """Observed acceptances per unit of own probability (decayed). Greedy acceptance

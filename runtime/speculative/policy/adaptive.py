@@ -64,9 +64,7 @@ never wrong beat plain decoding by this much: on one Zen 5 core the 1.5B verifie
 tokens for k + 1 steps (c(6) = 6.0-6.6), so a perfect draft gains at most 6 %, which the
 acceptance estimates are not sharp enough to win; ngram drafting there cost 7-18 % on
 codegen (4 of 10 drafts accepted) before this bound."""
-CATCH_UP_TIMED = 16
-"""A catch-up over at least this many tokens times the drafter's cost per caught-up
-token; a shorter one is mostly the fixed cost of one call."""
+
 
 
 @dataclass
@@ -321,8 +319,10 @@ class AdaptivePolicy:
         timed, or before that, its cost per drafted token scaled as the target's own verify
         call scales, ``c(k)/(k+1)`` at the longest draft (a batch spreads a call's cost
         over its tokens on the drafter as on the target: about 0.4 on 2 CPU cores, 0.15 on
-        a GPU). The 0.5B drafter for the 1.5B target at 2 threads with the weights as
-        stored: timed 0.13, predicted 0.12."""
+        a GPU). The 0.5B drafter next to the 1.5B at 2 threads on a Zen 5: timed 0.15
+        with the weights as stored (predicted 0.20), 0.19 repacked (predicted 0.29) — the
+        0.5B prefills slower per token than the 1.5B there, so the target's own prompt
+        rate would have predicted a third of it."""
         if self.catch_up_cost is not None:
             return self.catch_up_cost
         k = self.config.max_len
@@ -331,9 +331,10 @@ class AdaptivePolicy:
     def catch_up_pays(self, source: str, backlog: int, remaining: int) -> bool:
         """Catching up costs ``backlog`` tokens at :meth:`catch_up_per_token`; drafting
         at the rate ``r`` this round was chosen for saves ``1 - 1/r`` of a step on each of
-        the ``remaining`` tokens. The 0.5B drafter's first catch-up on a 231-token edit
-        prompt (weights as stored, 2 threads) cost 2 s, 30 steps of the 1.5B, where a
-        64-token reply at the best predicted rate could save 8: auto ran 0.70-0.77x plain."""
+        the ``remaining`` tokens. Unpriced, the 0.5B drafter's first catch-up on a
+        231-token edit prompt (2 threads, weights as stored, an Intel Xeon) cost about 2 s,
+        25 steps of the 1.5B, which no 64-token reply earns back (one at 1.2x saves 11):
+        auto ran 0.70-0.77x plain there."""
         if backlog <= 0 or self.is_free(source):
             return True
         saved = max(0, remaining) * (1.0 - 1.0 / max(self._model_rate, 1.0))
@@ -341,7 +342,7 @@ class AdaptivePolicy:
 
     def observe_catch_up(self, source: str, tokens: int, seconds: float) -> None:
         t1 = self.cost.t1_s
-        if self.is_free(source) or tokens < CATCH_UP_TIMED or t1 <= 0:
+        if self.is_free(source) or tokens <= 0 or t1 <= 0:
             return
         timed = seconds / tokens / t1
         self.catch_up_cost = timed if self.catch_up_cost is None else 0.5 * (self.catch_up_cost + timed)

@@ -11,13 +11,13 @@ from toy_models import ToyBackend, random_table
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
 from tandem.runtime.speculative.cost import CostCurve
+from tandem.runtime.speculative.drafters.base import LONG_CATCH_UP
 from tandem.runtime.speculative.drafters.chain import ChainDrafter
 from tandem.runtime.speculative.drafters.model import ModelDrafter
 from tandem.runtime.speculative.drafters.suffix import SuffixDrafter
 from tandem.runtime.speculative.drafting import EXPECTED_REPLY, Reply
 from tandem.runtime.speculative.loop import speculative
 from tandem.runtime.speculative.policy.adaptive import (
-    CATCH_UP_TIMED,
     AdaptiveConfig,
     AdaptivePolicy,
 )
@@ -64,8 +64,6 @@ def test_the_cost_of_a_caught_up_token_is_priced_from_the_target_then_timed() ->
     # Before any catch-up is timed: the drafted-token cost, scaled as the target's own
     # batched call spreads its cost over its tokens.
     assert p.catch_up_per_token() == pytest.approx(0.1 * CPU(8) / 9)
-    p.observe_catch_up("model:draft", CATCH_UP_TIMED - 1, 100.0)  # short: mostly one call's fixed cost
-    assert p.catch_up_cost is None
     p.observe_catch_up("suffix", 200, 100.0)  # model-free sources never catch up
     assert p.catch_up_cost is None
     p.observe_catch_up("model:draft", 200, 200 * 0.05 * CPU.t1_s)
@@ -115,3 +113,23 @@ def test_a_drafter_behind_a_long_prompt_sleeps_through_a_short_reply(catch_up_co
     assert (drafter.calls > 0) is woken
     # Asleep, it never evaluated the prompt; woken, it caught up on all of it at once.
     assert (draft_model.evaluated >= len(prompt)) is woken
+
+
+def test_only_a_long_catch_up_is_reported_apart_from_drafting() -> None:
+    """A backlog of a token or a few (what every round leaves) is part of drafting's own
+    cost; from :data:`LONG_CATCH_UP` tokens on, the catch-up is reported with its size."""
+    rng = np.random.default_rng(5)
+    drafter = ModelDrafter(ToyBackend(random_table(32, rng), "draft"))
+    greedy = Sampler(SamplingParams.greedy_params())
+    context = [int(t) for t in rng.integers(1, 32, 40)]
+    assert drafter.backlog(context) == 39  # all but the last token, whose logits draft
+    first = drafter.propose(context, 3, greedy)
+    assert first.catch_up_tokens == 39 and first.catch_up_s > 0
+    drafter.commit([*context, *first.tokens[:2], 7], 2)
+    context = [*context, *first.tokens[:2], 7]
+    assert drafter.backlog(context) == 0  # its accepted drafts are cached: only the new last token, as every round
+    again = drafter.propose(context, 3, greedy)
+    assert (again.catch_up_tokens, again.catch_up_s) == (0, 0.0)
+    context = context + [int(t) for t in rng.integers(1, 32, LONG_CATCH_UP + 1)]  # text it did not draft
+    assert drafter.backlog(context) == LONG_CATCH_UP
+    assert drafter.propose(context, 3, greedy).catch_up_tokens == LONG_CATCH_UP

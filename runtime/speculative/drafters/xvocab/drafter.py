@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -198,10 +198,12 @@ class CrossVocabDrafter:
         started = time.perf_counter()
         logits = prefill(self.drafter, synced.draft_ids)
         self.calls += 1
-        caught_up = {"catch_up_s": time.perf_counter() - started, "catch_up_tokens": backlog}
+        catch_up_s = time.perf_counter() - started
         if text_mode:
-            return replace(self._propose_text(context, synced, logits, max_tokens, budget, sampler), **caught_up)
-        return replace(self._propose_tokens(synced, logits, max_tokens, sampler), **caught_up)
+            draft = self._propose_text(context, synced, logits, max_tokens, budget, sampler)
+        else:
+            draft = self._propose_tokens(synced, logits, max_tokens, sampler)
+        return draft.caught_up(catch_up_s, backlog)
 
     def _backlog(self, draft_ids: Sequence[int]) -> int:
         """Drafter tokens :func:`prefill` evaluates for ``draft_ids`` beyond the last one."""
