@@ -150,14 +150,17 @@ def test_json_object_and_the_legacy_completion_fields(client, server) -> None:
                                                      "grammar": 'root ::= "yes" | "no"'}, timeout=120)
     assert g.status_code == 200, g.text
     assert g.json()["choices"][0]["text"] in ("yes", "no")
-    j = httpx.post(f"{server}/completion", json={"model": SMALL, "prompt": "A point as JSON:", "n_predict": 40,
+    # /completion samples (llama.cpp's default temperature): seeded, and with no other keys
+    # allowed, so a sampled reply cannot run past the token limit inside an extra string
+    # (unseeded, with other keys allowed, one run wrote a third key and was cut at 40 tokens).
+    j = httpx.post(f"{server}/completion", json={"model": SMALL, "prompt": "A point as JSON:", "n_predict": 64, "seed": 7,
                                                  "json_schema": {"type": "object", "properties": {
                                                      "x": {"type": "integer"}, "y": {"type": "integer"}},
-                                                     "required": ["x", "y"]}}, timeout=120)
+                                                     "required": ["x", "y"], "additionalProperties": False}},
+                   timeout=120)
     assert j.status_code == 200, j.text
-    # /completion samples (llama.cpp's default temperature), and the schema allows other keys
     point = json.loads(j.json()["content"])
-    assert {"x", "y"} <= set(point) and all(isinstance(point[k], int) for k in ("x", "y"))
+    assert set(point) == {"x", "y"} and all(isinstance(point[k], int) for k in ("x", "y"))
 
 
 def test_injection_cannot_break_out_of_the_schema(client) -> None:
