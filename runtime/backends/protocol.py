@@ -190,6 +190,13 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
+def unseen(backend: Backend, tokens: Sequence[int]) -> int:
+    """Tokens of ``tokens`` that :func:`prefill` would evaluate before the last one: those
+    past the cached prefix it keeps. For a drafter, what it must catch up on before it
+    drafts (the last token it evaluates in every round anyway)."""
+    return max(0, len(tokens) - 1 - common_prefix_len(backend.tokens, tokens))
+
+
 def prefill(backend: Backend, prompt: Sequence[int], *, keep_last: bool = True) -> np.ndarray | None:
     """Bring the cache to ``prompt`` reusing the longest cached prefix.
 

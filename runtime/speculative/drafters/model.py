@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tandem.kernels.sampling import Sampler
-from tandem.runtime.backends.protocol import Backend, common_prefix_len
+from tandem.runtime.backends.protocol import Backend, common_prefix_len, unseen
 from tandem.runtime.speculative.drafters.base import Draft
 
 
@@ -67,17 +67,13 @@ class ModelDrafter:
         self._calib_conf = 0.0
         self._last_conf: list[float] | None = None
 
-    def _reuse(self, context: Sequence[int]) -> int:
-        """Cached tokens that stay: the common prefix, less at least the last token (its
-        logits are the first draft's)."""
-        return min(common_prefix_len(self.backend.tokens, context), len(context) - 1)
-
     def backlog(self, context: Sequence[int]) -> int:
-        return max(0, len(context) - self._reuse(context) - 1) if context else 0
+        return unseen(self.backend, context)
 
-    def _catch_up(self, context: Sequence[int]) -> np.ndarray:
-        """Bring the cache to ``context`` and return the logits after its last token."""
-        reuse = self._reuse(context)
+    def _catch_up(self, context: Sequence[int], backlog: int) -> np.ndarray:
+        """Bring the cache to ``context`` (``backlog`` tokens and the last one past what it
+        keeps) and return the logits after its last token."""
+        reuse = len(context) - 1 - backlog
         self.backend.truncate(reuse)
         self.calls += 1
         return self.backend.evaluate(list(context[reuse:]))[-1]
@@ -88,7 +84,7 @@ class ModelDrafter:
             return Draft([], None, self.name)
         backlog = self.backlog(context)
         started = time.perf_counter()
-        logits = self._catch_up(context)
+        logits = self._catch_up(context, backlog)
         catch_up_s = time.perf_counter() - started
         penalize = sampler.params.repetition_penalty != 1.0
         history = list(context) if penalize else []

@@ -48,7 +48,7 @@ from tandem.kernels.vocab_map import (
     text_confidence,
     translate,
 )
-from tandem.runtime.backends.protocol import Backend, common_prefix_len, prefill
+from tandem.runtime.backends.protocol import Backend, prefill, unseen
 from tandem.runtime.speculative.drafters.base import Draft
 from tandem.runtime.speculative.drafters.model import token_probability
 from tandem.runtime.speculative.drafters.xvocab.stats import XVocabStats
@@ -194,7 +194,7 @@ class CrossVocabDrafter:
             self.stats.unsynced += synced is None
             return empty
         self.stats.rounds += 1
-        backlog = self._backlog(synced.draft_ids)
+        backlog = unseen(self.drafter, synced.draft_ids)
         started = time.perf_counter()
         logits = prefill(self.drafter, synced.draft_ids)
         self.calls += 1
@@ -205,13 +205,9 @@ class CrossVocabDrafter:
             draft = self._propose_tokens(synced, logits, max_tokens, sampler)
         return draft.caught_up(catch_up_s, backlog)
 
-    def _backlog(self, draft_ids: Sequence[int]) -> int:
-        """Drafter tokens :func:`prefill` evaluates for ``draft_ids`` beyond the last one."""
-        return max(0, len(draft_ids) - min(common_prefix_len(self.drafter.tokens, draft_ids), len(draft_ids) - 1) - 1)
-
     def backlog(self, context: Sequence[int]) -> int:
         synced = self._sync(context, hold_space=self.text is not None)
-        return 0 if synced is None else self._backlog(synced.draft_ids)
+        return 0 if synced is None else unseen(self.drafter, synced.draft_ids)
 
     def _propose_tokens(self, synced: _Synced, logits: np.ndarray, max_tokens: int, sampler: Sampler) -> Draft:
         """Draft in the drafter's vocabulary and translate token by token (``omni``, ``tli``)."""
