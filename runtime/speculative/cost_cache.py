@@ -111,8 +111,8 @@ def _draft_cost_key(target: Backend, drafter_name: str, drafter_bytes: int) -> s
 class DrafterCosts:
     """What runs learnt of a model drafter next to a target, in one-token target calls."""
 
-    draft_cost: float
-    """Per drafted token."""
+    draft_cost: float | None
+    """Per drafted token (``None``: never timed; the drafter's weight share stands in)."""
     catch_up_cost: float | None = None
     """Per token caught up on in one batched call (``None``: never timed)."""
 
@@ -125,17 +125,18 @@ def cached_drafter_costs(target: Backend, drafter_name: str, drafter_bytes: int,
     costs more than its weights suggest) is then never probed, where each new conversation
     used to pay a probe and its catch-up to learn that again."""
     entry = _cached_entry(_draft_cost_key(target, drafter_name, drafter_bytes), cache_file)
-    if not entry or not entry.get("draft_cost", 0) > 0:
+    if not entry:
         return None
-    catch_up = entry.get("catch_up_cost")
-    return DrafterCosts(float(entry["draft_cost"]), float(catch_up) if catch_up else None)
+    draft, catch_up = (entry.get(name) for name in ("draft_cost", "catch_up_cost"))
+    costs = DrafterCosts(float(draft) if draft else None, float(catch_up) if catch_up else None)
+    return costs if costs.draft_cost or costs.catch_up_cost else None
 
 
 def remember_drafter_costs(target: Backend, drafter_name: str, drafter_bytes: int, costs: DrafterCosts, *,
                            cache_file: Path | None = None) -> None:
     """Cache what a run learnt of a model drafter's costs (best effort, atomic)."""
     key = _draft_cost_key(target, drafter_name, drafter_bytes)
-    if key is not None and costs.draft_cost > 0:
+    if key is not None and (costs.draft_cost or costs.catch_up_cost):
         _store(key, {"draft_cost": costs.draft_cost, "catch_up_cost": costs.catch_up_cost, "drafter": drafter_name},
                cache_file)
 

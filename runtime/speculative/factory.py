@@ -276,24 +276,29 @@ def build_strategy(
         model_free = draft is None or opts.mode == "ngram"
         learnt = (cached_drafter_costs(target, model_drafter.name, model_drafter.weight_bytes())
                   if model_drafter is not None and opts.measure_cost else None)
+        learnt_draft = learnt.draft_cost if learnt else None
         adaptive = AdaptivePolicy(cost, AdaptiveConfig(max_len=k_max, stop_threshold=opts.stop_threshold),
-                                  draft_cost=opts.draft_cost or (learnt.draft_cost if learnt else weight_ratio(drafter, target)),
+                                  draft_cost=opts.draft_cost or learnt_draft or weight_ratio(drafter, target),
                                   catch_up_cost=learnt.catch_up_cost if learnt else None,
                                   cheap_drafter=model_free, measured_sources=MEASURED_SOURCES,
                                   cheap_sources=frozenset() if model_free or len(drafters) == 1 else MODEL_FREE_SOURCES)
         if opts.measure_cost:
-            on_close = partial(remember_learnt, target, adaptive, model_drafter)
+            on_close = partial(remember_learnt, target, adaptive, model_drafter,
+                               draft_cost_known=bool(learnt_draft and not opts.draft_cost))
         policy = adaptive
     predraft = opts.predraft if opts.predraft is not None else opts.draft_device == "cuda"
     return SpeculativeStrategy(drafter, policy, hook, predraft=predraft, on_close=on_close)
 
 
-def remember_learnt(target: Backend, policy: AdaptivePolicy, model_drafter: Drafter | None) -> None:
+def remember_learnt(target: Backend, policy: AdaptivePolicy, model_drafter: Drafter | None, *,
+                    draft_cost_known: bool = False) -> None:
     """What a strategy learnt, cached for the next one with this target (and drafter) on
     this machine: the verify-cost curve it measured while decoding, and the model
-    drafter's costs once rounds timed them."""
+    drafter's costs that were measured (timed by rounds, or ``draft_cost_known`` from
+    before), never the weight-share guess that stood in for one."""
     if isinstance(policy.cost, OnlineCost) and policy.cost.learnt:
         remember_cost_curve(target, policy.cost.curve(), policy.cost.observed())
-    if model_drafter is not None and (policy.draft_timed > 0 or policy.catch_up_cost is not None):
+    draft_cost = policy.draft_cost if policy.draft_timed > 0 or draft_cost_known else None
+    if model_drafter is not None and (draft_cost or policy.catch_up_cost is not None):
         remember_drafter_costs(target, model_drafter.name, model_drafter.weight_bytes(),
-                               DrafterCosts(policy.draft_cost, policy.catch_up_cost))
+                               DrafterCosts(draft_cost, policy.catch_up_cost))

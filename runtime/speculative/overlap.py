@@ -39,13 +39,21 @@ class WindowedDrafter:
         self.name = f"{inner.name}@{window}"
         self._start = keep_first
 
+    def _start_for(self, context: Sequence[int], room: int) -> int:
+        """Where the window starts for ``context`` with ``room`` positions to spare: the
+        current start, moved on in half-window jumps until the rest fits."""
+        start, limit = self._start, self.window - room
+        while len(context) - start + self.keep_first > limit:
+            start += max(1, self.window // 2)
+        return self.keep_first if start > len(context) else start  # past the end: a new, shorter conversation
+
+    def _window(self, context: Sequence[int], start: int) -> list[int]:
+        return list(context[: self.keep_first]) + list(context[start:])
+
     def _view(self, context: Sequence[int], room: int) -> list[int]:
-        limit = self.window - room
-        while len(context) - self._start + self.keep_first > limit:
-            self._start += max(1, self.window // 2)
-        if self._start > len(context):  # a new, shorter conversation
-            self._start = self.keep_first
-        return list(context[: self.keep_first]) + list(context[self._start:])
+        """The window the drafter sees now, moving it on if ``context`` outgrew it."""
+        self._start = self._start_for(context, room)
+        return self._window(context, self._start)
 
     def propose(self, context: Sequence[int], max_tokens: int, sampler: Sampler) -> Draft:
         if len(context) + max_tokens + 1 <= self.window:
@@ -56,7 +64,8 @@ class WindowedDrafter:
         self.inner.commit(self._view(context, 1), n_accepted)
 
     def backlog(self, context: Sequence[int]) -> int:
-        return self.inner.backlog(self._view(context, 1))
+        """The inner drafter's backlog for the window it would see (asking moves nothing)."""
+        return self.inner.backlog(self._window(context, self._start_for(context, 1)))
 
     def weight_bytes(self) -> int:
         return self.inner.weight_bytes()

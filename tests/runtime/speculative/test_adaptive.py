@@ -511,6 +511,40 @@ def test_a_drafter_cost_learnt_in_one_strategy_seeds_the_next(stories260k: Path)
         plain_cost.close()
 
 
+def test_only_what_was_timed_is_remembered_of_a_drafter(stories260k: Path) -> None:
+    """A strategy that timed only its drafter's catch-up caches that, not the weight-share
+    guess that stood in for the cost per drafted token: the next strategy still starts from
+    the guess (and would not, were the guess stored as if measured, ever tell them apart)."""
+    from tandem.runtime.speculative.cost_cache import cached_drafter_costs
+    from tandem.runtime.speculative.factory import SpecOptions, build_strategy
+
+    with LlamaCppBackend(stories260k, LlamaConfig(n_ctx=256, n_threads=1)) as target:
+        first = build_strategy(target, stories260k, SpecOptions(mode="model"))
+        assert isinstance(first.policy, AdaptivePolicy)
+        prior = first.policy.draft_cost
+        for _ in range(2):
+            first.policy.observe(0, 0, 0.0, 0.010, 0.010)  # plain rounds: the one-token time
+        first.policy.observe_catch_up("model", 100, 100 * 0.25 * 0.010)  # nothing drafted: only the catch-up timed
+        assert first.policy.draft_timed == 0
+        name, size = first.drafter.name, first.drafter.weight_bytes()
+        first.close()
+        cached = cached_drafter_costs(target, name, size)
+        assert cached is not None and cached.draft_cost is None
+        assert cached.catch_up_cost == pytest.approx(0.25)
+        forced = build_strategy(target, stories260k, SpecOptions(mode="model", draft_cost=5.0))
+        assert isinstance(forced.policy, AdaptivePolicy) and forced.policy.draft_cost == 5.0
+        forced.close()  # a cost the caller set is not a measurement either
+        cached = cached_drafter_costs(target, name, size)
+        assert cached is not None and cached.draft_cost is None
+        second = build_strategy(target, stories260k, SpecOptions(mode="model"))
+        try:
+            assert isinstance(second.policy, AdaptivePolicy)
+            assert second.policy.draft_cost == pytest.approx(prior)
+            assert second.policy.catch_up_per_token() == pytest.approx(0.25)
+        finally:
+            second.close()
+
+
 def test_a_saved_curve_is_the_median_of_the_runs_own_values() -> None:
     """One run's call of a size is a sample, not the truth: a spike does not make the
     size look dear for good (a dear-looking size is never called again to correct it),

@@ -125,6 +125,15 @@ def test_windowed_drafter_view_moves_in_half_windows() -> None:
         starts.append(w._start)
     assert len(set(starts)) > 3 and all(b - a in (0, 8) for a, b in zip(starts, starts[1:], strict=False))
 
+    # asking for the backlog is a question: it names the window commit would use and moves nothing
+    seen: list[list[int]] = []
+    rec.backlog = lambda context: seen.append(list(context)) or 0  # type: ignore[method-assign]
+    start, ctx = w._start, list(range(200))
+    w.backlog(ctx)
+    assert w._start == start
+    w.commit(ctx, 0)
+    assert seen == [[0, *ctx[w._start:]]] and len(seen[0]) < 16
+
 
 def test_build_strategy_draft_window_keeps_drafting_past_the_cap(stories260k) -> None:
     """The planner's drafter context cap: drafting goes on from a sliding window, lossless."""
