@@ -15,7 +15,7 @@ its text when one is free (:mod:`.worker`).
 from __future__ import annotations
 
 from tandem.app.server.loaded_models import Lane
-from tandem.runtime.backends.protocol import common_prefix_len
+from tandem.runtime.backends.protocol import reused
 
 
 def client_identity(host: str | None, authorization: str | None) -> str:
@@ -31,12 +31,11 @@ def reusable(lane: Lane, client: str) -> bool:
 
 def take(lane: Lane, client: str, prompt: list[int]) -> int:
     """Make the cache ``client``'s to use: emptied unless it is already its own. Returns
-    how many of ``prompt``'s tokens the generation will reuse (``prefill`` re-evaluates at
-    least the last one)."""
+    how many of ``prompt``'s tokens the generation will reuse."""
     if not reusable(lane, client):
         lane.target.truncate(0)
     lane.kv_owner = None  # until the request ends, nobody may rely on the cache's state
-    return min(common_prefix_len(lane.target.tokens, prompt), max(0, len(prompt) - 1))
+    return reused(lane.target, prompt)
 
 
 def release(lane: Lane, client: str) -> None:

@@ -190,11 +190,17 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
+def reused(backend: Backend, tokens: Sequence[int]) -> int:
+    """Tokens of ``tokens`` that :func:`prefill` keeps from the cache: the cached prefix,
+    less the last token, which it always evaluates again for its logits."""
+    return min(common_prefix_len(backend.tokens, tokens), max(0, len(tokens) - 1))
+
+
 def unseen(backend: Backend, tokens: Sequence[int]) -> int:
     """Tokens of ``tokens`` that :func:`prefill` would evaluate before the last one: those
     past the cached prefix it keeps. For a drafter, what it must catch up on before it
     drafts (the last token it evaluates in every round anyway)."""
-    return max(0, len(tokens) - 1 - common_prefix_len(backend.tokens, tokens))
+    return max(0, len(tokens) - 1 - reused(backend, tokens))
 
 
 def prefill(backend: Backend, prompt: Sequence[int], *, keep_last: bool = True) -> np.ndarray | None:
@@ -212,9 +218,7 @@ def prefill(backend: Backend, prompt: Sequence[int], *, keep_last: bool = True) 
     """
     if not prompt:
         raise ValueError("prefill needs at least one token")
-    reuse = common_prefix_len(backend.tokens, prompt)
-    if keep_last:
-        reuse = min(reuse, len(prompt) - 1)
+    reuse = reused(backend, prompt) if keep_last else common_prefix_len(backend.tokens, prompt)
     backend.truncate(reuse)
     if reuse >= len(prompt):
         return None
