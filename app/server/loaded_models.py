@@ -82,6 +82,12 @@ class Lane:
         if isinstance(self.target, SequenceView):
             self.target.settle()
 
+    def interrupt(self) -> None:
+        """This lane's job was superseded: a step it is waiting for is withdrawn (see
+        :meth:`~tandem.runtime.backends.llama_batch.SequenceView.interrupt`)."""
+        if isinstance(self.target, SequenceView):
+            self.target.interrupt()
+
     def owner_client(self) -> str | None:
         return self.kv_owner[0] if self.kv_owner is not None else None
 
@@ -133,7 +139,8 @@ def slot_for(engine: Engine, *, name: str | None = None, ngram: NgramModel | Non
     chat = ChatEngine(engine.target, engine.strategy, drafter=engine.drafter_backend, owner=engine)
     slot_name = name or engine.target.name
     lanes, batcher = _lanes(engine, ngram, chat)
-    worker: ModelWorker[Lane] = ModelWorker(slot_name, max_queue, lanes, owner=Lane.owner_client)
+    worker: ModelWorker[Lane] = ModelWorker(slot_name, max_queue, lanes, owner=Lane.owner_client,
+                                            interrupt=Lane.interrupt)
     return ModelSlot(slot_name, engine.target, chat, worker, ngram, speculation_label(engine.strategy),
                      engine.strategy, notes=list(engine.notes), batcher=batcher)
 

@@ -11,7 +11,8 @@ for how their steps share one llama.cpp batch). Waiting requests are taken
   running: llama.vim and llama.vscode send a request per keystroke, and only the newest
   one's answer is read;
 * **on a lane that holds the client's own KV** when one is free (its prompt prefix is
-  reused, :mod:`.cache_owner`), else on the lane used longest ago;
+  reused, :mod:`.cache_owner`), else on the lane used longest ago; an /infill whose
+  client's superseded one still runs waits for that lane, which frees at its next step;
 * and, once an editor has been seen, **chat and completions leave one lane free** when the
   model has two or more, so an /infill never waits for a whole chat reply to end.
 
@@ -102,10 +103,13 @@ class _LaneThread(Generic[L]):
 
 class ModelWorker(Generic[L]):
     """Runs jobs on ``lanes`` (one thread each). ``owner`` says which client's KV a lane
-    holds (``None``: nobody's), for the affinity rule in the module docstring."""
+    holds (``None``: nobody's), for the affinity rule in the module docstring;
+    ``interrupt`` withdraws the step a superseded job's lane is waiting to have decoded,
+    so that job ends now rather than after it."""
 
     def __init__(self, name: str, max_queue: int = 64, lanes: Sequence[L] | None = None,
-                 owner: Callable[[L], str | None] | None = None) -> None:
+                 owner: Callable[[L], str | None] | None = None,
+                 interrupt: Callable[[L], None] | None = None) -> None:
         self.name = name
         self.max_queue = max_queue
         self.stats = WorkerStats()
@@ -114,6 +118,7 @@ class ModelWorker(Generic[L]):
         self.editor_seen = False
         """An /infill has arrived: chat leaves a lane free for the editor (see module docstring)."""
         self._owner = owner or (lambda _lane: None)
+        self._interrupt = interrupt or (lambda _lane: None)
         self._lock = threading.Lock()
         self._queue: list[Job] = []
         self._order = itertools.count()
@@ -158,24 +163,38 @@ class ModelWorker(Generic[L]):
         return job
 
     def _supersede(self, client: str) -> None:
-        running = [lt.job for lt in self._lanes if lt.job is not None]
-        for old in [*self._queue, *running]:
-            if old.kind == INFILL and old.client == client and not old.cancel.is_set():
-                old.superseded = True
-                old.cancel.set()
+        def stale(job: Job | None) -> bool:
+            return job is not None and job.kind == INFILL and job.client == client and not job.cancel.is_set()
+
+        for old in [j for j in self._queue if stale(j)]:
+            old.superseded = True
+            old.cancel.set()
+        for lt in [lt for lt in self._lanes if stale(lt.job)]:
+            assert lt.job is not None
+            lt.job.superseded = True
+            lt.job.cancel.set()
+            self._interrupt(lt.lane)
 
     def _next_job(self, free: int) -> Job | None:
-        """The job to start now, with ``free`` lanes free: the oldest /infill, else the
-        oldest other job unless it would take the editor's lane."""
+        """The job to start now, with ``free`` lanes free: the oldest /infill that is not
+        waiting for its own lane, else the oldest other job unless it would take the
+        editor's lane."""
         if not self._queue or free == 0:
             return None
-        infills = [j for j in self._queue if j.kind == INFILL]
+        infills = [j for j in self._queue if j.kind == INFILL and not self._own_lane_soon(j)]
         if infills:
             return min(infills, key=lambda j: j.order)
         keep_free = 1 if (self.editor_seen and len(self._lanes) > 1) else 0
         if free <= keep_free:
             return None
         return min(self._queue, key=lambda j: j.order)
+
+    def _own_lane_soon(self, job: Job) -> bool:
+        """A lane still runs ``job``'s client's superseded /infill: it stops at its next
+        step and leaves the client's text in the cache, so waiting for that lane costs
+        one step where another lane costs the whole prompt again."""
+        return any(lt.job is not None and lt.job.client == job.client and lt.job.superseded
+                   for lt in self._lanes) if job.client else False
 
     def _dispatch(self) -> None:
         """Start queued jobs on free lanes (called under ``_lock``)."""
@@ -220,19 +239,25 @@ class ModelWorker(Generic[L]):
                 job.emit(item)
                 if job.cancel.is_set() and not self.stopping:
                     break  # the client left (or a newer /infill came): nobody wants the rest
-            if job.superseded:
-                self.stats.superseded += 1
-            elif job.cancel.is_set():
-                self.stats.cancelled += 1
-            else:
-                self.stats.completed += 1
+            self._count_ended(job)
         except Exception as exc:  # reported to the client as a 4xx/5xx, never kills the worker
-            self.stats.failed += 1
-            job.emit(exc)
+            if job.cancel.is_set():  # a stopped job's withdrawn step: nobody waits for an error
+                self._count_ended(job)
+            else:
+                self.stats.failed += 1
+                job.emit(exc)
         finally:
             if items is not None:
                 items.close()  # run the generation's cleanup (KV rollback) now, not at GC
             job.emit(END)
+
+    def _count_ended(self, job: Job) -> None:
+        if job.superseded:
+            self.stats.superseded += 1
+        elif job.cancel.is_set():
+            self.stats.cancelled += 1
+        else:
+            self.stats.completed += 1
 
     def stop_all(self) -> None:
         """Server shutdown: stop every job. A generation sees its cancel event at the next

@@ -31,8 +31,15 @@ After that it is a slot like the others.
   Qwen2.5-Coder 0.5B);
 * requests are merged only while the merged batch stays within the backend's
   :attr:`exact_batch` rows (7 in the exact configuration), where llama.cpp computes every
-  row as a one-token step computes it; a longer request (a prompt) runs in a decode of its
-  own, chunked exactly as the backend alone would chunk it.
+  row as a one-token step computes it; a longer request (a prompt) runs in decodes of its
+  own. An urgent slot's prompt goes in the chunks the backend alone would use; any other
+  slot's in chunks of :data:`PREFILL_CHUNK` rows, so an /infill that arrives meanwhile
+  waits for one chunk, not a whole chat prompt (38 rows of a chat prompt on the 0.5B at 2
+  threads: 0.22 s). From 8 rows on llama.cpp's CPU matmul computes a row of a batch alike
+  whatever the batch's length, and a repacked one in groups of 4 from the first row with
+  the rest one by one: chunks of at most 16 rows, at least 8, each but the last a
+  multiple of 4 (:func:`~tandem.runtime.backends.protocol.chunk_bounds`), give every row
+  bit for bit as the whole batch gives it, in both weight layouts.
 
 So every slot's logits are bit-identical to the same requests run alone on a one-sequence
 context: a slot's greedy output equals its solo greedy output, and its greedy speculative
@@ -63,6 +70,24 @@ from tandem.runtime.backends.protocol import (
     chunked_logits,
 )
 from tandem.runtime.backends.token_cache import new_tokens
+
+PREFILL_CHUNK = 16
+"""Rows per decode of a slot's long request (a prompt) unless the slot is urgent: a multiple
+of the repacked kernels' 4-row groups, at least the 8 rows from which llama.cpp's CPU
+matmul takes one kernel path (see the module docstring; ``tests/runtime/backends/
+test_llama_batch.py`` checks the identity on the real models on every machine it runs on)."""
+
+CHUNK_MIN = 8
+"""Fewest rows in a chunk: from 8 rows on, llama.cpp's CPU matmul keeps one kernel path."""
+
+CHUNK_ALIGN = 4
+"""Every chunk but the last holds whole groups of the repacked kernels' 4 rows, so the rows
+left over for the one-by-one kernel are the ones the whole batch leaves over."""
+
+
+class StepWithdrawn(Exception):
+    """A slot's step was withdrawn before it was decoded: the job it belongs to was stopped
+    (:meth:`SequenceView.interrupt`)."""
 
 
 @dataclass
@@ -108,6 +133,7 @@ class SequenceBatcher:
         self._engaged: set[int] = set()
         self._owed: set[int] = set()
         self._urgent: set[int] = set()
+        self._interrupted: set[int] = set()
         self._ctx_lock = threading.Lock()
         """One llama.cpp call on the context at a time (decodes, KV edits)."""
         self._batch = llama_cpp.llama_batch_init(base.n_batch, 0, 1)
@@ -118,6 +144,8 @@ class SequenceBatcher:
     def decode(self, req: _Request) -> list[np.ndarray]:
         """Decode ``req`` in the next shared batch it fits; its logits rows."""
         with self._cond:
+            if req.seq in self._interrupted:
+                raise StepWithdrawn(f"sequence {req.seq} was interrupted")
             self._pending.append(req)
             self._owed.discard(req.seq)
             self._cond.notify_all()
@@ -133,7 +161,7 @@ class SequenceBatcher:
                 finally:
                     self._cond.acquire()
                     self._decoding = False
-                    self._owed.update(r.seq for r in group if r.seq in self._engaged)
+                    self._owed.update(r.seq for r in group if r.seq in self._engaged - self._interrupted)
                     self._cond.notify_all()
         if req.error is not None:
             raise req.error
@@ -212,8 +240,13 @@ class SequenceBatcher:
     def engage(self, seq: int, urgent: bool = False) -> None:
         with self._cond:
             self._engaged.add(seq)
+            self._interrupted.discard(seq)
             if urgent:
                 self._urgent.add(seq)
+
+    def is_urgent(self, seq: int) -> bool:
+        with self._cond:
+            return seq in self._urgent
 
     def settle(self, seq: int) -> None:
         """``seq`` is urgent no more (its first token is out): the others decode again."""
@@ -222,10 +255,26 @@ class SequenceBatcher:
                 self._urgent.discard(seq)
                 self._cond.notify_all()
 
+    def interrupt(self, seq: int) -> None:
+        """``seq``'s job was stopped while engaged: its pending step, and any it asks for
+        until the job ends, fail with :class:`StepWithdrawn` instead of waiting for a
+        decode, so the job ends now and frees its slot."""
+        with self._cond:
+            if seq not in self._engaged:
+                return
+            self._interrupted.add(seq)
+            for r in [r for r in self._pending if r.seq == seq]:
+                self._pending.remove(r)
+                r.error, r.done = StepWithdrawn(f"sequence {seq} was interrupted"), True
+            self._owed.discard(seq)
+            self._urgent.discard(seq)
+            self._cond.notify_all()
+
     def release(self, seq: int) -> None:
         """``seq`` will not come back soon (its job ended): decodes stop waiting for it."""
         with self._cond:
             self._engaged.discard(seq)
+            self._interrupted.discard(seq)
             self._owed.discard(seq)
             self._urgent.discard(seq)
             self._cond.notify_all()
@@ -329,7 +378,10 @@ class SequenceView:
             self._tokens.extend(ids[start:stop] if ids is not None else [-1] * (stop - start))
             return out
 
-        return self.base.checked_logits(chunked_logits(n, self.base.n_batch, self.n_vocab, logits_for, run))
+        if self.batcher.is_urgent(self.seq):
+            return self.base.checked_logits(chunked_logits(n, self.base.n_batch, self.n_vocab, logits_for, run))
+        return self.base.checked_logits(chunked_logits(n, PREFILL_CHUNK, self.n_vocab, logits_for, run,
+                                                       min_last=CHUNK_MIN, align=CHUNK_ALIGN))
 
     def truncate(self, n: int) -> None:
         n = max(0, n)
@@ -374,6 +426,11 @@ class SequenceView:
             yield
         finally:
             self.batcher.release(self.seq)
+
+    def interrupt(self) -> None:
+        """This slot's job was stopped: the step it waits for is withdrawn (see
+        :meth:`SequenceBatcher.interrupt`)."""
+        self.batcher.interrupt(self.seq)
 
     def settle(self) -> None:
         """This slot's urgent part is over (its user has the first token): the other

@@ -234,13 +234,28 @@ def check_room(cached: int, n: int, n_ctx: int) -> None:
         raise PromptError(f"Context full: {cached} + {n} tokens exceed the context of {n_ctx}.")
 
 
+def chunk_bounds(n: int, step: int, min_last: int = 1, align: int = 1) -> list[tuple[int, int]]:
+    """``(start, stop)`` of ``n`` positions in chunks of ``step``. A last chunk shorter than
+    ``min_last`` takes rows from the one before it, a multiple of ``align`` of them, or
+    joins it when that would leave the one before shorter than ``min_last``."""
+    bounds = [(start, min(n, start + step)) for start in range(0, n, step)]
+    short = min_last - (bounds[-1][1] - bounds[-1][0]) if bounds else 0
+    if len(bounds) > 1 and short > 0:
+        (start, cut), _ = bounds[-2:]
+        cut -= -(-short // align) * align
+        bounds[-2:] = [(start, cut), (cut, n)] if cut - start >= min_last else [(start, n)]
+    return bounds
+
+
 def chunked_logits(n: int, step: int, n_vocab: int, logits_for: Sequence[int] | None,
-                   run: Callable[[int, int, list[int]], Sequence[np.ndarray]]) -> np.ndarray:
+                   run: Callable[[int, int, list[int]], Sequence[np.ndarray]], *, min_last: int = 1,
+                   align: int = 1) -> np.ndarray:
     """The chunking every backend's ``evaluate`` shares: ``n`` new positions go through
-    ``run(start, stop, rows)`` in chunks of ``step``, where ``run`` evaluates positions
-    ``start:stop`` and returns the logits of ``rows`` (chunk-relative, in that order).
-    Returns the rows ``logits_for`` asks for (default: the last position), in its order,
-    copied out before the next chunk runs (a backend may reuse its logits buffer)."""
+    ``run(start, stop, rows)`` in the chunks of :func:`chunk_bounds`, where ``run``
+    evaluates positions ``start:stop`` and returns the logits of ``rows`` (chunk-relative,
+    in that order). Returns the rows ``logits_for`` asks for (default: the last position),
+    in its order, copied out before the next chunk runs (a backend may reuse its logits
+    buffer)."""
     if logits_for is None and n <= step:  # a decode step: one chunk, its last row
         out = np.empty((1, n_vocab), dtype=np.float32)
         out[0] = run(0, n, [n - 1])[0]
@@ -249,8 +264,7 @@ def chunked_logits(n: int, step: int, n_vocab: int, logits_for: Sequence[int] | 
     if any(not 0 <= i < n for i in wanted):
         raise ValueError(f"logits_for indices must lie in [0, {n})")
     out = np.empty((len(wanted), n_vocab), dtype=np.float32)
-    for start in range(0, n, step):
-        stop = min(n, start + step)
+    for start, stop in chunk_bounds(n, step, min_last, align):
         picks = [(r, i - start) for r, i in enumerate(wanted) if start <= i < stop]
         rows = run(start, stop, [i for _, i in picks])
         for (r, _), row in zip(picks, rows, strict=True):

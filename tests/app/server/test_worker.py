@@ -91,6 +91,70 @@ def test_a_newer_infill_from_the_same_client_cancels_the_older_ones() -> None:
     asyncio.run(main())
 
 
+def test_a_newer_infill_waits_for_the_lane_its_superseded_one_frees() -> None:
+    """The superseded /infill stops at its next step and leaves its client's text in that
+    lane's cache: the newer one waits for it there (one step) rather than taking a free
+    lane and evaluating the whole file again."""
+    owners: dict[str, str | None] = {"lane0": None, "lane1": None}
+
+    async def main():
+        worker = ModelWorker("m", lanes=["lane0", "lane1"], owner=owners.get)
+        log: list = []
+        started, gate = threading.Event(), threading.Event()
+        try:
+            old = worker.submit(gate_job(log, "old", started, gate), kind=INFILL, client="vim")
+            assert await asyncio.to_thread(started.wait, WAIT)
+            lane = log[0][1]
+            owners[lane] = "vim"  # what the old one's request leaves there when it ends
+            new = worker.submit(gate_job(log, "new"), kind=INFILL, client="vim")
+            assert old.superseded and worker.waiting == 1  # a lane is free, and it waits
+            assert await drain(old) == []
+            assert await drain(new) == ["new"]
+            assert log[-1] == ("new", lane)
+        finally:
+            worker.close()
+
+    asyncio.run(main())
+
+
+def test_a_superseded_job_is_interrupted_and_its_withdrawn_step_is_no_failure() -> None:
+    """Superseding a running /infill interrupts its lane (the step it waits for is
+    withdrawn); the exception that ends it is the stop, not a failure to report."""
+    interrupted: list[str] = []
+    withdrawn = threading.Event()
+
+    def waiting_job(log: list, started: threading.Event):
+        def fn(cancel: threading.Event, lane):
+            log.append(lane)
+            started.set()
+            assert withdrawn.wait(WAIT)
+            raise RuntimeError("step withdrawn")
+            yield  # a generator function
+
+        return fn
+
+    def interrupt(lane: str) -> None:
+        interrupted.append(lane)
+        withdrawn.set()
+
+    async def main():
+        worker = ModelWorker("m", lanes=["lane0"], interrupt=interrupt)
+        log: list = []
+        started = threading.Event()
+        try:
+            old = worker.submit(waiting_job(log, started), kind=INFILL, client="vim")
+            assert await asyncio.to_thread(started.wait, WAIT)
+            new = worker.submit(gate_job(log, "new"), kind=INFILL, client="vim")
+            assert await drain(old) == []  # ended, no error raised to its client
+            assert await drain(new) == ["new"]
+            assert interrupted == ["lane0"]
+            assert worker.stats.superseded == 1 and worker.stats.failed == 0 and worker.stats.completed == 1
+        finally:
+            worker.close()
+
+    asyncio.run(main())
+
+
 def test_lanes_run_jobs_at_once_and_a_client_returns_to_its_own_lane() -> None:
     owners = {"lane0": None, "lane1": "alice"}
 

@@ -7,11 +7,20 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
-from tandem.runtime.backends.llama_batch import SequenceView, open_views
+from tandem.runtime.backends.llama_batch import (
+    CHUNK_ALIGN,
+    CHUNK_MIN,
+    PREFILL_CHUNK,
+    SequenceView,
+    StepWithdrawn,
+    open_views,
+)
+from tandem.runtime.backends.protocol import chunk_bounds
 from tandem.runtime.generate import DoneEvent, generate
 from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 
@@ -105,6 +114,49 @@ def test_speculative_slot_equals_plain_slot_under_batching(qwen05, solo):
         outs = _in_parallel(batcher.views, jobs)
         assert outs == [solo[2], solo[0], solo[2], solo[3]]
         assert batcher.stats.merged > 0
+    finally:
+        batcher.close()
+        base.close()
+
+
+LONG_PROMPT = ("import json\nfrom pathlib import Path\n\n\ndef load_settings(path: Path) -> dict:\n"
+               "    \"\"\"Read the settings file, or the defaults when there is none.\"\"\"\n"
+               "    if not path.exists():\n        return {\"theme\": \"dark\", \"font_size\": 12}\n"
+               "    with path.open() as f:\n        return json.load(f)\n")
+
+
+@pytest.mark.parametrize("repack", [False, True], ids=["as-stored", "repacked"])
+def test_a_slots_prompt_in_chunks_gives_every_row_of_one_batch(qwen05, repack: bool):
+    """A slot that is not urgent sends a long prompt in chunks of ``PREFILL_CHUNK`` rows (an
+    /infill arriving meanwhile waits for one chunk); every row's logits, and the step after
+    the prompt, are bit for bit those of the whole prompt in one batch on a one-sequence
+    context, whatever the prompt's length, in both weight layouts: so a slot's output stays
+    its solo output."""
+    config = replace(CONFIG, repack=repack)
+    with LlamaCppBackend(qwen05, config) as alone:
+        ids = alone.tokenize(LONG_PROMPT, add_bos=True)
+        lengths = [n for n in (PREFILL_CHUNK + 1, PREFILL_CHUNK + 6, 2 * PREFILL_CHUNK + 5, 2 * PREFILL_CHUNK + 11,
+                               len(ids)) if n <= len(ids)]
+        assert len(lengths) == 5 and lengths[-1] > 3 * PREFILL_CHUNK
+        # 17 = 8 + 9, 22 = 12 + 10, 37 = 16 + 12 + 9, 43 = 16 + 16 + 11: a short tail borrows whole groups of 4
+        assert [[b - a for a, b in chunk_bounds(n, PREFILL_CHUNK, CHUNK_MIN, CHUNK_ALIGN)] for n in lengths[:4]] == \
+            [[8, 9], [12, 10], [16, 12, 9], [16, 16, 11]]
+        whole = {}
+        for n in lengths:
+            alone.truncate(0)
+            rows = alone.evaluate(ids[:n], logits_for=list(range(n)))
+            whole[n] = (rows, alone.evaluate([ids[0]]))
+    base = LlamaCppBackend(qwen05, replace(config, n_seq=2))
+    batcher = open_views(base)
+    try:
+        view = batcher.views[1]
+        for n in lengths:
+            view.truncate(0)
+            decodes = batcher.stats.decodes
+            rows = view.evaluate(ids[:n], logits_for=list(range(n)))
+            assert batcher.stats.decodes - decodes == len(chunk_bounds(n, PREFILL_CHUNK, CHUNK_MIN, CHUNK_ALIGN))
+            assert np.array_equal(rows, whole[n][0]), f"{n} rows: max diff {np.abs(rows - whole[n][0]).max()}"
+            assert np.array_equal(view.evaluate([ids[0]]), whole[n][1])
     finally:
         batcher.close()
         base.close()
@@ -207,5 +259,64 @@ def test_an_urgent_slot_has_the_context_to_itself_until_it_settles(real_models):
     finally:
         if thread is not None:
             thread.join(120)
+        batcher.close()
+        base.close()
+
+
+def test_an_interrupted_slot_gives_up_its_waiting_step_at_once(real_models):
+    """A superseded /infill's slot waits for its step behind a chat slot that has not come
+    back: interrupted, the step is withdrawn (nothing decoded, the slot's cache unchanged)
+    and every later step of that job fails at once; its next job runs normally."""
+    base = LlamaCppBackend(real_models.smollm2, replace(CONFIG, n_seq=2))
+    batcher = open_views(base)
+    chat, editor = batcher.views
+    ids = chat.tokenize(PROMPTS[1], add_bos=True)
+    hold, served = threading.Event(), threading.Event()
+    outcome: list[BaseException | None] = []
+
+    def thinking_chat() -> None:
+        with chat.engaged():
+            chat.evaluate(ids)
+            served.set()
+            hold.wait(120)
+
+    def stale_editor() -> None:
+        with editor.engaged():
+            try:
+                editor.evaluate(ids)
+                outcome.append(None)
+            except StepWithdrawn as exc:
+                outcome.append(exc)
+            try:
+                editor.evaluate(ids[:1])
+            except StepWithdrawn as exc:
+                outcome.append(exc)
+
+    threads = [threading.Thread(target=thinking_chat)]
+    threads[0].start()
+    try:
+        assert served.wait(120)
+        threads.append(threading.Thread(target=stale_editor))
+        threads[1].start()
+        idle = threading.Event()
+        for _ in range(1200):  # until the editor's step waits for the chat slot
+            with batcher._cond:
+                if any(r.seq == editor.seq for r in batcher._pending):
+                    break
+            idle.wait(0.1)
+        else:
+            pytest.fail("the editor's step was never queued")
+        decodes = batcher.stats.decodes
+        editor.interrupt()
+        threads[1].join(120)
+        assert not threads[1].is_alive(), "the interrupted step kept waiting"
+        assert len(outcome) == 2 and all(isinstance(e, StepWithdrawn) for e in outcome)
+        assert batcher.stats.decodes == decodes and editor.tokens == []
+        with editor.engaged(urgent=True):  # a new job on the slot: served as ever
+            assert editor.evaluate(ids).shape == (1, editor.n_vocab) and editor.tokens == ids
+    finally:
+        hold.set()
+        for t in threads:
+            t.join(120)
         batcher.close()
         base.close()
