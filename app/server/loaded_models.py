@@ -140,7 +140,7 @@ def slot_for(engine: Engine, *, name: str | None = None, ngram: NgramModel | Non
     slot_name = name or engine.target.name
     lanes, batcher = _lanes(engine, ngram, chat)
     worker: ModelWorker[Lane] = ModelWorker(slot_name, max_queue, lanes, owner=Lane.owner_client,
-                                            interrupt=Lane.interrupt)
+                                            interrupt=Lane.interrupt, hold=batcher.hold if batcher else None)
     return ModelSlot(slot_name, engine.target, chat, worker, ngram, speculation_label(engine.strategy),
                      engine.strategy, notes=list(engine.notes), batcher=batcher)
 

@@ -105,11 +105,13 @@ class ModelWorker(Generic[L]):
     """Runs jobs on ``lanes`` (one thread each). ``owner`` says which client's KV a lane
     holds (``None``: nobody's), for the affinity rule in the module docstring;
     ``interrupt`` withdraws the step a superseded job's lane is waiting to have decoded,
-    so that job ends now rather than after it."""
+    so that job ends now rather than after it; ``hold(True)`` while the /infill that
+    superseded it waits for that lane (the lanes decode nothing else meanwhile: the lane
+    frees without a decode), ``hold(False)`` once it has started."""
 
     def __init__(self, name: str, max_queue: int = 64, lanes: Sequence[L] | None = None,
                  owner: Callable[[L], str | None] | None = None,
-                 interrupt: Callable[[L], None] | None = None) -> None:
+                 interrupt: Callable[[L], None] | None = None, hold: Callable[[bool], None] | None = None) -> None:
         self.name = name
         self.max_queue = max_queue
         self.stats = WorkerStats()
@@ -119,6 +121,8 @@ class ModelWorker(Generic[L]):
         """An /infill has arrived: chat leaves a lane free for the editor (see module docstring)."""
         self._owner = owner or (lambda _lane: None)
         self._interrupt = interrupt or (lambda _lane: None)
+        self._hold = hold or (lambda _on: None)
+        self._holding = False
         self._lock = threading.Lock()
         self._queue: list[Job] = []
         self._order = itertools.count()
@@ -202,7 +206,7 @@ class ModelWorker(Generic[L]):
             free = [lt for lt in self._lanes if lt.job is None]
             job = self._next_job(len(free))
             if job is None:
-                return
+                break
             self._queue.remove(job)
             own = [lt for lt in free if job.client and self._owner(lt.lane) == job.client]
             lane = own[0] if own else min(free, key=lambda lt: lt.last_used)
@@ -210,6 +214,14 @@ class ModelWorker(Generic[L]):
             lane.last_used = job.order
             with lane.wake:
                 lane.wake.notify()
+        self._update_hold()
+
+    def _update_hold(self) -> None:
+        """Hold the lanes' decodes while a live /infill waits for its own lane (under ``_lock``)."""
+        holding = any(j.kind == INFILL and not j.cancel.is_set() and self._own_lane_soon(j) for j in self._queue)
+        if holding != self._holding:
+            self._holding = holding
+            self._hold(holding)
 
     def _run(self, lt: _LaneThread) -> None:
         while True:
@@ -271,6 +283,7 @@ class ModelWorker(Generic[L]):
             for job in self._queue:
                 job.cancel.set()
             queued, self._queue = self._queue, []
+            self._update_hold()
         for job in queued:
             self.stats.skipped += 1
             job.emit(END)

@@ -134,6 +134,7 @@ class SequenceBatcher:
         self._owed: set[int] = set()
         self._urgent: set[int] = set()
         self._interrupted: set[int] = set()
+        self._held = False
         self._ctx_lock = threading.Lock()
         """One llama.cpp call on the context at a time (decodes, KV edits)."""
         self._batch = llama_cpp.llama_batch_init(base.n_batch, 0, 1)
@@ -169,10 +170,11 @@ class SequenceBatcher:
 
     def _ready(self) -> bool:
         """Something is pending and every slot served last time has come back (or left);
-        while a slot is urgent, only its own requests are ready, and at once."""
+        while a slot is urgent, only its own requests are ready, and at once; while held
+        (:meth:`hold`), only urgent ones."""
         if self._urgent:
             return any(r.seq in self._urgent for r in self._pending)
-        if not self._pending:
+        if not self._pending or self._held:
             return False
         return self._owed <= {r.seq for r in self._pending}
 
@@ -254,6 +256,14 @@ class SequenceBatcher:
             if seq in self._urgent:
                 self._urgent.discard(seq)
                 self._cond.notify_all()
+
+    def hold(self, on: bool) -> None:
+        """An urgent job is about to start on a slot that frees without a decode (its
+        stopped job's step was withdrawn): until ``hold(False)``, decode only urgent
+        requests, so the /infill does not find a chat decode just begun."""
+        with self._cond:
+            self._held = on
+            self._cond.notify_all()
 
     def interrupt(self, seq: int) -> None:
         """``seq``'s job was stopped while engaged: its pending step, and any it asks for

@@ -94,11 +94,13 @@ def test_a_newer_infill_from_the_same_client_cancels_the_older_ones() -> None:
 def test_a_newer_infill_waits_for_the_lane_its_superseded_one_frees() -> None:
     """The superseded /infill stops at its next step and leaves its client's text in that
     lane's cache: the newer one waits for it there (one step) rather than taking a free
-    lane and evaluating the whole file again."""
+    lane and evaluating the whole file again. Meanwhile the lanes' decodes are held (the
+    lane frees without one), and let go once the newer one has started."""
     owners: dict[str, str | None] = {"lane0": None, "lane1": None}
+    holds: list[bool] = []
 
     async def main():
-        worker = ModelWorker("m", lanes=["lane0", "lane1"], owner=owners.get)
+        worker = ModelWorker("m", lanes=["lane0", "lane1"], owner=owners.get, hold=holds.append)
         log: list = []
         started, gate = threading.Event(), threading.Event()
         try:
@@ -108,9 +110,11 @@ def test_a_newer_infill_waits_for_the_lane_its_superseded_one_frees() -> None:
             owners[lane] = "vim"  # what the old one's request leaves there when it ends
             new = worker.submit(gate_job(log, "new"), kind=INFILL, client="vim")
             assert old.superseded and worker.waiting == 1  # a lane is free, and it waits
+            assert holds == [True]
             assert await drain(old) == []
             assert await drain(new) == ["new"]
             assert log[-1] == ("new", lane)
+            assert holds == [True, False]
         finally:
             worker.close()
 

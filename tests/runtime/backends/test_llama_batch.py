@@ -320,3 +320,41 @@ def test_an_interrupted_slot_gives_up_its_waiting_step_at_once(real_models):
             t.join(120)
         batcher.close()
         base.close()
+
+
+def test_a_held_batcher_decodes_only_urgent_steps(real_models):
+    """Held (an /infill is about to start on a slot being freed), a chat slot's step waits
+    while an urgent one is decoded; let go, the chat step is decoded."""
+    base = LlamaCppBackend(real_models.smollm2, replace(CONFIG, n_seq=2))
+    batcher = open_views(base)
+    chat, editor = batcher.views
+    ids = chat.tokenize(PROMPTS[1], add_bos=True)
+    chat_done = threading.Event()
+
+    def chat_step() -> None:
+        with chat.engaged():
+            chat.evaluate(ids)
+            chat_done.set()
+
+    batcher.hold(True)
+    thread = threading.Thread(target=chat_step)
+    thread.start()
+    try:
+        idle = threading.Event()
+        for _ in range(1200):  # until the chat step is queued (the thread may start late)
+            with batcher._cond:
+                if any(r.seq == chat.seq for r in batcher._pending):
+                    break
+            idle.wait(0.1)
+        else:
+            pytest.fail("the chat slot's step was never queued")
+        with editor.engaged(urgent=True):
+            editor.evaluate(ids)  # decoded while held
+        assert not chat_done.is_set() and batcher.stats.decodes == 1
+        batcher.hold(False)
+        assert chat_done.wait(120), "the chat step stayed queued after the hold"
+    finally:
+        batcher.hold(False)
+        thread.join(120)
+        batcher.close()
+        base.close()
