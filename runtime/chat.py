@@ -59,7 +59,7 @@ class ChatEngine:
         self.strategy = strategy or autoregressive
         self.drafter = drafter
         self.owner = owner
-        """What opened target, strategy and drafter (:class:`tandem.runtime.engine.Engine`):
+        """What opened target, strategy and drafter (:class:`tandem.runtime.engine.builder.Engine`):
         :meth:`close` closes it instead of them."""
         self.lock = threading.Lock()
         self.fitter = ChatFitter(target)

@@ -36,7 +36,8 @@ from tandem.app.bench.run import (
 from tandem.app.bench.workloads import workload
 from tandem.errors import TandemError
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.runtime.engine import Engine, EngineSpec
+from tandem.runtime.engine.builder import Engine
+from tandem.runtime.engine.spec import EngineSpec
 from tandem.runtime.generate import DoneEvent, generate
 from tandem.runtime.machine import cpu_cores
 from tandem.runtime.speculative.factory import MODEL_FREE_SOURCES

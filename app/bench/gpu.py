@@ -37,7 +37,8 @@ from tandem.app.bench.run import BenchConfig, run_bench, run_tandem
 from tandem.app.bench.workloads import EDIT, EXTRACT, workload
 from tandem.runtime.backends.protocol import prefill
 from tandem.runtime.chat import chat_prompt
-from tandem.runtime.engine import EngineSpec, open_engine
+from tandem.runtime.engine.builder import open_engine
+from tandem.runtime.engine.spec import EngineSpec
 from tandem.runtime.machine import cpu_cores
 
 GPU_WORKLOADS = ("edit", "extract")

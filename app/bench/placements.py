@@ -5,7 +5,7 @@ For a GPU budget the target does not fit whole, the memory planner prices (a) pa
 offload with the drafter on the GPU, (b) the target on CPU threads with the drafter on
 the GPU and (c) a quantized KV cache (:mod:`tandem.runtime.planning.offload`), and picks
 one by predicted speed. Here every placement that fits is opened as ``tandem run --vram
-SIZE --offload NAME`` opens it (:func:`~tandem.runtime.engine.open_engine`, the planner
+SIZE --offload NAME`` opens it (:func:`~tandem.runtime.engine.builder.open_engine`, the planner
 pinned to that placement) and timed:
 
 * **plain**: the same engine with drafting off: the target's step cost as placed (the
@@ -35,7 +35,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tandem.app.bench.report import spread
-from tandem.runtime.engine import EngineSpec, open_engine, plan_llama
+from tandem.runtime.engine.builder import open_engine, plan_llama
+from tandem.runtime.engine.spec import EngineSpec
 from tandem.runtime.planning.devices import max_gpu_layers
 from tandem.runtime.planning.hardware import Machine, resolve_machine
 from tandem.runtime.planning.memory_model import Estimate

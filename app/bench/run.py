@@ -2,11 +2,11 @@
 
 Everything runs in one process on one target file. Every Tandem configuration is an
 engine opened by the builder every front end uses
-(:func:`tandem.runtime.engine.open_engine`: planned, placed, exact configuration,
+(:func:`tandem.runtime.engine.builder.open_engine`: planned, placed, exact configuration,
 ``--kv-type`` and ``--budget`` as in ``tandem run``), from the :class:`EngineSpec` a user
 would give for it, so the bench measures exactly what ``tandem run``, the chat app and
 the server run. Each reply starts a fresh strategy from its engine
-(:meth:`~tandem.runtime.engine.Engine.fresh_strategy`), so replies do not depend on the
+(:meth:`~tandem.runtime.engine.builder.Engine.fresh_strategy`), so replies do not depend on the
 order they ran in:
 
 * ``plain``: ``mode="off"``, the baseline every ratio is taken against;
@@ -41,7 +41,8 @@ from tandem.app.bench.workloads import DEFAULT_WORKLOADS, Workload, workload
 from tandem.errors import TandemError
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.backends.protocol import Backend
-from tandem.runtime.engine import Engine, EngineSpec, open_engine
+from tandem.runtime.engine.builder import Engine, open_engine
+from tandem.runtime.engine.spec import EngineSpec
 from tandem.runtime.generate import DoneEvent, generate
 from tandem.runtime.machine import cpu_cores
 from tandem.runtime.speculative.drafters.model import same_vocabulary

@@ -37,7 +37,8 @@ from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.chat import chat_prompt
 from tandem.runtime.constrained import GrammarSpec, compile_grammar
 from tandem.runtime.constrained.strategy import constrained
-from tandem.runtime.engine import EngineSpec, open_engine
+from tandem.runtime.engine.builder import open_engine
+from tandem.runtime.engine.spec import EngineSpec
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
 
 CONFIGS = ("plain", "forced", "lookup+forced", "spec+forced", "llama-grammar")

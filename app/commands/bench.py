@@ -17,7 +17,7 @@ from tandem.app.bench.workloads import DEFAULT_WORKLOADS, WORKLOADS
 from tandem.errors import TandemError
 from tandem.models.extras import require
 from tandem.models.store import resolve_model
-from tandem.runtime.engine import LLAMA_KV_TYPES
+from tandem.runtime.engine.spec import LLAMA_KV_TYPES
 from tandem.runtime.planning.hardware import parse_size
 
 
@@ -202,7 +202,8 @@ def run_structured_bench(args: argparse.Namespace) -> int:
 def run_autocomplete(args: argparse.Namespace) -> int:
     from tandem.app.bench.autocomplete import PROMPTS, markdown_table, run_bench
     from tandem.runtime.backends.llama import LlamaCppBackend
-    from tandem.runtime.engine import EngineSpec, open_engine
+    from tandem.runtime.engine.builder import open_engine
+    from tandem.runtime.engine.spec import EngineSpec
 
     if max(args.k) > 16:
         raise TandemError("--k values must be between 1 and 16.")

@@ -1,9 +1,9 @@
 """The flags that say how a model is opened, shared by `run`, `chat`, `serve`, `bench`
 and `plan`, with one set of defaults (README, "Using it"), and the
-:class:`~tandem.runtime.engine.EngineSpec` they describe.
+:class:`~tandem.runtime.engine.builder.EngineSpec` they describe.
 
 Each command adds the groups that apply to it (:func:`add_engine_flags`); everything
-goes through :func:`spec_from_args` to :func:`tandem.runtime.engine.open_engine`.
+goes through :func:`spec_from_args` to :func:`tandem.runtime.engine.builder.open_engine`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from tandem.app.commands.rpc_server import rpc_servers
 from tandem.errors import TandemError
 from tandem.models.store import resolve_model
-from tandem.runtime.engine import ENGINES, LLAMA_KV_TYPES, EngineSpec
+from tandem.runtime.engine.spec import ENGINES, LLAMA_KV_TYPES, EngineSpec
 from tandem.runtime.kv.config import PRESETS
 from tandem.runtime.moe.config import EVICTIONS, MoeOffloadSpec
 from tandem.runtime.planning.placement import DEVICE_CHOICES

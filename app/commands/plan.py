@@ -11,7 +11,7 @@ from tandem.app.commands.engine_flags import add_technique_flags, moe_spec
 from tandem.errors import BudgetError, TandemError
 from tandem.models.store import resolve_model
 from tandem.runtime.backends.opener import open_backend
-from tandem.runtime.engine import EngineSpec, check_spec, target_engine
+from tandem.runtime.engine.spec import EngineSpec, check_spec, target_engine
 from tandem.runtime.kv.config import PRESETS
 from tandem.runtime.planning.baseline import machine_baseline
 from tandem.runtime.planning.calibration import calibrate

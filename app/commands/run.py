@@ -16,7 +16,7 @@ from tandem.runtime.chat import chat_prompt
 from tandem.runtime.constrained import GrammarError, GrammarSpec, compile_grammar
 from tandem.runtime.constrained.grammar import definition
 from tandem.runtime.constrained.strategy import constrained
-from tandem.runtime.engine import open_engine
+from tandem.runtime.engine.builder import open_engine
 from tandem.runtime.generate import DoneEvent, GenerationStats, generate
 
 

@@ -102,7 +102,7 @@ def default_parallel(spec) -> int:
     :func:`tandem.runtime.planning.planner.parallel_for`) for a GGUF target in llama.cpp
     without a drafter model; 1 otherwise (a drafter serves one sequence; the torch engine,
     onnxruntime and RPC targets decode one)."""
-    from tandem.runtime.engine import target_engine
+    from tandem.runtime.engine.spec import target_engine
 
     if spec.rpc or spec.drafter is not None or target_engine(spec) != "llama.cpp":
         return 1

@@ -1,7 +1,7 @@
 """The models a server holds: each with its engine, chat engine, lanes and worker.
 
 A model is opened by the one engine builder every front end uses
-(:func:`tandem.runtime.engine.open_engine`), with the same flags and defaults as
+(:func:`tandem.runtime.engine.builder.open_engine`), with the same flags and defaults as
 `tandem run`; the server only adds per-client isolation (no suffix tree shared across
 requests: what drafts well would reveal other clients' text).
 
@@ -28,7 +28,8 @@ from tandem.runtime.backends.llama import LlamaCppBackend
 from tandem.runtime.backends.llama_batch import SequenceBatcher, SequenceView, open_views
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.chat import ChatEngine
-from tandem.runtime.engine import Engine, EngineSpec, engine_for, open_engine, spec_options
+from tandem.runtime.engine.builder import Engine, engine_for, open_engine
+from tandem.runtime.engine.spec import EngineSpec, spec_options
 from tandem.runtime.generate import Strategy
 from tandem.runtime.speculative.factory import SpeculativeStrategy, build_strategy
 

@@ -18,7 +18,7 @@ from tandem.app.tui.session import ChatSettings
 from tandem.app.tui.shown import plain
 from tandem.models.paths import models_dir
 from tandem.models.store import list_models
-from tandem.runtime.engine import EngineSpec
+from tandem.runtime.engine.spec import EngineSpec
 
 
 def open_history(path: Path | None) -> tuple[History, str | None]:

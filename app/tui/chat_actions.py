@@ -120,7 +120,7 @@ class ChatActions:
             if result is not None:
                 self.loader.load(self.loader.choice.with_models(result[0], result[1]))
 
-        # the speculative runtime is always installed now (runtime/engine.py builds every engine)
+        # the speculative runtime is always installed now (runtime/engine/ builds every engine)
         self.host.app.push_screen(ModelPicker(entries, choice.target, choice.drafter, True), done)
 
     def export(self) -> None:

@@ -4,7 +4,7 @@ them into a chat engine with progress, and restoring the ones a chat last used.
 Free of widgets like :mod:`.session`; :class:`.model_loading.ModelLoader` runs
 :func:`load_engine` in a worker thread and shows its :class:`LoadProgress` in the status
 line. Opening is the one engine builder every front end uses
-(:func:`tandem.runtime.engine.open_engine`).
+(:func:`tandem.runtime.engine.builder.open_engine`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from tandem.runtime.chat import ChatEngine
-from tandem.runtime.engine import EngineSpec, open_engine
+from tandem.runtime.engine.builder import open_engine
+from tandem.runtime.engine.spec import EngineSpec
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 :func:`build_strategy` is the one place where a draft mode (auto, model, xvocab, ngram,
 off) becomes drafters plus a policy around :func:`~tandem.runtime.speculative.loop.speculative`;
-the engine builder (:mod:`tandem.runtime.engine`) calls it for every front end.
+the engine builder (:mod:`tandem.runtime.engine.builder`) calls it for every front end.
 """
 
 from __future__ import annotations

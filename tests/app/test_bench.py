@@ -168,7 +168,7 @@ def test_plain_and_model_free_run_on_the_first_drafters_engine(real_models) -> N
     from pathlib import Path
 
     from tandem.app.bench.run import BenchConfig, engines_in, open_configs
-    from tandem.runtime.engine import EngineSpec
+    from tandem.runtime.engine.spec import EngineSpec
 
     cfg = BenchConfig(Path(real_models.smollm2), draft=Path(real_models.smollm2), draft2=Path(real_models.qwen_05b),
                       threads=1, ctx=512, lengths=())

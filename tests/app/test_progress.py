@@ -69,7 +69,8 @@ def test_a_fraction_shows_a_bar_without_counts() -> None:
 def test_loading_a_real_model_reports_its_progress_to_the_end(real_models) -> None:
     """llama.cpp's own load progress reaches the engine's caller (the CLI's bar, the TUI's
     status): rising fractions that end at 1; a failing listener does not stop the load."""
-    from tandem.runtime.engine import EngineSpec, open_engine
+    from tandem.runtime.engine.builder import open_engine
+    from tandem.runtime.engine.spec import EngineSpec
 
     seen: list[float] = []
     with open_engine(EngineSpec(real_models.smollm2, draft_mode="off", n_ctx=256, threads=1),

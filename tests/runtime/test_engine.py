@@ -13,7 +13,8 @@ import pytest
 
 from tandem.errors import BudgetError, TandemError
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.runtime.engine import Engine, EngineSpec, open_engine
+from tandem.runtime.engine.builder import Engine, open_engine
+from tandem.runtime.engine.spec import EngineSpec
 from tandem.runtime.generate import DoneEvent, generate
 from tandem.runtime.kv.config import PRESETS, held_bytes
 from tandem.runtime.moe.config import MoeOffloadSpec
@@ -188,7 +189,8 @@ def test_kv_type_on_a_real_model(real_models) -> None:
 LEFTOVER_THREADS = """
 import os, sys, time
 from pathlib import Path
-from tandem.runtime.engine import EngineSpec, open_engine
+from tandem.runtime.engine.builder import open_engine
+from tandem.runtime.engine.spec import EngineSpec
 
 before = len(os.listdir("/proc/self/task"))
 engine = open_engine(EngineSpec(Path(sys.argv[1]), threads=2, n_ctx=512))

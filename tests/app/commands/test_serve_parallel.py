@@ -9,7 +9,7 @@ import pytest
 
 from tandem.app.commands import serve
 from tandem.errors import TandemError
-from tandem.runtime.engine import EngineSpec
+from tandem.runtime.engine.spec import EngineSpec
 
 
 def _parse(*argv: str) -> argparse.Namespace:

@@ -20,7 +20,7 @@ import sys, time
 from pathlib import Path
 from tandem.app.history.database import History
 from tandem.app.tui.model_choice import ModelChoice, load_engine
-from tandem.runtime.engine import EngineSpec
+from tandem.runtime.engine.spec import EngineSpec
 from tandem.app.tui.session import ChatSettings, run_reply
 from tandem.kernels.sampling import SamplingParams
 from tandem.runtime.generate import TokenEvent

@@ -186,7 +186,8 @@ def test_asking_again_with_the_accepted_part_drafts_the_rest(real_models) -> Non
     from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import isolated, slot_for
     from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
-    from tandem.runtime.engine import EngineSpec, engine_for
+    from tandem.runtime.engine.builder import engine_for
+    from tandem.runtime.engine.spec import EngineSpec
 
     target = LlamaCppBackend(real_models.qwen_05b, LlamaConfig(n_ctx=2048, n_threads=2))
     spec = isolated(EngineSpec(real_models.qwen_05b, draft_mode="ngram", draft_len=6))

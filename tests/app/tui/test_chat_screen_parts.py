@@ -18,7 +18,7 @@ import tandem.app.tui.model_loading as model_loading
 from tandem.app.history.database import History
 from tandem.app.tui.model_choice import ModelChoice
 from tandem.app.tui.model_loading import EngineReady, ModelLoader
-from tandem.runtime.engine import EngineSpec
+from tandem.runtime.engine.spec import EngineSpec
 
 TUI = Path(model_loading.__file__).parent
 

@@ -303,7 +303,7 @@ async def test_continue_refuses_a_complete_reply(stories260k: Path, tmp_path: Pa
 # -- progress -----------------------------------------------------------------------------
 def test_loading_reports_its_stages(stories260k: Path) -> None:
     from tandem.app.tui.model_choice import LoadProgress, ModelChoice, close_engine, load_engine
-    from tandem.runtime.engine import EngineSpec
+    from tandem.runtime.engine.spec import EngineSpec
 
     stages: list[str] = []
     loaded: list[float] = []

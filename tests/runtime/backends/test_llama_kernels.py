@@ -19,7 +19,8 @@ from tandem.runtime.backends.llama_kernels import (
     probe,
     remember,
 )
-from tandem.runtime.engine import EngineSpec, open_engine
+from tandem.runtime.engine.builder import open_engine
+from tandem.runtime.engine.spec import EngineSpec
 from tandem.runtime.generate import DoneEvent, generate
 
 

@@ -56,7 +56,7 @@ def test_chat_and_server_engines_open_onnx_targets(stories260k: Path, stories_on
     from tandem.app.server.loaded_models import load_model
     from tandem.app.tui.model_choice import ModelChoice, load_engine
     from tandem.kernels.sampling import SamplingParams
-    from tandem.runtime.engine import EngineSpec
+    from tandem.runtime.engine.spec import EngineSpec
     from tandem.runtime.generate import DoneEvent
 
     messages = [{"role": "user", "content": "Once upon a time"}]

@@ -1,0 +1,1 @@
+"""The one engine builder: :mod:`.spec` says what to open, :mod:`.builder` opens it."""
