@@ -12,7 +12,9 @@ for how their steps share one llama.cpp batch). Waiting requests are taken
   one's answer is read;
 * **on a lane that holds the client's own KV** when one is free (its prompt prefix is
   reused, :mod:`.cache_owner`), else on the lane used longest ago; an /infill whose
-  client's superseded one still runs waits for that lane, which frees at its next step;
+  client's superseded one still runs waits for that lane: the superseded one's waiting
+  step is withdrawn (``interrupt``), so the lane frees at once, and until the newer one
+  starts the lanes decode nothing else (``hold``);
 * and, once an editor has been seen, **chat and completions leave one lane free** when the
   model has two or more, so an /infill never waits for a whole chat reply to end.
 

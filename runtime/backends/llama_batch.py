@@ -21,7 +21,9 @@ context to itself until it settles (:meth:`SequenceView.settle`: its first token
 steps wait for nobody, and nobody else's are decoded meanwhile, so the other slots'
 threads sleep instead of taking the CPU from its decode (on two cores, a chat slot's
 Python work between its steps costs an /infill more than its rows in a shared batch).
-After that it is a slot like the others.
+After that it is a slot like the others. A stopped job's slot gives up the step it waits
+for (:meth:`SequenceBatcher.interrupt`), and while the /infill that stopped it waits for
+that slot, the batcher decodes only urgent steps (:meth:`SequenceBatcher.hold`).
 
 **Lossless per slot.** What a slot computes must not depend on what the others do:
 
