@@ -74,7 +74,8 @@ def prepare(params: str, cache: Path) -> tuple[Path, Path]:
 
 
 def run(params: str, rounds: int, n_tokens: int, cache: Path, device: str | None) -> dict:
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.backends.onnx import OnnxBackend, OnnxConfig
     from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
 

@@ -30,7 +30,8 @@ def one_process(args: argparse.Namespace) -> dict[str, list[float]]:
     """Time every prompt ``args.reps`` times in this process: {prompt: [plain s / auto s]}."""
     from tandem.app.bench.workloads import workload
     from tandem.kernels.sampling import Sampler, SamplingParams
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.generate import DoneEvent, generate
     from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 

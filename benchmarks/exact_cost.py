@@ -26,7 +26,8 @@ import time
 
 import numpy as np
 
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.backends.selfcheck import batch_step_difference
 
 PROMPT = ("<|im_start|>user\nExplain, with a short Python example, how a hash map handles collisions, "

@@ -26,7 +26,8 @@ def ids_for(n_vocab: int, n: int, salt: int = 0) -> list[int]:
 
 
 def measure_ours(model: str, ngl: int, threads: int, kv: str, ks: list[int], reps: int) -> dict:
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
 
     start = time.perf_counter()
     b = LlamaCppBackend(model, LlamaConfig(n_ctx=2048, n_batch=512, n_gpu_layers=ngl, n_threads=threads,

@@ -144,7 +144,8 @@ def run(model: Path, vram: str, out_dir: Path, tokens: int, rounds: int, ctx: in
     """``time_budget_s``: no timed round starts after this many seconds of the run (at least
     one always runs), so a slow host cannot push the run past its time limit."""
     from tandem.runtime.backends.host_experts import ALL_LAYERS
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.backends.llama_devices import gpu_devices, gpu_offload_build
 
     began = time.perf_counter()

@@ -39,7 +39,8 @@ def nvidia_smi_used(index: int = 0) -> int:
 # -- the child: realise one plan and measure --------------------------------------------
 def child(spec: dict) -> dict:
     used0 = nvidia_smi_used()
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.backends.llama_devices import gpu_devices
 
     def free() -> int:

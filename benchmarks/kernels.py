@@ -47,7 +47,8 @@ class Peer:
 
 class Ours:
     def __init__(self, model: str, threads: int, n_ctx: int, repack: bool) -> None:
-        from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+        from tandem.runtime.backends.llama import LlamaCppBackend
+        from tandem.runtime.backends.llama_config import LlamaConfig
 
         self.backend = LlamaCppBackend(model, LlamaConfig(n_ctx=n_ctx, n_threads=threads, repack=repack))
 

@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable
 
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.backends.protocol import common_prefix_len
 from tandem.runtime.chat import ChatEngine, chat_prompt
 from tandem.runtime.generate import TokenEvent, generate

@@ -18,7 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
 from tandem.runtime.planning.devices import SAFETY
 from tandem.runtime.planning.memprobe import ProbeModel, ProbeSpec, measure

@@ -28,7 +28,8 @@ from pathlib import Path
 from benchmarks.heldout_prompts import HELD_OUT
 from tandem.app.bench.workloads import REAL_WORKLOADS, workload
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.chat import chat_prompt
 from tandem.runtime.generate import generate
 from tandem.runtime.speculative.cost import CostCurve, OnlineCost

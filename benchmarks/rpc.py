@@ -184,7 +184,7 @@ CONFIGS = ("plain", "model-auto", "model@4", "ngram")
 
 
 def _strategy(name: str, target, draft: Path, threads: int):
-    from tandem.runtime.backends.llama import LlamaConfig
+    from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 
     if name == "plain":
@@ -212,7 +212,8 @@ def _decode(target, prompt: list[int], strategy, tokens: int):
 def bench_delay(delay_ms: float, *, target_path: Path, draft_path: Path, threads: int, tokens: int,
                 rounds: int, layers: tuple[int, ...], configs: tuple[str, ...]) -> dict:
     from tandem.app.bench.workloads import workload
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
 
     with rpc_servers(2, threads=threads, delay_ms=delay_ms) as servers:
         target = LlamaCppBackend(target_path, LlamaConfig(n_ctx=1024, n_threads=threads, rpc=servers.endpoints,
@@ -258,7 +259,8 @@ def cost_curve(delay_ms: float, *, target_path: Path, threads: int, layers: tupl
                ks: tuple[int, ...] = (0, 1, 2, 4, 6), reps: int = 5) -> dict:
     """Seconds of one target call over k+1 positions through the servers (median of
     ``reps``, the k's interleaved), and c(k) = that over the one-token call."""
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
 
     with rpc_servers(2, threads=threads, delay_ms=delay_ms) as servers, LlamaCppBackend(
             target_path, LlamaConfig(n_ctx=512, n_threads=threads, rpc=servers.endpoints, rpc_layers=layers)) as target:

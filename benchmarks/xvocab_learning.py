@@ -27,7 +27,8 @@ import tempfile
 from pathlib import Path
 
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.generate import DoneEvent, generate
 from tandem.runtime.speculative.loop import speculative
 from tandem.runtime.speculative.policy.base import FixedLength

@@ -95,7 +95,8 @@ def vocab_gguf() -> Path:
 
 @pytest.fixture()
 def stories_backend(stories260k: Path):
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
 
     backend = LlamaCppBackend(stories260k, LlamaConfig(n_ctx=512))
     yield backend

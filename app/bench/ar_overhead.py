@@ -25,12 +25,8 @@ import llama_cpp
 from tandem.app.bench.workloads import CHAT
 from tandem.errors import TandemError
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.runtime.backends.llama import (
-    LlamaConfig,
-    LlamaCppBackend,
-    context_params,
-    model_params,
-)
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig, context_params, model_params
 from tandem.runtime.backends.llama_vocab import load_model
 from tandem.runtime.chat import chat_prompt
 from tandem.runtime.generate import DoneEvent, generate

@@ -70,7 +70,8 @@ def iter_chat_texts() -> Iterator[tuple[str, str]]:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
 
     if not args.paths and not args.chats:
         raise TandemError("Give at least one file or folder (or --chats) to build the n-gram model from.")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from tandem.models.quantize import FILE_TYPES
 from tandem.models.twin import build_twin, params_label
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.backends.protocol import Backend
 
 PROMPTS = ("Once upon a time", "The little dog", "Lily and Tom went to the park. They", "One day, a big")

@@ -40,7 +40,8 @@ def open_backend(path: str | Path, *, n_ctx: int | None = None, n_threads: int |
         from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
 
         return TorchBackend(path, TorchConfig(n_ctx=n_ctx, n_threads=n_threads))
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
 
     backend = LlamaCppBackend(path, llama_config or LlamaConfig(n_ctx=n_ctx, n_threads=n_threads), on_load=on_load)
     check_finite_once(backend)

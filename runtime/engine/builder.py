@@ -283,7 +283,7 @@ def _open_rpc(spec: EngineSpec, say: Notify, on_load: Callable[[float], None] | 
     budget less the drafter's (:mod:`tandem.runtime.planning.rpc_devices`). The drafter
     runs here on the CPU: there is no placement to measure."""
     # Local: llama_cpp and gguf load only when a GGUF target is opened.
-    from tandem.runtime.backends.llama import LlamaConfig
+    from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.planning.rpc_devices import plan_remote
 
     draft_path = spec.drafter if _wants_model(spec) else None
@@ -373,7 +373,7 @@ def _strategy(target: Backend, draft_path: Path | None, options: SpecOptions, ll
             say("loading the drafter")
             if llama_config is None and backend_kind(draft_path) == "gguf":  # not planned: the target's context
                 # Local: llama_cpp loads only when a GGUF model is opened.
-                from tandem.runtime.backends.llama import LlamaConfig
+                from tandem.runtime.backends.llama_config import LlamaConfig
 
                 llama_config = LlamaConfig(n_ctx=target.n_ctx, n_threads=threads)
             drafter = open_draft_backend(target, draft_path, llama_config=llama_config,

@@ -195,7 +195,8 @@ def _llama_context_overhead() -> int:
     cache, compute buffer, logits and runtime the memory model prices for it."""
     import tempfile
 
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.backends.selfcheck import write_tiny_llama
     from tandem.runtime.planning.llama_sizes import ContextSetup, LlamaSizes, work_buffer
     from tandem.runtime.planning.shapes import padded_ctx, shape_from_gguf

@@ -245,7 +245,7 @@ def _answer(model: str) -> int:
     import llama_cpp  # local: llama.cpp's libraries load only when this runs
 
     # Imported first: it installs its own (silencing) log callback, replaced here.
-    from tandem.runtime.backends.llama import LlamaConfig, context_params, model_params
+    from tandem.runtime.backends.llama_config import LlamaConfig, context_params, model_params
     from tandem.runtime.backends.llama_vocab import LlamaVocab, load_model
 
     lines: list[str] = []

@@ -131,7 +131,8 @@ def _open(m: ProbeModel):
         from tandem.runtime.backends.onnx import OnnxBackend, OnnxConfig
 
         return OnnxBackend(m.path, OnnxConfig(device="cpu", n_ctx=m.n_ctx, n_batch=m.n_batch, n_threads=m.n_threads))
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
 
     cfg = LlamaConfig(n_ctx=m.n_ctx, n_batch=m.n_batch, n_threads=m.n_threads, type_k=m.type_k,
                       type_v=m.type_v, flash_attn=m.flash_attn)

@@ -174,7 +174,7 @@ class Placed:
     draft_path: str | None = None
     """The drafter file the planner priced (maybe its quantized copy); ``None``: as given."""
     llama_config: object | None = None
-    """The drafter's :class:`~tandem.runtime.backends.llama.LlamaConfig` with its thread count."""
+    """The drafter's :class:`~tandem.runtime.backends.llama_config.LlamaConfig` with its thread count."""
     torch_config: object | None = None
     """The :class:`~tandem.runtime.backends.torch_engine.backend.TorchConfig` priced for a GPU drafter."""
     draft_device: str = "cpu"

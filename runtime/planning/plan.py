@@ -85,8 +85,8 @@ class ModelPlan:
                      self.n_gpu_layers, output_rows, self.host_expert_layers)
 
     def llama_config(self):
-        """The :class:`~tandem.runtime.backends.llama.LlamaConfig` that realises this plan."""
-        from tandem.runtime.backends.llama import LlamaConfig
+        """The :class:`~tandem.runtime.backends.llama_config.LlamaConfig` that realises this plan."""
+        from tandem.runtime.backends.llama_config import LlamaConfig
 
         return LlamaConfig(n_ctx=self.n_ctx, n_batch=self.n_batch, n_threads=self.n_threads,
                            n_gpu_layers=self.n_gpu_layers, type_k=self.type_k, type_v=self.type_v,

@@ -16,7 +16,8 @@ from tandem.app.commands.twin import agreement, greedy
 from tandem.errors import ModelFormatError, ModelNotFound, TandemError, UnsupportedModel
 from tandem.models.convert import convert_hf, permute_qk
 from tandem.models.gguf_file import inspect_gguf
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 
 
 def load_reference():

@@ -44,7 +44,8 @@ def test_all_experts_sum_to_the_dense_ffn() -> None:
 
 def test_gguf_layout_is_exact_with_all_experts(stories260k: Path, tmp_path: Path) -> None:
     """top-k = E and a zero router make every weight 1/E (x E in down): the dense model in llama.cpp."""
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
 
     reader, dense = read_dense_ffns(stories260k)
     cfg = MoefyConfig(n_experts=4, top_k=4, router_steps=5)
@@ -61,7 +62,8 @@ def test_gguf_layout_is_exact_with_all_experts(stories260k: Path, tmp_path: Path
 
 
 def test_moefied_gguf_loads_in_llama_cpp_and_torch(stories_moe: Path) -> None:
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
 
     info = inspect_gguf(stories_moe)

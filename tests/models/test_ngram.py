@@ -82,7 +82,8 @@ def test_cli_build_from_files_and_list(stories260k, tmp_path, capsys) -> None:
     rc = main(["ngram", "build", str(tmp_path), "-m", str(stories260k), "--name", "notes"])
     assert rc == 0
     assert "Built n-gram model 'notes'" in capsys.readouterr().out
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
 
     with LlamaCppBackend(stories260k, LlamaConfig(n_ctx=64)) as b:
         fp = tokenizer_fingerprint(b.n_vocab, b.token_bytes)

@@ -12,7 +12,8 @@ from tandem.errors import ModelFormatError, TandemError
 from tandem.models.gguf_file import inspect_gguf
 from tandem.models.shape import DecoderShape
 from tandem.models.twin import build_twin, ensure_twin, parse_params, plan_twin
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 
 CFG = LlamaConfig(n_ctx=256, n_threads=1)
 SHAPE_656K = DecoderShape(n_vocab=2048, n_embd=128, n_ff=384, n_layer=2, n_head=8, n_head_kv=4, head_dim=16,

@@ -37,7 +37,8 @@ class CountingTokenizer:
 
 @pytest.fixture(scope="module", params=["smollm2", "qwen_05b", "qwen_15b"])
 def backend(request, real_models):
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
 
     b = LlamaCppBackend(getattr(real_models, request.param), LlamaConfig(n_ctx=1024, n_threads=1))
     yield b
@@ -88,7 +89,8 @@ def test_fitted_prompt_is_the_one_turn_at_a_time_prompt(backend) -> None:
 
 def test_each_turn_is_tokenized_once_across_replies(real_models) -> None:
     """A chat that goes on: what each reply tokenizes does not grow with the chat."""
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.chat import ChatEngine
 
     b = LlamaCppBackend(real_models.smollm2, LlamaConfig(n_ctx=1024, n_threads=1))
@@ -111,7 +113,8 @@ def test_each_turn_is_tokenized_once_across_replies(real_models) -> None:
 
 def test_many_tiny_messages_cost_one_tokenization_each(real_models) -> None:
     """3000 one-letter messages: fitted with about one tokenizer call per message."""
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.chat import ChatEngine
 
     b = LlamaCppBackend(real_models.smollm2, LlamaConfig(n_ctx=2048, n_threads=1))
@@ -126,7 +129,8 @@ def test_many_tiny_messages_cost_one_tokenization_each(real_models) -> None:
 
 
 def test_a_conversation_that_cannot_fit_is_refused_with_its_size(real_models) -> None:
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.chat import ChatEngine
 
     b = LlamaCppBackend(real_models.smollm2, LlamaConfig(n_ctx=512, n_threads=1))
@@ -146,7 +150,8 @@ def test_a_conversation_that_cannot_fit_is_refused_with_its_size(real_models) ->
 
 def test_fitting_stops_when_cancelled(real_models) -> None:
     from tandem.kernels.sampling import SamplingParams
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.chat import ChatEngine
     from tandem.runtime.chat_fit import FitCancelled
 

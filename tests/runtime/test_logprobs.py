@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.generate import DoneEvent, TokenEvent, generate
 from tandem.runtime.logprobs import log_softmax, token_logprobs
 from tandem.runtime.speculative.factory import SpecOptions, build_strategy

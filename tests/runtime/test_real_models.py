@@ -16,12 +16,8 @@ import sys
 import pytest
 
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.runtime.backends.llama import (
-    EXACT_BATCH,
-    EXACT_BATCH_REPACKED,
-    LlamaConfig,
-    LlamaCppBackend,
-)
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import EXACT_BATCH, EXACT_BATCH_REPACKED, LlamaConfig
 from tandem.runtime.backends.selfcheck import batch_step_difference, describe_exit, run_selfcheck
 from tandem.runtime.chat import ChatEngine
 from tandem.runtime.generate import generate

@@ -62,7 +62,8 @@ def reply_so_far(db: Path) -> str:
 
 def full_reply(model: Path, max_tokens: int) -> str:
     from tandem.kernels.sampling import SamplingParams
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.chat import ChatEngine
 
     with LlamaCppBackend(model, LlamaConfig(n_ctx=2048, n_threads=1)) as target:

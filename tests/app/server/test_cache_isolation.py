@@ -24,7 +24,8 @@ REQUESTS = {
 def server(stories260k):
     from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import make_slot
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
 
     slot = make_slot(LlamaCppBackend(stories260k, LlamaConfig(n_ctx=256, n_threads=1)), name="stories")
     with running(create_app([slot], ServerConfig())) as url:

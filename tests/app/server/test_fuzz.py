@@ -69,7 +69,8 @@ PATHS = st.sampled_from(["/v1/chat/completions", "/v1/completions", "/infill", "
 def fuzz_server(stories260k):
     from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import make_slot
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
 
     slot = make_slot(LlamaCppBackend(stories260k, LlamaConfig(n_ctx=128, n_threads=1)), name="stories")
     with running(create_app([slot], ServerConfig(max_body_bytes=1 << 20)), start_timeout=20) as url:

@@ -21,7 +21,8 @@ REQUESTS = Path(__file__).parent / "infill_requests"
 def gpu_server(request: pytest.FixtureRequest):
     from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import make_slot
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
 
     target = LlamaCppBackend(gpu_models(request).drafter, LlamaConfig(n_ctx=2048, n_gpu_layers=-1))
     assert target.memory().device == "cuda"

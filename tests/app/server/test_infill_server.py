@@ -27,7 +27,8 @@ def qwen_server(real_models):
     """The server as `tandem serve` builds it (speculative decoding on, the default)."""
     from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import make_slot
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
 
     target = LlamaCppBackend(real_models.qwen_05b, LlamaConfig(n_ctx=2048, n_threads=2))
     slot = make_slot(target, name="qwen")
@@ -163,7 +164,8 @@ def test_cache_reuse_keeps_the_extra_chunks_that_moved(real_models) -> None:
     rather than evaluated again, and the fill is still the right one."""
     from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import make_slot
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
 
     base = _request("llama_vim_fim", n_predict=16, t_max_predict_ms=0)
     first = base | {"input_extra": [UTILS, *base["input_extra"]]}
@@ -185,7 +187,8 @@ def test_asking_again_with_the_accepted_part_drafts_the_rest(real_models) -> Non
     A fixed draft length, so the test does not depend on this CPU's verify costs."""
     from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import isolated, slot_for
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.engine.builder import engine_for
     from tandem.runtime.engine.spec import EngineSpec
 

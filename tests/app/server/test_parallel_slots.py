@@ -17,7 +17,8 @@ QUESTIONS = ["Name a colour.", "What is 2 + 2?", "Say hello in French.", "Name a
 def two_slot_server(real_models):
     from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import make_slot
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
 
     target = LlamaCppBackend(real_models.smollm2, LlamaConfig(n_ctx=512, n_threads=1, n_seq=2))
     slot = make_slot(target, name="smol")

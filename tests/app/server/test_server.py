@@ -22,7 +22,8 @@ def server(stories260k):
     """One server for the module: stories260K, speculative default, real sockets."""
     from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import make_slot
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
 
     target = LlamaCppBackend(stories260k, LlamaConfig(n_ctx=256, n_threads=1))
     slot = make_slot(target, name="stories")

@@ -25,7 +25,8 @@ PROMPT = "Once upon a time"
 
 def _slot(path, max_queue: int = 1):
     from tandem.app.server.loaded_models import make_slot
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
 
     target = LlamaCppBackend(path, LlamaConfig(n_ctx=256, n_threads=1))
     return make_slot(target, name="stories", max_queue=max_queue)

@@ -22,7 +22,8 @@ PROMPT = "Once upon a time"
 def served(stories260k: Path, tmp_path_factory: pytest.TempPathFactory):
     from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import make_slot
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
 
     log = tmp_path_factory.mktemp("server") / "logs" / "requests.jsonl"
     target = LlamaCppBackend(stories260k, LlamaConfig(n_ctx=256, n_threads=1))

@@ -59,7 +59,8 @@ def read_rest(sock: socket.socket) -> bytes:
 def _app(path, n_ctx: int, request_log: Path | None = None):
     from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import make_slot
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
 
     target = LlamaCppBackend(path, LlamaConfig(n_ctx=n_ctx, n_threads=1))
     slot = make_slot(target, name="m", speculative=False)

@@ -24,7 +24,8 @@ def server(real_models):
     """One server, both coders and SmolLM2 (a request picks one with ``model``)."""
     from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import make_slot
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
 
     slots = [make_slot(LlamaCppBackend(path, LlamaConfig(n_ctx=4096, n_threads=1)), name=name)
              for name, path in ((SMALL, real_models.qwen_05b), (BIG, real_models.qwen_15b),

@@ -14,7 +14,8 @@ WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "w
 
 
 def test_a_long_chat_prefills_only_the_new_turn(real_models, tmp_path) -> None:
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.chat import ChatEngine
 
     b = LlamaCppBackend(real_models.smollm2, LlamaConfig(n_ctx=512, n_threads=1))

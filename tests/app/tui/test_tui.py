@@ -35,7 +35,8 @@ def anyio_backend() -> str:
 
 def greedy_reply(model: Path, messages: list[dict], max_tokens: int) -> str:
     """The reply computed outside the app, straight from the engine."""
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.chat import ChatEngine
 
     with LlamaCppBackend(model, LlamaConfig(n_ctx=2048, n_threads=1)) as target:

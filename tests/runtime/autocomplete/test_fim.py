@@ -15,7 +15,8 @@ import pytest
 from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
 
 from tandem.runtime.autocomplete.drafts import Autocompleter, build_fim_prompt, supports_fim
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 
 FIM_IDS = {"fim_pre_token_id": 3, "fim_suf_token_id": 4, "fim_mid_token_id": 5}
 

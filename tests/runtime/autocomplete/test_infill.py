@@ -15,7 +15,8 @@ from tandem.runtime.autocomplete.infill import (
     reusable_spans,
     run_infill,
 )
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.generate import DoneEvent, generate
 from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from tandem.runtime.autocomplete.superposed import SuperposedDecoder
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 
 
 def test_rows_equal_the_whole_table(stories_backend) -> None:

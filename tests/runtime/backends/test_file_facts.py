@@ -12,7 +12,8 @@ import pytest
 
 from tandem.errors import ModelFormatError
 from tandem.runtime.backends import file_facts
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.backends.opener import open_backend
 
 

@@ -14,7 +14,8 @@ from tiny_moe import N_LAYER, write_tiny_moe
 
 from tandem.errors import TandemError
 from tandem.runtime.backends.host_experts import ALL_LAYERS, HostExperts, expert_layers, host_layers
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.backends.llama_log import install as quiet_llama_log
 
 

@@ -65,7 +65,8 @@ def _head32_model(stories260k: Path, out: Path) -> Path:
 
 @pytest.mark.parametrize("kv_type", ["q8_0", "q4_0"])
 def test_llama_cpp_quantized_kv_loads_and_generates(stories260k: Path, tmp_path: Path, kv_type: str) -> None:
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
 
     model = _head32_model(stories260k, tmp_path / "head32.gguf")
     ref = LlamaCppBackend(model, LlamaConfig(n_ctx=256))

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from tandem.errors import PromptError
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.backends.protocol import Backend, prefill
 
 PROMPT = "Once upon a time, there was a little dog"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
 from tandem.runtime.backends.llama_batch import (
     CHUNK_ALIGN,
     CHUNK_MIN,
@@ -20,6 +20,7 @@ from tandem.runtime.backends.llama_batch import (
     StepWithdrawn,
     open_views,
 )
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.backends.protocol import chunk_bounds
 from tandem.runtime.generate import DoneEvent, generate
 from tandem.runtime.speculative.factory import SpecOptions, build_strategy

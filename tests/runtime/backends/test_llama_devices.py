@@ -69,7 +69,8 @@ def test_a_model_can_be_kept_off_every_gpu(stories260k) -> None:
     every device): the baseline's tiny model measures host memory even on a CUDA build."""
     import ctypes
 
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend, model_params
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig, model_params
 
     params = model_params(LlamaConfig(n_gpu_layers=-1, gpu_devices=False))
     assert params.devices and ctypes.c_void_p.from_address(params.devices).value is None

@@ -23,7 +23,8 @@ from gpu_models import GpuModels, gpu_models, needs_gpu_build
 from greedy_runs import greedy_rows
 
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.backends.selfcheck import batch_step_difference
 from tandem.runtime.generate import DoneEvent, generate
 from tandem.runtime.speculative.factory import SpecOptions, build_strategy

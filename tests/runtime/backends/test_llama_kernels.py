@@ -10,7 +10,7 @@ import pytest
 
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.backends import llama_kernels
-from tandem.runtime.backends.llama import EXACT_BATCH, EXACT_BATCH_REPACKED
+from tandem.runtime.backends.llama_config import EXACT_BATCH, EXACT_BATCH_REPACKED
 from tandem.runtime.backends.llama_kernels import (
     KernelChoice,
     cached_choice,

@@ -19,7 +19,8 @@ from greedy_runs import greedy_rows
 from tandem.app.cli import main
 from tandem.errors import ModelNotFound
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.backends.onnx import OnnxBackend, OnnxConfig
 from tandem.runtime.backends.onnx_export import export_onnx
 from tandem.runtime.backends.onnx_meta import read_onnx_meta

@@ -18,7 +18,8 @@ from greedy_runs import greedy_rows
 from benchmarks.rpc import SERVER, DelayProxy, free_port, wait_listening
 from tandem.errors import TandemError
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.backends.rpc_probe import (
     RPC_PROTO_MAJOR,
     RpcError,

@@ -16,7 +16,8 @@ import torch
 from greedy_runs import greedy_rows
 
 from tandem.errors import ModelFormatError, ModelNotFound
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig, tree_mask
 from tandem.runtime.backends.torch_engine.cache import KVCache
 from tandem.runtime.backends.torch_engine.loader import unpermute_rope

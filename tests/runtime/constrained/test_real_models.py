@@ -9,7 +9,8 @@ import json
 import pytest
 
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.chat import chat_prompt
 from tandem.runtime.constrained import GrammarSpec, compile_grammar
 from tandem.runtime.constrained.strategy import constrained

@@ -12,7 +12,8 @@ import pytest
 
 from tandem.errors import TandemError
 from tandem.kernels.acceptance import expected_tokens
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.planning.calibration import calibrate, place
 from tandem.runtime.planning.placement import (
     Costs,

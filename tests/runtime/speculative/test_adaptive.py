@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from toy_models import ToyBackend, random_table
 
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.speculative.cost import (
     FIRST_SIZES,
     SAVED_RUNS,

@@ -12,7 +12,8 @@ import torch
 
 from tandem.app.cli import main
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.generate import DoneEvent, generate
 from tandem.runtime.speculative.drafters.distill import (
     DistillConfig,

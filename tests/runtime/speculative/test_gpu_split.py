@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
 from tandem.runtime.speculative.drafters.model import ModelDrafter

@@ -8,7 +8,8 @@ import pytest
 
 from tandem.errors import TandemError
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
 from tandem.runtime.speculative.cost import FIRST_SIZES, CostCurve, OnlineCost

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.generate import DecodeStats, DoneEvent, autoregressive, generate
 from tandem.runtime.planning.placement import Option
 from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter
@@ -138,7 +139,8 @@ def test_windowed_drafter_view_moves_in_half_windows() -> None:
 def test_build_strategy_draft_window_keeps_drafting_past_the_cap(stories260k) -> None:
     """The planner's drafter context cap: drafting goes on from a sliding window, lossless."""
     from tandem.kernels.sampling import Sampler, SamplingParams
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.generate import DoneEvent, autoregressive, generate
     from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 
@@ -166,7 +168,8 @@ def test_build_strategy_predrafts_in_the_one_speculative_loop(stories260k) -> No
     """`SpecOptions(predraft=True)` (on by default for a GPU drafter) is lossless through
     build_strategy (hit rates are checked on the split tests above, same loop)."""
     from tandem.kernels.sampling import Sampler, SamplingParams
-    from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.generate import DoneEvent, autoregressive, generate
     from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 

@@ -40,7 +40,8 @@ from tandem.kernels.vocab_map import (
     scatter_to_target,
     translate,
 )
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.generate import generate
 from tandem.runtime.speculative.drafters.xvocab.drafter import CrossVocabDrafter, XVocabConfig
 from tandem.runtime.speculative.drafters.xvocab.translation_cache import NGramCache

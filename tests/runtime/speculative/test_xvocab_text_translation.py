@@ -24,7 +24,8 @@ from toy_vocab import DRAFT_PIECES, TARGET_PIECES, PieceToy
 
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.kernels.vocab_map import text_confidence
-from tandem.runtime.backends.llama import LlamaConfig, LlamaCppBackend
+from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.backends.llama_vocab import LlamaVocab
 from tandem.runtime.generate import autoregressive, generate
 from tandem.runtime.speculative.drafters.xvocab.drafter import CrossVocabDrafter, XVocabConfig
