@@ -47,6 +47,7 @@ from tandem.runtime.planning.devices import (
     torch_cuda_ok,
 )
 from tandem.runtime.planning.hardware import Machine, format_size, resolve_machine
+from tandem.runtime.planning.ladder import draft_quant_copy, kv_candidates, ladder
 from tandem.runtime.planning.llama_sizes import close_all
 from tandem.runtime.planning.memory_model import Estimate, Item, Setup, estimate
 from tandem.runtime.planning.memprobe import process_rss, unresident_code
@@ -54,7 +55,6 @@ from tandem.runtime.planning.offload import Pair, check_pin, compare, needs_comp
 from tandem.runtime.planning.plan import (
     ACCEPTANCE_PRIOR,
     KV_QUALITY,
-    KV_TYPES,
     ModelPlan,
     OffloadOption,
     Plan,
@@ -68,67 +68,7 @@ from tandem.runtime.planning.suggest import leanest_kv, suggest
 PROFILE_BASELINE = 80 * 1024**2
 """Python, numpy, llama-cpp-python and the app, resident before any model (measured
 ~45 MiB for the CLI here; the TUI adds ~30 MiB)."""
-DRAFT_CELLS = (1024, 512, 256)
-"""Context cells of a windowed drafter, from roomiest to leanest. llama.cpp pads a KV
-cache to 256 cells (and the torch engine's cache doubles from 256), so memory moves in
-those steps: each window is what its cells leave after the k + 1 draft and verify slots
-(251 tokens at k = 4 in 256 cells: a 128 window there priced and measured the same
-memory, but slid during SpecMemo's 192-token run and cost 5 % more target calls)."""
-DRAFT_LENGTHS = (8, 4, 2)
-LEAN_DRAFT_BATCH = 8
-"""Prefill batch of the leanest drafter: a windowed drafter only ever re-reads its window,
-and a small batch shrinks its compute buffer, output buffer and logits rows."""
-DRAFT_QUANT = "q8_0"
-"""Type of the drafter copy the ladder tries (lossless for the output: the target verifies)."""
 MIN_CTX = 256
-
-
-def _draft_rungs(d_shape: ModelShape, ctx: int, draft_max: int, quant: str | None):
-    """Drafter settings ((window, batch, kv, quant), k, note) from best to leanest, each
-    with the drafter's own weights first and then with its ``quant`` copy (if any)."""
-    d_ctx_full = min(ctx, d_shape.n_ctx_train)
-    d_kv = "q8_0" if d_shape.kv_type_ok("q8_0") else "f16"
-    rungs = [((None, 256, "f16"), draft_max, "full drafter")]
-    windows = [c - draft_max - 1 for c in DRAFT_CELLS]
-    rungs += [((w, 64, "f16"), draft_max, f"draft window {w}") for w in windows if 0 < w < d_ctx_full]
-    rungs += [((max(8, min(DRAFT_CELLS[-1] - k - 1, d_ctx_full)), LEAN_DRAFT_BATCH, d_kv), k, "lean drafter")
-              for k in DRAFT_LENGTHS if k <= draft_max]
-    for (window, batch, kv), k, note in rungs:
-        for q in (None, quant) if quant else (None,):
-            yield (window, batch, kv, q), k, note
-
-
-def kv_candidates(t_shape: ModelShape, req: PlanRequest) -> list[str]:
-    """The target KV types to try, best first: the one asked for, or f16 and then the
-    quantized types the model's heads allow (unless ``allow_kv_quant`` is off)."""
-    if req.kv_type is not None:
-        if req.kv_type not in KV_TYPES:
-            raise TandemError(f"Unknown KV cache type {req.kv_type!r}; choose one of {', '.join(KV_TYPES)}.")
-        if not t_shape.kv_type_ok(req.kv_type):
-            raise TandemError(f"--kv-type {req.kv_type} stores blocks of 32 values but {t_shape.name}'s attention "
-                              f"heads have {t_shape.head_dim}; use f16 for this model.")
-        return [req.kv_type]
-    return [kv for kv in KV_TYPES if kv == "f16" or (req.allow_kv_quant and t_shape.kv_type_ok(kv))]
-
-
-def _ladder(t_shape: ModelShape, d_shape: ModelShape | None, ctx: int, draft_max: int, quant: str | None,
-            kv_types: list[str]):
-    """Candidate (target KV, target batch, drafter settings or None, k, note), best first."""
-    for kv in kv_types:
-        for t_batch in (256, 64):
-            if d_shape is not None:
-                for draft_cfg, k, note in _draft_rungs(d_shape, ctx, draft_max, quant):
-                    yield kv, t_batch, draft_cfg, k, note
-            yield kv, t_batch, None, draft_max, "no draft model"
-
-
-def _draft_quant(path: Path, shape: ModelShape) -> tuple[str, ModelShape] | None:
-    """A :data:`DRAFT_QUANT` copy worth trying: for an F32/F16/BF16 drafter whose copy is
-    at least 20 % smaller (its rows must hold whole blocks)."""
-    if shape.weight_type not in ("f32", "f16", "bf16"):
-        return None
-    copy = shape_from_gguf(path, as_type=DRAFT_QUANT)
-    return (DRAFT_QUANT, copy) if copy.weights_bytes <= 0.8 * shape.weights_bytes else None
 
 
 def detected_baseline() -> int:
@@ -182,7 +122,7 @@ def _make_plan(req: PlanRequest) -> Plan:
     quant = None
     if req.draft:
         d_shapes[None] = shape_from_gguf(req.draft)
-        q = _draft_quant(req.draft, d_shapes[None])
+        q = draft_quant_copy(req.draft, d_shapes[None])
         if q is not None:
             quant, d_shapes[quant] = q
     explicit = req.ctx is not None
@@ -246,7 +186,7 @@ def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelSh
     gpu_ok = gpu_offload_ok(machine)
     torch_cuda = bool(d_shapes) and not gpu_ok and torch_cuda_ok(machine)
     d_shape = d_shapes.get(None)
-    for kv, t_batch, draft_cfg, k, note in _ladder(t_shape, d_shape, ctx, req.draft_max, quant,
+    for kv, t_batch, draft_cfg, k, note in ladder(t_shape, d_shape, ctx, req.draft_max, quant,
                                                    kv_candidates(t_shape, req)):
         # Model-free drafting verifies k drafts too, with or without a draft model.
         target = ModelPlan(str(req.target), ctx + k, t_batch, kv, kv, n_threads=req.threads, n_seq=req.n_seq)
