@@ -11,10 +11,8 @@ import numpy as np
 from tandem.kernels.acceptance import expected_tokens, expected_tokens_upto
 from tandem.runtime.speculative.cost import CostCurve, OnlineCost
 from tandem.runtime.speculative.policy.beliefs import (
-    TRUST_AFTER,
-    UNPROVEN_FIRST,
-    UNPROVEN_POWER,
     Acceptance,
+    Calibration,
 )
 
 
@@ -111,9 +109,9 @@ class AdaptivePolicy:
         self._probe_gap = self.config.probe_every
         self.rounds_off = 0
         self.probes = 0
-        self._calib: dict[str, tuple[float, float]] = {}
-        """Per source: decayed (accepted tokens, summed confidence of the tokens tested)."""
+        self.calibration = Calibration(self.is_free, self.measured_sources, self.config.decay)
         self._last_conf: np.ndarray | None = None
+        """The confidences of the model-free draft :meth:`trim` let through, for its verdict."""
         self.model_budget: int | None = None
         self.draft_timed = 0
         """Rounds that timed the model drafter (its :attr:`draft_cost` is then learnt)."""
@@ -254,7 +252,7 @@ class AdaptivePolicy:
             return 0  # no draft can pay enough on this target here (a compute-bound verify)
         if confidence is not None:
             raw = np.asarray(confidence[:n], dtype=np.float64)
-            a = self.believed(raw, source)
+            a = self.calibration.believed(raw, source)
             self._last_conf = raw
         else:
             a = self._free_stats(source).rates()[:n]
@@ -263,7 +261,7 @@ class AdaptivePolicy:
         m = int(np.argmax(rates))
         pays = m > 0 and rates[m] >= self.config.min_gain
         probe_pays = self.probe_can_pay()
-        unproven = self._calib.get(source, (0.0, 0.0))[1] < TRUST_AFTER and source not in self.measured_sources
+        unproven = not self.calibration.proven(source)
         if pays and unproven:
             if not probe_pays or rates[m] < self.config.probe_promise:
                 return 0  # trust could only be earned at a loss, or would gain too little
@@ -347,36 +345,6 @@ class AdaptivePolicy:
         timed = seconds / tokens / t1
         self.catch_up_cost = timed if self.catch_up_cost is None else 0.5 * (self.catch_up_cost + timed)
 
-    def calibration(self, source: str = "") -> float:
-        """Observed acceptances per unit of predicted confidence for ``source`` (decayed):
-        each source's confidence (suffix-tree frequencies, match lengths) is its own scale.
-        A model-free source with no verdict of its own yet starts from what the others
-        earned: suffix tree and prompt lookup copy the same text, and where one's first
-        probe failed (chat prose, a few matched words), the other's failed too — two
-        failed probes a reply, 4 % of 64 tokens at 2 threads."""
-        acc, conf = self._verdicts(source)
-        prior = TRUST_AFTER if source in self.measured_sources else 1.0  # pseudo-tokens at face value
-        return float(np.clip((acc + prior) / (conf + prior), 0.0, 1.5))
-
-    def _verdicts(self, source: str) -> tuple[float, float]:
-        """(accepted, confidence tested) behind ``source``'s calibration: its own, or the
-        model-free sources' pooled while it has none."""
-        acc, conf = self._calib.get(source, (0.0, 0.0))
-        if conf == 0.0 and self.is_free(source) and source not in self.measured_sources:
-            pooled = [v for name, v in self._calib.items() if self.is_free(name) and name not in self.measured_sources]
-            acc, conf = sum(a for a, _ in pooled), sum(c for _, c in pooled)
-        return acc, conf
-
-    def believed(self, confidence: np.ndarray, source: str) -> np.ndarray:
-        """Acceptance rates a model-free draft's confidences stand for: calibrated by the
-        verdicts so far, or, before any, raised to :data:`UNPROVEN_POWER` (the first at
-        most :data:`UNPROVEN_FIRST`)."""
-        if self._verdicts(source)[1] > 0.0:
-            return np.clip(confidence * self.calibration(source), 0.0, 0.999)
-        rates = np.clip(confidence, 0.0, 0.999) ** (1.0 if source in self.measured_sources else UNPROVEN_POWER)
-        rates[:1] = np.minimum(rates[:1], UNPROVEN_FIRST)
-        return rates
-
     def observe(
         self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float, source: str = "",
         *, timed: bool = True, evaluated: int | None = None,
@@ -407,8 +375,5 @@ class AdaptivePolicy:
 
     def _calibrate(self, drafted: int, accepted: int, source: str) -> None:
         if self._last_conf is not None:
-            tested = min(drafted, accepted + 1)
-            acc, conf = self._calib.get(source, (0.0, 0.0))
-            decay = self.config.decay
-            self._calib[source] = (decay * acc + accepted, decay * conf + float(np.sum(self._last_conf[:tested])))
+            self.calibration.record(self._last_conf, drafted, accepted, source)
             self._last_conf = None

@@ -4,6 +4,7 @@ verdicts: per-position acceptance counts, and how far a model-free draft's own c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -59,3 +60,59 @@ class Acceptance:
         tested = min(drafted, accepted + 1, len(self.reached))
         self.reached[:tested] += 1.0
         self.accepted[:min(accepted, len(self.accepted))] += 1.0
+
+
+@dataclass
+class Calibration:
+    """How far each model-free source's own confidences (suffix-tree frequencies, match
+    lengths: each source's own scale) are believed, from the target's verdicts on its
+    drafts: per source, decayed (accepted tokens, summed confidence of the tokens tested).
+    ``measured`` sources' confidences are acceptance rates already, trusted from the start
+    (:data:`TRUST_AFTER` pseudo-tokens at face value); ``is_free`` names the model-free
+    sources, which lend each other their verdicts until they have their own."""
+
+    is_free: Callable[[str], bool]
+    measured: frozenset[str]
+    decay: float
+    _verdicts: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def factor(self, source: str = "") -> float:
+        """Observed acceptances per unit of predicted confidence for ``source`` (decayed).
+        A model-free source with no verdict of its own yet starts from what the others
+        earned: suffix tree and prompt lookup copy the same text, and where one's first
+        probe failed (chat prose, a few matched words), the other's failed too — two
+        failed probes a reply, 4 % of 64 tokens at 2 threads."""
+        acc, conf = self.verdicts(source)
+        prior = TRUST_AFTER if source in self.measured else 1.0  # pseudo-tokens at face value
+        return float(np.clip((acc + prior) / (conf + prior), 0.0, 1.5))
+
+    def verdicts(self, source: str) -> tuple[float, float]:
+        """(accepted, confidence tested) behind ``source``'s factor: its own, or the
+        model-free sources' pooled while it has none."""
+        acc, conf = self._verdicts.get(source, (0.0, 0.0))
+        if conf == 0.0 and self.is_free(source) and source not in self.measured:
+            pooled = [v for name, v in self._verdicts.items() if self.is_free(name) and name not in self.measured]
+            acc, conf = sum(a for a, _ in pooled), sum(c for _, c in pooled)
+        return acc, conf
+
+    def proven(self, source: str) -> bool:
+        """``source`` has earned full-length verification: measured, or :data:`TRUST_AFTER`
+        confidence-weighted tokens of its own verified."""
+        return source in self.measured or self._verdicts.get(source, (0.0, 0.0))[1] >= TRUST_AFTER
+
+    def believed(self, confidence: np.ndarray, source: str) -> np.ndarray:
+        """Acceptance rates a model-free draft's confidences stand for: calibrated by the
+        verdicts so far, or, before any, raised to :data:`UNPROVEN_POWER` (the first at
+        most :data:`UNPROVEN_FIRST`)."""
+        if self.verdicts(source)[1] > 0.0:
+            return np.clip(confidence * self.factor(source), 0.0, 0.999)
+        rates = np.clip(confidence, 0.0, 0.999) ** (1.0 if source in self.measured else UNPROVEN_POWER)
+        rates[:1] = np.minimum(rates[:1], UNPROVEN_FIRST)
+        return rates
+
+    def record(self, confidence: np.ndarray, drafted: int, accepted: int, source: str) -> None:
+        """The verdict on a draft of these confidences: the tokens tested (the accepted
+        ones and the first rejected) count."""
+        tested = min(drafted, accepted + 1)
+        acc, conf = self._verdicts.get(source, (0.0, 0.0))
+        self._verdicts[source] = (self.decay * acc + accepted, self.decay * conf + float(np.sum(confidence[:tested])))

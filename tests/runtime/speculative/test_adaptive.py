@@ -204,7 +204,7 @@ def test_trim_gates_cheap_drafts_by_confidence_and_calibrates() -> None:
     for _ in range(60):
         n = policy.trim([0.95] * 4, 4)
         policy.observe(n, 0, 0.0, 0.1 * CPU(n), 0.1 * CPU(n)) if n else None
-    assert policy.calibration() < 0.6  # from 1.0, until gating stops verifying them
+    assert policy.calibration.factor() < 0.6  # from 1.0, until gating stops verifying them
     assert policy.trim([0.95] * 4, 4) == 0
     assert FixedLength(3).trim([0.0, 0.0], 2) == 2  # fixed policies verify everything
 
@@ -220,14 +220,14 @@ def test_a_failed_probe_of_one_copying_source_warns_the_other() -> None:
     n = doubted.trim([0.97] * 4, 4, "suffix")
     assert n == 2
     doubted.observe(n, 0, 0.0, 0.03 * curve(n), 0.03 * curve(n), source="suffix")
-    assert doubted.calibration("lookup") == doubted.calibration("suffix") < 0.6
+    assert doubted.calibration.factor("lookup") == doubted.calibration.factor("suffix") < 0.6
     assert doubted.trim([0.97] * 4, 4, "lookup") == 0
     trusted = AdaptivePolicy(OnlineCost(curve, chunk=7, measure_t1=False), AdaptiveConfig(max_len=8),
                              cheap_drafter=True)
     for _ in range(3):
         n = trusted.trim([0.97] * 4, 4, "suffix")
         trusted.observe(n, n, 0.0, 0.03 * curve(n), 0.03 * curve(n), source="suffix")
-    assert trusted.calibration("lookup") > 1.0
+    assert trusted.calibration.factor("lookup") > 1.0
 
 
 def test_short_matches_are_doubted_until_a_verdict_and_sure_runs_are_not() -> None:
@@ -238,8 +238,8 @@ def test_short_matches_are_doubted_until_a_verdict_and_sure_runs_are_not() -> No
     curve = CostCurve((1.0, 1.9, 2.2, 2.6, 3.1, 3.6, 4.2, 4.7, 5.2), 0.03)
     cpu = AdaptivePolicy(OnlineCost(curve, chunk=7, measure_t1=False), AdaptiveConfig(max_len=8),
                          cheap_drafter=True)
-    assert cpu.believed(np.array([0.75, 0.999]), "suffix") == pytest.approx([0.75**3, 0.999**3])
-    assert cpu.believed(np.array([0.999, 0.999]), "suffix") == pytest.approx([UNPROVEN_FIRST, 0.999**3])
+    assert cpu.calibration.believed(np.array([0.75, 0.999]), "suffix") == pytest.approx([0.75**3, 0.999**3])
+    assert cpu.calibration.believed(np.array([0.999, 0.999]), "suffix") == pytest.approx([UNPROVEN_FIRST, 0.999**3])
     assert cpu.trim([0.75] * 4, 4, "suffix") == 0
     assert cpu.trim([0.999] * 4, 4, "suffix") == 2
     repacked = AdaptivePolicy(OnlineCost(CostCurve((1.0, 1.98, 2.58), 0.024), chunk=3, measure_t1=False),
@@ -258,7 +258,7 @@ def test_an_unproven_source_is_never_probed_on_a_draft_that_only_nearly_pays() -
     curve = CostCurve((1.0, 1.99, 2.72, 3.17, 3.69, 3.98, 4.62, 5.62, 6.6), 0.032)
     policy = AdaptivePolicy(OnlineCost(curve, chunk=7, measure_t1=False), AdaptiveConfig(max_len=8),
                             cheap_drafter=True)
-    rates = policy.rates(policy.believed(np.full(6, 0.95), "suffix"), 0.0, 6)
+    rates = policy.rates(policy.calibration.believed(np.full(6, 0.95), "suffix"), 0.0, 6)
     assert 1.0 < max(rates) < policy.config.min_gain  # it nearly pays
     assert max(rates) >= PROBE_WORTHY * policy.config.min_gain
     assert [policy.trim([0.95] * 6, 6, "suffix") for _ in range(40)] == [0] * 40
