@@ -66,7 +66,7 @@ def learning_curve(target, drafter_path: str, cfg, xcfg, cls) -> dict[str, dict]
     x = cls(LlamaCppBackend(drafter_path, cfg), target, xcfg)
     cold = run_set(target, x, TEST)
     x.cache.__init__(x.cache.capacity)  # forget what the test set itself taught
-    x._learnt_ctx, x._learnt_byte = [], 0
+    x.learner.forget()
     run_set(target, x, WARM)
     warm = run_set(target, x, TEST)
     second = run_set(target, x, TEST)

@@ -7,7 +7,7 @@ accepted draft fragments that re-encode differently are recomputed). It then dra
 tokens in its own vocabulary, which are turned into target ids:
 
 * ``text`` (default): the drafted *text* is re-tokenized with the target tokenizer
-  behind a committed look-behind window (:mod:`.xvocab_text`, after HF's Universal
+  behind a committed look-behind window (:mod:`.text_translation`, after HF's Universal
   Assisted Generation). A committed trailing space is held back from a drafter whose
   pieces carry leading spaces, so it drafts ``▁little`` rather than a lone space. The
   drafter drafts greedily and the proposal is a deterministic function of the context,
@@ -39,8 +39,6 @@ from tandem.kernels.sampling import Sampler
 from tandem.kernels.vocab_map import (
     UNMAPPED,
     Translation,
-    aligned_spans,
-    byte_offsets,
     intersection_mask,
     merged_confidence,
     restrict_logits,
@@ -51,6 +49,7 @@ from tandem.kernels.vocab_map import (
 from tandem.runtime.backends.protocol import Backend, prefill, unseen
 from tandem.runtime.speculative.drafters.base import Draft
 from tandem.runtime.speculative.drafters.model import token_probability
+from tandem.runtime.speculative.drafters.xvocab.learning import CacheLearner
 from tandem.runtime.speculative.drafters.xvocab.stats import XVocabStats
 from tandem.runtime.speculative.drafters.xvocab.text_translation import (
     TextProposal,
@@ -146,9 +145,8 @@ class CrossVocabDrafter:
         self.last_drafted = b""
         self._draft_units = encodable_units(self.pair.draft_pieces)
         """``text`` mode: the drafted text (after the committed context) of the last round."""
-        self._learnt_ctx: list[int] = []
+        self.learner = CacheLearner(self.pair, self.cache, drafter.tokenize, self._draft_units)
         self._unlearnt: list[int] | None = None
-        self._learnt_byte = 0
         self._dirty = False
 
     # -- back-translation ---------------------------------------------------------------
@@ -343,55 +341,17 @@ class CrossVocabDrafter:
             self.learn(context)
 
     def learn(self, context: Sequence[int]) -> int:
-        """Add cache entries from the committed text (every aligned drafter/target span
-        and every target token the drafter spells with several tokens); returns how many
-        were new. Learns each part of a growing context once."""
+        """Teach the n-gram cache what the committed text shows (:class:`.learning.CacheLearner`);
+        returns how many entries were new."""
         context = list(context)
-        n_seen = len(self._learnt_ctx)
-        if context[:n_seen] != self._learnt_ctx:
-            self._learnt_byte = 0
+        self.learner.follow(context)
         synced = self._sync(context)
         if synced is None or len(context) < 2:
             return 0
-        tp = [self.pair.target_pieces[t] for t in context]
-        t_ends = byte_offsets(tp)
-        d_ends = [e - synced.offset for e in byte_offsets([self.pair.draft_pieces[d] for d in synced.draft_ids])]
-        stop = t_ends[-2]  # the drafter's encoding of the last token may still change
-        new = 0
-        for (d0, d1), (t0, t1) in aligned_spans(d_ends, t_ends, self._learnt_byte, stop):
-            dseq, tseq = synced.draft_ids[d0:d1], context[t0:t1]
-            if not dseq or not tseq or any(not self.pair.draft_pieces[d] for d in dseq):
-                continue
-            if any(not tp[t] for t in range(t0, t1)):
-                continue
-            if len(dseq) == 1 and len(tseq) == 1 and self.pair.direct[dseq[0]] == tseq[0]:
-                continue
-            new += self.cache.add(dseq, tseq)
-        first = next((i for i, e in enumerate(t_ends) if e > self._learnt_byte), len(context))
-        for i in range(first, len(context) - 1):
-            new += self._learn_token(context[i])
-        self._learnt_ctx, self._learnt_byte = context[:-1], max(self._learnt_byte, stop)
+        new = self.learner.learn(context, synced.draft_ids, synced.offset)
         self.stats.learnt += new
         self._dirty |= new > 0
         return new
-
-    def _learn_token(self, t: int) -> int:
-        """OmniDraft's rule: a target token whose text the drafter spells with several
-        tokens adds that spelling (only when it decodes back to exactly the same bytes)."""
-        piece = self.pair.target_pieces[t]
-        if not piece or complete_utf8_prefix(piece) != len(piece):
-            return 0
-        s = piece.decode("utf-8")
-        if encodable_prefix(s, self._draft_units) != len(s):
-            return 0
-        if self.pair.draft_space_prefix:
-            if not s.startswith(" "):
-                return 0
-            s = s[1:]
-        ids = self.drafter.tokenize(s, add_bos=False) if s else []
-        if len(ids) < 2 or self.pair.draft_text(ids) != piece:
-            return 0
-        return int(self.cache.add(ids, [t]))
 
     # -- lifecycle ----------------------------------------------------------------------
     def telemetry(self) -> dict[str, float]:
