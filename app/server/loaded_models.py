@@ -25,8 +25,9 @@ from tandem.errors import TandemError
 from tandem.models.ngram import NgramModel
 from tandem.runtime.autocomplete.drafts import AutocompleteConfig, Autocompleter, load_ngram_for
 from tandem.runtime.backends.llama import LlamaCppBackend
-from tandem.runtime.backends.llama_batch import SequenceBatcher, SequenceView, open_views
+from tandem.runtime.backends.llama_batch import SequenceBatcher
 from tandem.runtime.backends.protocol import Backend
+from tandem.runtime.backends.sequence_view import SequenceView, open_views
 from tandem.runtime.chat import ChatEngine
 from tandem.runtime.engine.builder import Engine, engine_for, open_engine
 from tandem.runtime.engine.spec import EngineSpec, spec_options
@@ -79,13 +80,13 @@ class Lane:
 
     def settle(self) -> None:
         """An urgent job's first token is out: the other lanes decode again (see
-        :meth:`~tandem.runtime.backends.llama_batch.SequenceView.settle`)."""
+        :meth:`~tandem.runtime.backends.sequence_view.SequenceView.settle`)."""
         if isinstance(self.target, SequenceView):
             self.target.settle()
 
     def interrupt(self) -> None:
         """This lane's job was superseded: a step it is waiting for is withdrawn (see
-        :meth:`~tandem.runtime.backends.llama_batch.SequenceView.interrupt`)."""
+        :meth:`~tandem.runtime.backends.sequence_view.SequenceView.interrupt`)."""
         if isinstance(self.target, SequenceView):
             self.target.interrupt()
 

@@ -1,7 +1,7 @@
 """Parallel sequences of one llama.cpp context, decoded together: the server's slots.
 
 One context holds ``n_seq`` KV sequences (:attr:`LlamaConfig.n_seq`). Each slot gets a
-:class:`SequenceView`, a full :class:`~tandem.runtime.backends.protocol.Backend` bound to
+:class:`~tandem.runtime.backends.sequence_view.SequenceView`, a full :class:`~tandem.runtime.backends.protocol.Backend` bound to
 its sequence id, so every strategy (plain, speculative with any drafter, superposed,
 /infill) runs on a slot unchanged, on the slot's own thread. When several slots call
 ``evaluate`` at once, the :class:`SequenceBatcher` gathers their requests into one
@@ -11,13 +11,13 @@ them, which is where the throughput of parallel slots comes from.
 **Who decodes, and when.** No decoder thread and no timers: the caller that finds the
 context free decodes everything pending (leader/follower), so a lone slot decodes at once.
 What keeps the slots in step is *who was just served*: a slot that got its logits from a
-decode and is still *engaged* (inside a server job, :meth:`SequenceView.engaged`) comes
+decode and is still *engaged* (inside a server job, :meth:`~tandem.runtime.backends.sequence_view.SequenceView.engaged`) comes
 back within a few Python steps with its next tokens, so the next decode waits for those
 slots to submit or to leave (end of the job). Without that, two slots settle into
 alternating one-row decodes and batching never happens.
 
 An *urgent* slot (an editor's /infill, whose user waits for its first token) has the
-context to itself until it settles (:meth:`SequenceView.settle`: its first token is out): its
+context to itself until it settles (:meth:`~tandem.runtime.backends.sequence_view.SequenceView.settle`: its first token is out): its
 steps wait for nobody, and nobody else's are decoded meanwhile, so the other slots'
 threads sleep instead of taking the CPU from its decode (on two cores, a chat slot's
 Python work between its steps costs an /infill more than its rows in a shared batch).
@@ -35,7 +35,7 @@ that slot, the batcher decodes only urgent steps (:meth:`SequenceBatcher.hold`).
   :attr:`exact_batch` rows (7 in the exact configuration), where llama.cpp computes every
   row as a one-token step computes it; a longer request (a prompt) runs in decodes of its
   own. An urgent slot's prompt goes in the chunks the backend alone would use; any other
-  slot's in chunks of :data:`PREFILL_CHUNK` rows, so an /infill that arrives meanwhile
+  slot's in chunks of :data:`~tandem.runtime.backends.sequence_view.PREFILL_CHUNK` rows, so an /infill that arrives meanwhile
   waits for one chunk, not a whole chat prompt (38 rows of a chat prompt on the 0.5B at 2
   threads: 0.22 s). From 8 rows on llama.cpp's CPU matmul computes a row of a batch alike
   whatever the batch's length, and a repacked one in groups of 4 from the first row with
@@ -53,10 +53,9 @@ and that guarantee is, as for one sequence there, not given.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import llama_cpp
@@ -64,36 +63,16 @@ import numpy as np
 
 from tandem.errors import TandemError
 from tandem.runtime.backends.llama import LlamaCppBackend
-from tandem.runtime.backends.protocol import (
-    ComputeSettings,
-    MemoryReport,
-    SpecialTokens,
-    check_room,
-    chunked_logits,
-)
-from tandem.runtime.backends.token_cache import new_tokens
-
-PREFILL_CHUNK = 16
-"""Rows per decode of a slot's long request (a prompt) unless the slot is urgent: a multiple
-of the repacked kernels' 4-row groups, at least the 8 rows from which llama.cpp's CPU
-matmul takes one kernel path (see the module docstring; ``tests/runtime/backends/
-test_llama_batch.py`` checks the identity on the real models on every machine it runs on)."""
-
-CHUNK_MIN = 8
-"""Fewest rows in a chunk: from 8 rows on, llama.cpp's CPU matmul keeps one kernel path."""
-
-CHUNK_ALIGN = 4
-"""Every chunk but the last holds whole groups of the repacked kernels' 4 rows, so the rows
-left over for the one-by-one kernel are the ones the whole batch leaves over."""
+from tandem.runtime.backends.protocol import Backend
 
 
 class StepWithdrawn(Exception):
     """A slot's step was withdrawn before it was decoded: the job it belongs to was stopped
-    (:meth:`SequenceView.interrupt`)."""
+    (:meth:`~tandem.runtime.backends.sequence_view.SequenceView.interrupt`)."""
 
 
 @dataclass
-class _Request:
+class Request:
     """Positions ``pos..pos+n`` of sequence ``seq``: token ids or embedding rows."""
 
     seq: int
@@ -122,7 +101,7 @@ class BatchStats:
 
 
 class SequenceBatcher:
-    """Gathers the :class:`SequenceView` requests of one context into shared decodes."""
+    """Gathers the :class:`~tandem.runtime.backends.sequence_view.SequenceView` requests of one context into shared decodes."""
 
     def __init__(self, base: LlamaCppBackend) -> None:
         self.base = base
@@ -130,7 +109,7 @@ class SequenceBatcher:
         """Most rows a merged decode may carry (see the module docstring)."""
         self.stats = BatchStats()
         self._cond = threading.Condition()
-        self._pending: list[_Request] = []
+        self._pending: list[Request] = []
         self._decoding = False
         self._engaged: set[int] = set()
         self._owed: set[int] = set()
@@ -141,10 +120,12 @@ class SequenceBatcher:
         """One llama.cpp call on the context at a time (decodes, KV edits)."""
         self._batch = llama_cpp.llama_batch_init(base.n_batch, 0, 1)
         self._embd_batch = None
-        self.views = [SequenceView(self, s) for s in range(base.n_seq)]
+        self.views: list[Backend] = []
+        """Its sequences as backends, one each (the :class:`~tandem.runtime.backends.sequence_view.SequenceView`
+        objects :func:`~tandem.runtime.backends.sequence_view.open_views` makes)."""
 
     # -- leader/follower ------------------------------------------------------------------
-    def decode(self, req: _Request) -> list[np.ndarray]:
+    def decode(self, req: Request) -> list[np.ndarray]:
         """Decode ``req`` in the next shared batch it fits; its logits rows."""
         with self._cond:
             if req.seq in self._interrupted:
@@ -180,11 +161,11 @@ class SequenceBatcher:
             return False
         return self._owed <= {r.seq for r in self._pending}
 
-    def _take(self) -> list[_Request]:
+    def _take(self) -> list[Request]:
         """The pending requests of the next decode (only urgent slots' while there are
         any), oldest first: any number of token requests within :attr:`cap` rows, or one
         longer (or embedding) request alone."""
-        group: list[_Request] = []
+        group: list[Request] = []
         rows = 0
         for r in [r for r in self._pending if not self._urgent or r.seq in self._urgent]:
             alone = r.embeds is not None or r.n > self.cap
@@ -200,7 +181,7 @@ class SequenceBatcher:
             self._pending.remove(r)
         return group
 
-    def _run(self, group: list[_Request]) -> None:
+    def _run(self, group: list[Request]) -> None:
         embeds = group[0].embeds
         if embeds is not None:
             if self._embd_batch is None:
@@ -317,141 +298,3 @@ class SequenceBatcher:
             if batch is not None:
                 llama_cpp.llama_batch_free(batch)
                 setattr(self, name, None)
-
-
-class SequenceView:
-    """One sequence of a shared context, as a :class:`Backend` (and ``EmbeddingInput``,
-    ``RowSource``): its own ``tokens``, evaluation through the batcher. The base backend
-    (model, vocabulary, context) is owned and closed by whoever opened it."""
-
-    def __init__(self, batcher: SequenceBatcher, seq: int) -> None:
-        self.batcher = batcher
-        self.seq = seq
-        self.base = batcher.base
-        self.name = self.base.name
-        self._tokens: list[int] = []
-
-    # -- what the base answers for every sequence ---------------------------------------
-    @property
-    def n_vocab(self) -> int:
-        return self.base.n_vocab
-
-    @property
-    def n_ctx(self) -> int:
-        return self.base.n_ctx
-
-    @property
-    def special(self) -> SpecialTokens:
-        return self.base.special
-
-    @property
-    def tokens(self) -> list[int]:
-        return list(self._tokens)
-
-    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
-        return self.base.tokenize(text, add_bos=add_bos, special=special)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self.base.token_bytes(token)
-
-    def chat_template(self) -> str | None:
-        return self.base.chat_template()
-
-    @property
-    def exact_batch(self) -> int | None:
-        return self.base.exact_batch
-
-    def memory(self) -> MemoryReport:
-        """The whole context's bytes (weights and every sequence's KV are shared)."""
-        return self.base.memory()
-
-    def compute_settings(self) -> ComputeSettings:
-        return self.base.compute_settings()
-
-    def set_threads(self, n: int) -> bool:
-        return self.base.set_threads(n)
-
-    def close(self) -> None:
-        """Nothing of its own to free: the context belongs to the base backend."""
-
-    # -- this sequence's cache ----------------------------------------------------------
-    def evaluate(self, tokens: Sequence[int], logits_for: Sequence[int] | None = None) -> np.ndarray:
-        ids = new_tokens(tokens)
-        return self._evaluate(len(ids), logits_for, ids, None)
-
-    def _evaluate(self, n: int, logits_for: Sequence[int] | None, ids: list[int] | None,
-                  embeds: np.ndarray | None) -> np.ndarray:
-        check_room(len(self._tokens), n, self.n_ctx)
-
-        def run(start: int, stop: int, rows: list[int]) -> list[np.ndarray]:
-            req = _Request(self.seq, len(self._tokens), None if ids is None else ids[start:stop],
-                           None if embeds is None else embeds[start:stop], rows)
-            out = self.batcher.decode(req)
-            self._tokens.extend(ids[start:stop] if ids is not None else [-1] * (stop - start))
-            return out
-
-        if self.batcher.is_urgent(self.seq):
-            return self.base.checked_logits(chunked_logits(n, self.base.n_batch, self.n_vocab, logits_for, run))
-        return self.base.checked_logits(chunked_logits(n, PREFILL_CHUNK, self.n_vocab, logits_for, run,
-                                                       min_last=CHUNK_MIN, align=CHUNK_ALIGN))
-
-    def truncate(self, n: int) -> None:
-        n = max(0, n)
-        if n >= len(self._tokens):
-            return
-        if not self.batcher.seq_rm(self.seq, n):
-            raise TandemError("This model's cache cannot drop a suffix of one sequence; serve it with --parallel 1.")
-        del self._tokens[n:]
-
-    def keep_spans(self, spans: Sequence[tuple[int, int]]) -> bool:
-        if not spans or not self.batcher.seq_move(self.seq, spans):
-            return False
-        self._tokens = [t for start, end in spans for t in self._tokens[start:end]]
-        return True
-
-    # -- superposed input -----------------------------------------------------------------
-    @property
-    def n_embd(self) -> int:
-        return self.base.n_embd
-
-    def token_embeddings(self) -> np.ndarray:
-        return self.base.token_embeddings()
-
-    def token_embedding_rows(self, ids: Sequence[int]) -> np.ndarray:
-        return self.base.token_embedding_rows(ids)
-
-    def evaluate_embeddings(self, embeds: np.ndarray, logits_for: Sequence[int] | None = None) -> np.ndarray:
-        embeds = np.ascontiguousarray(np.atleast_2d(embeds), dtype=np.float32)
-        if embeds.shape[0] == 0 or embeds.shape[1] != self.n_embd:
-            raise ValueError(f"evaluate_embeddings needs rows of width {self.n_embd}, got shape {embeds.shape}")
-        return self._evaluate(embeds.shape[0], logits_for, None, embeds)
-
-    # -- scheduling -------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def engaged(self, urgent: bool = False) -> Iterator[None]:
-        """While a job runs on this slot: the batcher waits for its next step before
-        decoding others (see the module docstring); released when the job ends. An
-        ``urgent`` slot (an editor waiting) has the context to itself until it
-        settles (:meth:`settle`) or the job ends."""
-        self.batcher.engage(self.seq, urgent)
-        try:
-            yield
-        finally:
-            self.batcher.release(self.seq)
-
-    def interrupt(self) -> None:
-        """This slot's job was stopped: the step it waits for is withdrawn (see
-        :meth:`SequenceBatcher.interrupt`)."""
-        self.batcher.interrupt(self.seq)
-
-    def settle(self) -> None:
-        """This slot's urgent part is over (its user has the first token): the other
-        slots decode again, with its steps merged into theirs."""
-        self.batcher.settle(self.seq)
-
-
-def open_views(base: LlamaCppBackend) -> SequenceBatcher:
-    """A batcher over ``base``'s sequences (``base`` opened with ``LlamaConfig.n_seq``)."""
-    if base.n_seq < 2:
-        raise ValueError("parallel sequences need a context opened with n_seq >= 2")
-    return SequenceBatcher(base)

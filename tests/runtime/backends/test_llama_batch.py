@@ -12,16 +12,16 @@ import pytest
 
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.backends.llama import LlamaCppBackend
-from tandem.runtime.backends.llama_batch import (
+from tandem.runtime.backends.llama_batch import StepWithdrawn
+from tandem.runtime.backends.llama_config import LlamaConfig
+from tandem.runtime.backends.protocol import chunk_bounds
+from tandem.runtime.backends.sequence_view import (
     CHUNK_ALIGN,
     CHUNK_MIN,
     PREFILL_CHUNK,
     SequenceView,
-    StepWithdrawn,
     open_views,
 )
-from tandem.runtime.backends.llama_config import LlamaConfig
-from tandem.runtime.backends.protocol import chunk_bounds
 from tandem.runtime.generate import DoneEvent, generate
 from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 
