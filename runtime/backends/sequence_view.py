@@ -23,7 +23,8 @@ from tandem.runtime.backends.protocol import (
 from tandem.runtime.backends.token_cache import new_tokens
 
 PREFILL_CHUNK = 16
-"""Rows per decode of a slot's long request (a prompt) unless the slot is urgent: a multiple
+"""Rows per decode of a slot's long request (a prompt) once an editor uses the context
+(:meth:`~tandem.runtime.backends.llama_batch.SequenceBatcher.chunks_prompts`): a multiple
 of the repacked kernels' 4-row groups, at least the 8 rows from which llama.cpp's CPU
 matmul takes one kernel path (see the module docstring; ``tests/runtime/backends/
 test_llama_batch.py`` checks the identity on the real models on every machine it runs on)."""
@@ -108,7 +109,7 @@ class SequenceView:
             self._tokens.extend(ids[start:stop] if ids is not None else [-1] * (stop - start))
             return out
 
-        if self.batcher.is_urgent(self.seq):
+        if not self.batcher.chunks_prompts(self.seq):
             return self.base.checked_logits(chunked_logits(n, self.base.n_batch, self.n_vocab, logits_for, run))
         return self.base.checked_logits(chunked_logits(n, PREFILL_CHUNK, self.n_vocab, logits_for, run,
                                                        min_last=CHUNK_MIN, align=CHUNK_ALIGN))

@@ -128,8 +128,9 @@ LONG_PROMPT = ("import json\nfrom pathlib import Path\n\n\ndef load_settings(pat
 
 @pytest.mark.parametrize("repack", [False, True], ids=["as-stored", "repacked"])
 def test_a_slots_prompt_in_chunks_gives_every_row_of_one_batch(qwen05, repack: bool):
-    """A slot that is not urgent sends a long prompt in chunks of ``PREFILL_CHUNK`` rows (an
-    /infill arriving meanwhile waits for one chunk); every row's logits, and the step after
+    """Once an editor uses the context, a slot that is not urgent sends a long prompt in
+    chunks of ``PREFILL_CHUNK`` rows (an /infill arriving meanwhile waits for one chunk;
+    before, it goes whole); every row's logits, and the step after
     the prompt, are bit for bit those of the whole prompt in one batch on a one-sequence
     context, whatever the prompt's length, in both weight layouts: so a slot's output stays
     its solo output."""
@@ -151,6 +152,12 @@ def test_a_slots_prompt_in_chunks_gives_every_row_of_one_batch(qwen05, repack: b
     batcher = open_views(base)
     try:
         view = batcher.views[1]
+        decodes = batcher.stats.decodes
+        assert np.array_equal(view.evaluate(ids[:lengths[-1]], logits_for=list(range(lengths[-1]))),
+                              whole[lengths[-1]][0])
+        assert batcher.stats.decodes - decodes == 1  # no editor seen yet: a prompt goes whole
+        with batcher.views[0].engaged(urgent=True):  # an editor's request: from now on, chunks
+            pass
         for n in lengths:
             view.truncate(0)
             decodes = batcher.stats.decodes
