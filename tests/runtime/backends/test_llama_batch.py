@@ -73,6 +73,18 @@ def _in_parallel(views: list[SequenceView], jobs) -> list[list[int]]:
     return out
 
 
+def _until_queued(batcher, seq: int, what: str) -> None:
+    """Wait (up to two minutes) until ``seq`` has a step pending in ``batcher``: its thread
+    may start late on a loaded box."""
+    idle = threading.Event()
+    for _ in range(1200):
+        with batcher._cond:
+            if any(r.seq == seq for r in batcher._pending):
+                return
+        idle.wait(0.1)
+    pytest.fail(f"{what} was never queued")
+
+
 @pytest.fixture(scope="module")
 def qwen05(real_models):
     return real_models.qwen_05b
@@ -249,14 +261,7 @@ def test_an_urgent_slot_has_the_context_to_itself_until_it_settles(real_models):
         with editor.engaged(urgent=True):
             thread = threading.Thread(target=chat_step)
             thread.start()
-            deadline = threading.Event()
-            for _ in range(1200):  # until the chat step is queued (the thread may start late)
-                with batcher._cond:
-                    if any(r.seq == chat.seq for r in batcher._pending):
-                        break
-                deadline.wait(0.1)
-            else:
-                pytest.fail("the chat slot's step was never queued")
+            _until_queued(batcher, chat.seq, "the chat slot's step")
             assert not chat_done.is_set()
             editor.evaluate(token)  # the urgent step is decoded alone
             assert not chat_done.is_set() and batcher.stats.merged == 0
@@ -306,14 +311,7 @@ def test_an_interrupted_slot_gives_up_its_waiting_step_at_once(real_models):
         assert served.wait(120)
         threads.append(threading.Thread(target=stale_editor))
         threads[1].start()
-        idle = threading.Event()
-        for _ in range(1200):  # until the editor's step waits for the chat slot
-            with batcher._cond:
-                if any(r.seq == editor.seq for r in batcher._pending):
-                    break
-            idle.wait(0.1)
-        else:
-            pytest.fail("the editor's step was never queued")
+        _until_queued(batcher, editor.seq, "the editor's step")  # it waits for the chat slot
         decodes = batcher.stats.decodes
         editor.interrupt()
         threads[1].join(120)
@@ -348,14 +346,7 @@ def test_a_held_batcher_decodes_only_urgent_steps(real_models):
     thread = threading.Thread(target=chat_step)
     thread.start()
     try:
-        idle = threading.Event()
-        for _ in range(1200):  # until the chat step is queued (the thread may start late)
-            with batcher._cond:
-                if any(r.seq == chat.seq for r in batcher._pending):
-                    break
-            idle.wait(0.1)
-        else:
-            pytest.fail("the chat slot's step was never queued")
+        _until_queued(batcher, chat.seq, "the chat slot's step")
         with editor.engaged(urgent=True):
             editor.evaluate(ids)  # decoded while held
         assert not chat_done.is_set() and batcher.stats.decodes == 1
