@@ -109,10 +109,10 @@ class SequenceView:
             self._tokens.extend(ids[start:stop] if ids is not None else [-1] * (stop - start))
             return out
 
-        if not self.batcher.chunks_prompts(self.seq):
-            return self.base.checked_logits(chunked_logits(n, self.base.n_batch, self.n_vocab, logits_for, run))
-        return self.base.checked_logits(chunked_logits(n, PREFILL_CHUNK, self.n_vocab, logits_for, run,
-                                                       min_last=CHUNK_MIN, align=CHUNK_ALIGN))
+        step, min_last, align = ((PREFILL_CHUNK, CHUNK_MIN, CHUNK_ALIGN) if self.batcher.chunks_prompts(self.seq)
+                                 else (self.base.n_batch, 1, 1))
+        return self.base.checked_logits(chunked_logits(n, step, self.n_vocab, logits_for, run,
+                                                       min_last=min_last, align=align))
 
     def truncate(self, n: int) -> None:
         n = max(0, n)
