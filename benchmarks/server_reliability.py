@@ -17,8 +17,8 @@ import time
 import httpx
 
 from tandem.app.server.asgi import ServerConfig, create_app
+from tandem.app.server.listen import ListenConfig, uvicorn_server
 from tandem.app.server.loaded_models import make_slot
-from tandem.app.server.serve import ListenConfig, uvicorn_server
 from tandem.runtime.backends.opener import open_backend
 
 

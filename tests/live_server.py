@@ -1,5 +1,5 @@
 """A real server on a free loopback port, in a thread, for the HTTP tests: uvicorn set up
-exactly as `tandem serve` sets it up (``app.server.serve.uvicorn_server``)."""
+exactly as `tandem serve` sets it up (``app.server.listen.uvicorn_server``)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def running(app, *, start_timeout: float = 20.0, header_timeout_s: float = 10.0,
     ``send_buffer``: the kernel send buffer of every accepted connection (they inherit the
     listening socket's), so a client that stops reading stalls the server after a few
     kB instead of megabytes."""
-    from tandem.app.server.serve import ListenConfig, bind, uvicorn_server
+    from tandem.app.server.listen import ListenConfig, bind, uvicorn_server
 
     port = free_port()
     srv = uvicorn_server(app, ListenConfig("127.0.0.1", port, header_timeout_s=header_timeout_s))

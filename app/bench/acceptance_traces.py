@@ -25,7 +25,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from tandem.app.bench.run import (
+from tandem.app.bench.runner import (
     SAME_ENGINE_MODES,
     BenchConfig,
     engines_in,

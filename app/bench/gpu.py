@@ -33,7 +33,7 @@ from tandem.app.bench.cost_curve import measure_costs
 from tandem.app.bench.peers import LlamaPeer
 from tandem.app.bench.placements import PlacementBenchConfig, bench_placements, format_placements
 from tandem.app.bench.report import spread
-from tandem.app.bench.run import BenchConfig, run_bench, run_tandem
+from tandem.app.bench.runner import BenchConfig, run_bench, run_tandem
 from tandem.app.bench.workloads import EDIT, EXTRACT, workload
 from tandem.runtime.backends.protocol import prefill
 from tandem.runtime.chat import chat_prompt

@@ -176,7 +176,7 @@ def _time_block(run: PlacementRun, spec: EngineSpec, plan: Plan, prompts: Sequen
             return Timed({"plain": [peer.run(p, n).tokens_per_s for p in prompts]})
         finally:
             peer.close()
-    from tandem.app.bench.run import run_tandem
+    from tandem.app.bench.runner import run_tandem
 
     engine = open_engine(replace(spec, offload=run.option.pin))
     try:

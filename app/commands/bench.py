@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     if args.structured:
         return run_structured_bench(args)
     from tandem.app.bench.report import format_report, markdown_table, plot_report
-    from tandem.app.bench.run import BenchConfig, run_bench
+    from tandem.app.bench.runner import BenchConfig, run_bench
 
     bad = [w for w in args.workloads if w not in WORKLOADS]
     if bad or not args.workloads:
@@ -290,7 +290,7 @@ def run_gpu(args: argparse.Namespace) -> int:
 
 def run_record_acceptance(args: argparse.Namespace) -> int:
     from tandem.app.bench import acceptance_traces
-    from tandem.app.bench.run import BenchConfig
+    from tandem.app.bench.runner import BenchConfig
 
     bad = [w for w in args.workloads if w not in WORKLOADS]
     if bad:

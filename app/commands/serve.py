@@ -113,7 +113,7 @@ def default_parallel(spec) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tandem.app.server.serve import ListenConfig, bind, uvicorn_server
+    from tandem.app.server.listen import ListenConfig, bind, uvicorn_server
 
     check_args(args)
     sock = bind(args.host, args.port)  # a port in use fails here, before the model is loaded

@@ -14,7 +14,7 @@ import pytest
 
 from tandem.app.bench.peers import RunResult
 from tandem.app.bench.report import markdown_table, summarize
-from tandem.app.bench.run import Run, rotated, select, select_families
+from tandem.app.bench.runner import Run, rotated, select, select_families
 from tandem.app.cli import main
 from tandem.errors import TandemError
 
@@ -167,7 +167,7 @@ def test_plain_and_model_free_run_on_the_first_drafters_engine(real_models) -> N
     mode differs), so their ratios compare strategies, not two copies of the weights."""
     from pathlib import Path
 
-    from tandem.app.bench.run import BenchConfig, engines_in, open_configs
+    from tandem.app.bench.runner import BenchConfig, engines_in, open_configs
     from tandem.runtime.engine.spec import EngineSpec
 
     cfg = BenchConfig(Path(real_models.smollm2), draft=Path(real_models.smollm2), draft2=Path(real_models.qwen_05b),
