@@ -18,34 +18,20 @@ from dataclasses import replace
 import numpy as np
 
 from tandem.kernels.sampling import Sampler
-from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.constrained.grammar import Grammar
 from tandem.runtime.constrained.state import GrammarState
-from tandem.runtime.speculative.drafters.base import Draft, Drafter
+from tandem.runtime.speculative.drafters.base import Draft, Drafter, WrappingDrafter
 
 
-class GrammarDrafter:
+class GrammarDrafter(WrappingDrafter):
     """``inner``'s drafts made legal under ``grammar`` for a reply after ``prompt_len``
     tokens of context. It keeps its own grammar state, brought to each context it is
     asked about, so it is right whoever calls it and when."""
 
     def __init__(self, inner: Drafter, grammar: Grammar, prompt_len: int) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.state = GrammarState(grammar)
         self.prompt_len = prompt_len
-        self.name = inner.name
-
-    @property
-    def calls(self) -> int:
-        return self.inner.calls
-
-    @property
-    def stop_threshold(self) -> float | None:
-        return self.inner.stop_threshold
-
-    @stop_threshold.setter
-    def stop_threshold(self, value: float | None) -> None:
-        self.inner.stop_threshold = value
 
     def propose(self, context: Sequence[int], max_tokens: int, sampler: Sampler) -> Draft:
         draft = self.inner.propose(context, max_tokens, sampler)
@@ -94,21 +80,6 @@ class GrammarDrafter:
         q_rows = np.stack(rows).astype(draft.q.dtype) if rows else None
         confidence = None if draft.confidence is None else [float(r[t]) for r, t in zip(rows, tokens, strict=True)]
         return replace(draft, tokens=tokens, q=q_rows, confidence=confidence)
-
-    def commit(self, context: Sequence[int], n_accepted: int) -> None:
-        self.inner.commit(context, n_accepted)
-
-    def backlog(self, context: Sequence[int]) -> int:
-        return self.inner.backlog(context)
-
-    def weight_bytes(self) -> int:
-        return self.inner.weight_bytes()
-
-    def prime(self, tokens: Sequence[int]) -> None:
-        self.inner.prime(tokens)
-
-    def model_backend(self) -> Backend | None:
-        return self.inner.model_backend()
 
     def close(self) -> None:
         """The inner drafter belongs to the engine's strategy, which closes it."""

@@ -22,20 +22,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tandem.kernels.sampling import Sampler
-from tandem.runtime.backends.protocol import Backend
-from tandem.runtime.speculative.drafters.base import Draft, Drafter
+from tandem.runtime.speculative.drafters.base import Draft, Drafter, WrappingDrafter
 from tandem.runtime.speculative.loop import speculative
 from tandem.runtime.speculative.policy.base import FixedLength
 
 
-class WindowedDrafter:
+class WindowedDrafter(WrappingDrafter):
     """Wrap a drafter so it only ever sees ``[BOS] + context[start:]`` (at most ``window``
     tokens); ``start`` advances by half a window when the context outgrows it."""
 
     def __init__(self, inner: Drafter, window: int, keep_first: int = 1) -> None:
         if window < 8:
             raise ValueError("a draft window needs at least 8 tokens")
-        self.inner, self.window, self.keep_first = inner, window, keep_first
+        super().__init__(inner)
+        self.window, self.keep_first = window, keep_first
         self.name = f"{inner.name}@{window}"
         self._start = keep_first
 
@@ -66,30 +66,6 @@ class WindowedDrafter:
     def backlog(self, context: Sequence[int]) -> int:
         """The inner drafter's backlog for the window it would see (asking moves nothing)."""
         return self.inner.backlog(self._window(context, self._start_for(context, 1)))
-
-    def weight_bytes(self) -> int:
-        return self.inner.weight_bytes()
-
-    def prime(self, tokens: Sequence[int]) -> None:
-        self.inner.prime(tokens)
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def model_backend(self) -> Backend | None:
-        return self.inner.model_backend()
-
-    @property
-    def calls(self) -> int:
-        return self.inner.calls
-
-    @property
-    def stop_threshold(self) -> float | None:
-        return self.inner.stop_threshold
-
-    @stop_threshold.setter
-    def stop_threshold(self, value: float | None) -> None:
-        self.inner.stop_threshold = value
 
 
 def split_speculative(drafter: Drafter, k: int, *, predraft: bool = True):

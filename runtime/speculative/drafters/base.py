@@ -126,3 +126,73 @@ class Drafter(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class ModelFreeDrafter:
+    """What a drafter that drafts from the text alone (prompt lookup, text lookup, the
+    suffix tree) has nothing of: no model calls, no confidence to stop on, no cache to
+    catch up or roll back, no weights. Subclasses write :meth:`propose` and what they
+    keep (``prime``, ``commit`` where they learn, ``close``)."""
+
+    name: str
+    calls = 0
+    stop_threshold: float | None = None
+    """Ignored: a model-free draft has no estimate of its own rejection."""
+
+    def commit(self, context: Sequence[int], n_accepted: int) -> None:
+        """Nothing to roll back: the drafter only ever holds committed text."""
+
+    def backlog(self, context: Sequence[int]) -> int:
+        return 0  # nothing to catch up on: it drafts from the context itself
+
+    def weight_bytes(self) -> int:
+        return 0
+
+    def prime(self, tokens: Sequence[int]) -> None:
+        """Not used unless overridden (see :meth:`Drafter.prime`)."""
+
+    def model_backend(self) -> None:
+        return None
+
+
+class WrappingDrafter:
+    """A drafter that changes what ``inner`` is asked or what it proposes (a grammar, a
+    context window) and passes everything else on to it. Subclasses override the calls
+    they change."""
+
+    def __init__(self, inner: Drafter) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    @property
+    def calls(self) -> int:
+        return self.inner.calls
+
+    @property
+    def stop_threshold(self) -> float | None:
+        return self.inner.stop_threshold
+
+    @stop_threshold.setter
+    def stop_threshold(self, value: float | None) -> None:
+        self.inner.stop_threshold = value
+
+    def propose(self, context: Sequence[int], max_tokens: int, sampler: Sampler) -> Draft:
+        return self.inner.propose(context, max_tokens, sampler)
+
+    def commit(self, context: Sequence[int], n_accepted: int) -> None:
+        self.inner.commit(context, n_accepted)
+
+    def backlog(self, context: Sequence[int]) -> int:
+        return self.inner.backlog(context)
+
+    def weight_bytes(self) -> int:
+        return self.inner.weight_bytes()
+
+    def prime(self, tokens: Sequence[int]) -> None:
+        self.inner.prime(tokens)
+
+    def model_backend(self) -> Backend | None:
+        return self.inner.model_backend()
+
+    def close(self) -> None:
+        self.inner.close()

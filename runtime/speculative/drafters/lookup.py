@@ -11,19 +11,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tandem.kernels.sampling import Sampler
-from tandem.runtime.speculative.drafters.base import Draft
+from tandem.runtime.speculative.drafters.base import Draft, ModelFreeDrafter
 from tandem.runtime.speculative.drafters.suffix import match_certainty
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(ModelFreeDrafter):
     """Longest n-gram match first (``max_ngram`` down to ``min_ngram``)."""
 
     def __init__(self, *, max_ngram: int = 6, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError("need 1 <= min_ngram <= max_ngram")
         self.name = "lookup"
-        self.calls = 0
-        self.stop_threshold: float | None = None
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self._seq: list[int] = []
@@ -54,21 +52,6 @@ class PromptLookupDrafter:
                 tokens = seq[pos : pos + max_tokens]
                 return Draft(tokens, None, self.name, [match_certainty(n)] * len(tokens))
         return Draft([], None, self.name)
-
-    def commit(self, context: Sequence[int], n_accepted: int) -> None:
-        """Nothing to roll back: the index only ever holds committed tokens."""
-
-    def backlog(self, context: Sequence[int]) -> int:
-        return 0  # nothing to catch up on: it drafts from the context itself
-
-    def weight_bytes(self) -> int:
-        return 0
-
-    def model_backend(self) -> None:
-        return None
-
-    def prime(self, tokens: Sequence[int]) -> None:
-        """Not used: see :meth:`~tandem.runtime.speculative.drafters.base.Drafter.prime`."""
 
     def close(self) -> None:
         self._seq, self._index = [], {}

@@ -30,7 +30,7 @@ from typing import Literal, get_args
 
 from tandem.kernels.sampling import Sampler
 from tandem.models.paths import write_cache_file
-from tandem.runtime.speculative.drafters.base import Draft
+from tandem.runtime.speculative.drafters.base import Draft, ModelFreeDrafter
 
 SuffixMemory = Literal["request", "process", "saved"]
 """What the suffix-tree drafter learns from: the current request only; every earlier
@@ -253,7 +253,7 @@ def global_cache(key: str, params: SuffixParams | None = None, file: Path | None
         return cache
 
 
-class SuffixDrafter:
+class SuffixDrafter(ModelFreeDrafter):
     """Per-request trie + an optional shared :class:`GlobalSuffixCache`.
 
     A context that does not extend the previous one starts a new request; the finished
@@ -264,8 +264,6 @@ class SuffixDrafter:
         self.params = params or (global_cache.params if global_cache else SuffixParams())
         self.global_cache = global_cache
         self.name = "suffix"
-        self.calls = 0
-        self.stop_threshold: float | None = None
         self._primer: list[int] = []
         self._reset()
 
@@ -322,18 +320,6 @@ class SuffixDrafter:
         # tokens it is near certain: the frequency alone cannot tell them apart.
         sure = match_certainty(matched)
         return Draft(tokens, None, self.name, [p * sure for p in probs] or None)
-
-    def commit(self, context: Sequence[int], n_accepted: int) -> None:
-        """Committed tokens are added lazily at the next proposal."""
-
-    def backlog(self, context: Sequence[int]) -> int:
-        return 0  # nothing to catch up on: it drafts from the context itself
-
-    def weight_bytes(self) -> int:
-        return 0
-
-    def model_backend(self) -> None:
-        return None
 
     def close(self) -> None:
         self.end_request()

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from tandem.kernels.sampling import Sampler
-from tandem.runtime.speculative.drafters.base import Draft
+from tandem.runtime.speculative.drafters.base import Draft, ModelFreeDrafter
 
 
 class TextCodec(Protocol):
@@ -81,7 +81,7 @@ def confidences(n: int) -> list[float]:
     return [CONFIDENCE * DECAY**i for i in range(n)]
 
 
-class TextLookupDrafter:
+class TextLookupDrafter(ModelFreeDrafter):
     """Drafts the text that followed the longest earlier occurrence of the context's last
     ``min_match``-``max_match`` bytes, up to ``span`` bytes of it, as tokens."""
 
@@ -89,8 +89,6 @@ class TextLookupDrafter:
         if not 1 <= min_match <= max_match:
             raise ValueError("need 1 <= min_match <= max_match")
         self.name = "text-lookup"
-        self.calls = 0
-        self.stop_threshold: float | None = None
         self.codec = codec
         self.min_match = min_match
         self.max_match = max_match
@@ -126,22 +124,6 @@ class TextLookupDrafter:
             tokens = tokens[:-1]  # the span may have cut its last word: that token is a guess
         tokens = tokens[:max_tokens]
         return Draft(tokens, None, self.name, confidences(len(tokens)))
-
-    def commit(self, context: Sequence[int], n_accepted: int) -> None:
-        """Nothing to roll back: the text only ever holds the context it was asked about."""
-
-    def backlog(self, context: Sequence[int]) -> int:
-        return 0  # nothing to catch up on: it drafts from the context itself
-
-    def weight_bytes(self) -> int:
-        return 0
-
-    def model_backend(self) -> None:
-        return None
-
-    def prime(self, tokens: Sequence[int]) -> None:
-        """Not used: see :meth:`~tandem.runtime.speculative.drafters.base.Drafter.prime`
-        (an editor's suggestion is drafted from by the token drafters beside this one)."""
 
     def close(self) -> None:
         self._tokens, self._text = [], bytearray()
