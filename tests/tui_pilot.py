@@ -52,7 +52,7 @@ async def ready(app: TandemApp, pilot) -> ChatScreen:
     return screen
 
 
-async def until(pilot, condition, timeout: float = 20.0) -> None:
+async def until(pilot, condition, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "timed out waiting for the app"

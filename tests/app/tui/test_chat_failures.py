@@ -9,22 +9,19 @@ import json
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tui_pilot import SIZE, ready, until
+from tui_pilot import make_app as pilot_app
 
 from tandem.app.history.database import COMPLETE, INTERRUPTED, History
-from tandem.app.tui.app import AppConfig, TandemApp
-from tandem.app.tui.chat_screen import ChatScreen
-from tandem.app.tui.session import ChatSettings
+from tandem.app.tui.app import TandemApp
 from tandem.app.tui.widgets import MessageView
-from tandem.kernels.sampling import SamplingParams
 from tandem.runtime.generate import TokenEvent
 
 pytestmark = pytest.mark.anyio
-SIZE = (100, 32)
 
 
 @pytest.fixture()
@@ -33,24 +30,7 @@ def anyio_backend() -> str:
 
 
 def make_app(model: Path, tmp_path: Path, history: Path | None = None, max_tokens: int = 24) -> TandemApp:
-    return TandemApp(AppConfig(model=model, settings=ChatSettings(SamplingParams(temperature=0.0), max_tokens),
-                               history_path=history or tmp_path / "chats.sqlite3", export_dir=tmp_path,
-                               mask_timings=True, threads=1))
-
-
-async def ready(app: TandemApp, pilot) -> ChatScreen:
-    await app.workers.wait_for_complete()
-    await pilot.pause()
-    screen = app.screen
-    assert isinstance(screen, ChatScreen) and screen.engine is not None
-    return screen
-
-
-async def until(pilot, condition, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting for the app"
-        await pilot.pause(0.02)
+    return pilot_app(model, tmp_path, max_tokens, history_path=history or tmp_path / "chats.sqlite3")
 
 
 class Failing:
