@@ -21,6 +21,25 @@ import numpy as np
 from tandem.runtime.backends.protocol import Backend
 
 
+def one_token_step_s(backend: Backend, reps: int = 3) -> float | None:
+    """Seconds of one one-token call of ``backend``: the fastest of ``reps`` after a
+    warm-up call, made past what its cache holds and taken back after (``None`` when
+    its context has no room for them)."""
+    keep = list(backend.tokens)
+    if len(keep) + reps + 1 > backend.n_ctx:
+        return None
+    token = keep[-1] if keep else (backend.special.bos or 0)
+    times: list[float] = []
+    try:
+        for _ in range(reps + 1):
+            started = time.perf_counter()
+            backend.evaluate([token])
+            times.append(time.perf_counter() - started)
+    finally:
+        backend.truncate(len(keep))
+    return min(times[1:])
+
+
 @dataclass(frozen=True)
 class CostCurve:
     """``c[k]`` = time(evaluate k+1 tokens) / time(evaluate 1 token); ``c[0] == 1``."""

@@ -82,6 +82,13 @@ class AdaptivePolicy:
     config: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     draft_cost: float = 0.0
     """Model drafter seconds per drafted token / seconds of a one-token target call."""
+    draft_cost_guessed: bool = False
+    """:attr:`draft_cost` is a guess from the weights, not a measurement: the first timed
+    round replaces it instead of being averaged in. The share of the target's weights
+    leaves out what every call costs beyond reading them, and a cross-vocabulary drafter's
+    translation and extra tokens: SmolLM2 next to the 1.5B was guessed at 0.09 of a step a
+    drafted token and timed at 0.25-0.49 (2 threads, a Zen 5); averaging a fifth of each
+    round in, its rounds of a whole bench run had only reached 0.15."""
     overhead: float = 0.0
     """Per-round bookkeeping of a speculative round, relative to a one-token call."""
     cheap_drafter: bool = False
@@ -368,7 +375,9 @@ class AdaptivePolicy:
             return
         t1 = self.cost.t1_s
         if t1 > 0:
-            self.draft_cost = 0.8 * self.draft_cost + 0.2 * (draft_s / drafted / t1)
+            timed_cost = draft_s / drafted / t1
+            guessed = self.draft_cost_guessed and self.draft_timed == 0
+            self.draft_cost = timed_cost if guessed else 0.8 * self.draft_cost + 0.2 * timed_cost
             self.draft_timed += 1
             extra = max(0.0, round_s - draft_s - verify_s) / t1
             self.overhead = 0.8 * self.overhead + 0.2 * extra

@@ -4,6 +4,7 @@ assertions)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -323,6 +324,57 @@ def test_untimed_round_teaches_acceptance_but_not_cost() -> None:
     assert policy.draft_cost > 1.0
 
 
+def test_a_guessed_drafter_cost_gives_way_to_the_first_timed_round() -> None:
+    """The weight-share guess leaves out each call's fixed cost and a cross-vocabulary
+    drafter's translation (SmolLM2 guessed 0.09, timed 0.49): the first timed round
+    replaces it; later rounds, and a cost that was measured, are averaged as before."""
+    curve = CostCurve.linear(0.05, t1_s=0.01)
+    guessed = AdaptivePolicy(curve, AdaptiveConfig(max_len=8), draft_cost=0.1, draft_cost_guessed=True)
+    guessed.observe(4, 1, draft_s=4 * 0.005, verify_s=0.012, round_s=0.032, timed=False)
+    assert guessed.draft_cost == 0.1  # an untimed round (the catch-up's) teaches no cost
+    guessed.observe(4, 1, draft_s=4 * 0.005, verify_s=0.012, round_s=0.032)  # half a step a token
+    assert guessed.draft_cost == pytest.approx(0.5)
+    guessed.observe(4, 1, draft_s=4 * 0.003, verify_s=0.012, round_s=0.024)
+    assert guessed.draft_cost == pytest.approx(0.8 * 0.5 + 0.2 * 0.3)
+    measured = AdaptivePolicy(curve, AdaptiveConfig(max_len=8), draft_cost=0.1)
+    measured.observe(4, 1, draft_s=4 * 0.005, verify_s=0.012, round_s=0.032)
+    assert measured.draft_cost == pytest.approx(0.8 * 0.1 + 0.2 * 0.5)
+
+
+class SlowToy(ToyBackend):
+    """A toy whose every call takes at least ``step_s``: a small model's fixed cost per call."""
+
+    def __init__(self, table: np.ndarray, step_s: float, **kwargs) -> None:
+        super().__init__(table, **kwargs)
+        self.step_s = step_s
+
+    def evaluate(self, tokens, logits_for=None):
+        time.sleep(self.step_s)
+        return super().evaluate(tokens, logits_for)
+
+
+def test_the_guess_counts_what_a_drafter_call_costs_beyond_its_weights() -> None:
+    """A drafter with a twentieth of the target's weights whose one-token call takes at
+    least as long as the target's step is guessed at a step a token, not a twentieth; its
+    cache is left as it was. Without the target's measured step the weights decide."""
+    from tandem.runtime.speculative.drafters.model import ModelDrafter
+    from tandem.runtime.speculative.factory import guessed_draft_cost
+
+    rng = np.random.default_rng(0)
+    target = ToyBackend(random_table(64, rng))
+    slow = SlowToy(random_table(16, rng), step_s=0.02, n_ctx=64)
+    slow.evaluate([1, 2, 3])
+    drafter = ModelDrafter(slow)
+    share = slow.table.nbytes / target.table.nbytes
+    assert share < 0.1
+    assert guessed_draft_cost(drafter, drafter, target, target_step_s=0.02) >= 1.0
+    assert slow.tokens == [1, 2, 3]
+    assert guessed_draft_cost(drafter, drafter, target, target_step_s=None) == pytest.approx(share)
+    full = SlowToy(random_table(16, rng), step_s=0.0, n_ctx=4)
+    full.evaluate([1, 2])  # no room for the timed calls: the weights decide
+    assert guessed_draft_cost(ModelDrafter(full), ModelDrafter(full), target, 0.02) == pytest.approx(share)
+
+
 def test_predraft_only_where_the_acceptance_outlook_allows() -> None:
     """Drafting faster than verifying: pre-drafting is free, always on. Drafting slower:
     a rejected pre-draft delays the next round, so it needs a likely hit."""
@@ -485,6 +537,7 @@ def test_a_drafter_cost_learnt_in_one_strategy_seeds_the_next(stories260k: Path)
         assert isinstance(policy, AdaptivePolicy)
         prior = policy.draft_cost
         assert prior == pytest.approx(1.0, rel=0.05)  # the drafter is the target's own file
+        assert policy.draft_cost_guessed
         for _ in range(2):
             policy.observe(0, 0, 0.0, 0.010, 0.010)  # plain rounds: the one-token time
         for k in FIRST_SIZES:  # the target's first sizes, timed in padded rounds
@@ -502,7 +555,7 @@ def test_a_drafter_cost_learnt_in_one_strategy_seeds_the_next(stories260k: Path)
         second = build_strategy(target, stories260k, SpecOptions(mode="model"))
         try:
             assert isinstance(second.policy, AdaptivePolicy)
-            assert second.policy.draft_cost == pytest.approx(learnt)
+            assert second.policy.draft_cost == pytest.approx(learnt) and not second.policy.draft_cost_guessed
             assert second.policy.catch_up_per_token() == pytest.approx(0.25)
             assert second.policy.cost.call(4) == pytest.approx(2.0)  # the learnt c(4), not the prior
         finally:
@@ -534,6 +587,7 @@ def test_only_what_was_timed_is_remembered_of_a_drafter(stories260k: Path) -> No
         assert cached.catch_up_cost == pytest.approx(0.25)
         forced = build_strategy(target, stories260k, SpecOptions(mode="model", draft_cost=5.0))
         assert isinstance(forced.policy, AdaptivePolicy) and forced.policy.draft_cost == 5.0
+        assert not forced.policy.draft_cost_guessed
         forced.close()  # a cost the caller set is not a measurement either
         cached = cached_drafter_costs(target, name, size)
         assert cached is not None and cached.draft_cost is None
