@@ -9,7 +9,9 @@ multiple of the 256-wide K-quant block.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -80,7 +82,6 @@ def cached_copy_path(src: str | os.PathLike[str], qtype: str) -> Path:
     """Where :func:`cached_copy` keeps ``src`` quantized to ``qtype``: the user cache dir,
     named by the source's resolved path, size and modification time, so an edited or
     replaced source gets a fresh copy and nothing is ever re-quantized needlessly."""
-    import hashlib
 
     src = Path(src).resolve()
     st = src.stat()
@@ -98,7 +99,6 @@ def cached_copy(src: str | os.PathLike[str], qtype: str) -> Path:
     The quantizer runs in a child process: it reads the whole model and allocates work
     buffers that the allocator keeps, which would otherwise stay in the resident memory
     of a process that was planned to a budget before the copy was made."""
-    import subprocess
 
     dst = cached_copy_path(src, qtype)
     if dst.is_file():

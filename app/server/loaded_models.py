@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from tandem.app.server.worker import ModelWorker
 from tandem.errors import TandemError
@@ -151,7 +152,6 @@ def make_slot(target: Backend, *, name: str | None = None, speculative: bool = T
               ngram: NgramModel | None = None, max_queue: int = 64) -> ModelSlot:
     """A slot around a target opened elsewhere (tests, benchmarks): model-free drafting
     (``auto``, isolated per request), or plain decoding without ``speculative``."""
-    from pathlib import Path
 
     spec = isolated(EngineSpec(Path(target.name), draft_mode="auto" if speculative else "off"))
     return slot_for(engine_for(target, spec), name=name, ngram=ngram, max_queue=max_queue)

@@ -17,10 +17,13 @@ cached with it, so identical `tandem plan` calls print identical speeds.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import random
 import subprocess
 import sys
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -158,7 +161,6 @@ def machine_baseline() -> MachineBaseline:
 
 def _child() -> int:
     """Import what `tandem run` imports, then report resident memory and bandwidth."""
-    import importlib
 
     # The command line is what a run's process really imports; it is named here as data
     # (the module whose import cost is measured), not used: runtime/ never calls into app/.
@@ -193,7 +195,6 @@ def _llama_context_overhead() -> int:
     model — the backend with every core, a prompt filling its context, a verification
     of 9 rows, decode steps — and return the anonymous memory it took beyond the KV
     cache, compute buffer, logits and runtime the memory model prices for it."""
-    import tempfile
 
     from tandem.runtime.backends.llama import LlamaCppBackend
     from tandem.runtime.backends.llama_config import LlamaConfig
@@ -232,7 +233,6 @@ def _llama_context_overhead() -> int:
 def _draft_index_per_token(n: int = 4096) -> float:
     """Resident growth per token of the model-free drafters over ``n`` never-repeating
     tokens: a prompt, then drafting rounds as generation does (propose, commit)."""
-    import random
 
     from tandem.kernels.sampling import Sampler, SamplingParams
     from tandem.runtime.planning.memprobe import process_rss

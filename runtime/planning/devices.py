@@ -14,6 +14,7 @@ here, rung by rung, where target and drafter fit:
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -46,7 +47,6 @@ def cuda_context_held() -> bool:
     the host baseline is read from this process's RSS: the context's host share is then
     already in the baseline and must not be priced again. False when torch was never
     imported (it cannot have created a context)."""
-    import sys
 
     torch = sys.modules.get("torch")
     return bool(torch is not None and torch.cuda.is_initialized())

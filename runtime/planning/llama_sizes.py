@@ -27,7 +27,9 @@ writes one JSON answer per line.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
+import math
 import os
 import subprocess
 import sys
@@ -240,7 +242,6 @@ def _serve(model: str) -> int:
 
 
 def _answer(model: str) -> int:
-    import ctypes
 
     import llama_cpp  # local: llama.cpp's libraries load only when this runs
 
@@ -310,7 +311,6 @@ def load_error(error: str, log: list[str]) -> str:
 def _logged_mib(lines: list[str], what: str) -> int:
     """Bytes of the host buffers llama.cpp logged as ``... <what> = X MiB`` (the log
     rounds to 0.01 MiB: rounded up here)."""
-    import math
 
     total = 0.0
     for line in lines:

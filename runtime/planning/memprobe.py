@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -158,7 +159,6 @@ class _PeakSampler:
     (torch ops release the GIL, so the sampler runs alongside them)."""
 
     def __init__(self, interval: float = 0.0005) -> None:
-        import threading
 
         self.interval = interval
         self.peak = _status()["RssAnon"]

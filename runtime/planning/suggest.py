@@ -12,6 +12,7 @@ fits *this* budget; the budget is the smallest that fits *the context asked for*
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from tandem.runtime.planning.hardware import format_size
@@ -28,7 +29,6 @@ MIN_SUGGESTED_CTX = 64
 def size_up(n: float) -> str:
     """``n`` bytes in binary units rounded *up* to the tenth printed, so a budget
     suggested this way is never a hair short of what it must hold."""
-    import math
 
     for unit, size in (("GiB", 1024**3), ("MiB", 1024**2)):
         if n >= size:

@@ -9,6 +9,8 @@ access to the module (``backend.model``) and cache (``backend.cache``).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import os
 from collections.abc import Callable, Sequence
@@ -49,9 +51,6 @@ def return_large_temporaries() -> bool:
     the memory planner promises needs the pinned behaviour. 4 MiB keeps the per-step
     allocations of decoding (logits rows, one token's activations) on the heap, so
     decoding does not pay a map/unmap per step. No effect off glibc (returns False)."""
-    import ctypes
-    import ctypes.util
-
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name or "libc.so.6")
