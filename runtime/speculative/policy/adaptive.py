@@ -83,7 +83,8 @@ class AdaptivePolicy:
     draft_cost: float = 0.0
     """Model drafter seconds per drafted token / seconds of a one-token target call."""
     draft_cost_guessed: bool = False
-    """:attr:`draft_cost` is a guess from the weights, not a measurement: the first timed
+    """:attr:`draft_cost` is a guess made before any round drafted (from the weights and
+    one call of the drafter's model), not a measurement of drafting: the first timed
     round replaces it instead of being averaged in. The share of the target's weights
     leaves out what every call costs beyond reading them, and a cross-vocabulary drafter's
     translation and extra tokens: SmolLM2 next to the 1.5B was guessed at 0.09 of a step a
