@@ -9,6 +9,7 @@ clear :class:`ModelFormatError` instead of a crash inside native code.
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import stat
 import struct
@@ -209,7 +210,6 @@ def _copy(info: GGUFInfo, path: Path) -> GGUFInfo:
 
 
 def _read(path: Path, size: int) -> GGUFInfo:
-    import mmap
 
     try:
         with open(path, "rb") as f:

@@ -68,6 +68,7 @@ def software_id() -> str:
     upgrade of any of them changes what a process holds in memory. Read once per
     process (the packages' metadata is a scan of the install, and the modules a
     process runs are the ones it loaded, whatever is upgraded beneath it)."""
+    # local: importlib.metadata costs about 20 ms, paid only here
     from importlib.metadata import PackageNotFoundError, version
 
     versions = []

@@ -35,6 +35,7 @@ from tandem.app.bench.placements import PlacementBenchConfig, bench_placements, 
 from tandem.app.bench.report import spread
 from tandem.app.bench.runner import BenchConfig, run_bench, run_tandem
 from tandem.app.bench.workloads import EDIT, EXTRACT, workload
+from tandem.runtime.backends.llama_devices import gpu_devices, gpu_offload_build
 from tandem.runtime.backends.protocol import prefill
 from tandem.runtime.chat import chat_prompt
 from tandem.runtime.engine.builder import open_engine
@@ -70,7 +71,6 @@ class GpuBenchConfig:
 
 def device_name() -> str:
     """The GPU llama.cpp offloads to, or ``CPU``."""
-    from tandem.runtime.backends.llama_devices import gpu_devices, gpu_offload_build
 
     if not gpu_offload_build():
         return "CPU (llama.cpp lists no GPU)"

@@ -35,10 +35,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tandem.app.bench.report import spread
+from tandem.app.bench.workloads import workload
 from tandem.runtime.engine.builder import open_engine, plan_llama
 from tandem.runtime.engine.spec import EngineSpec
 from tandem.runtime.planning.devices import max_gpu_layers
-from tandem.runtime.planning.hardware import Machine, resolve_machine
+from tandem.runtime.planning.hardware import Machine, format_size, resolve_machine
 from tandem.runtime.planning.memory_model import Estimate
 from tandem.runtime.planning.plan import OffloadOption, Plan
 from tandem.runtime.planning.shapes import shape_from_gguf
@@ -151,7 +152,7 @@ def bench_placements(cfg: PlacementBenchConfig) -> dict:
 def _prompts(cfg: PlacementBenchConfig) -> list[list[int]]:
     """The edit workload's prompts as the target's token ids, from its vocabulary alone
     (no weights loaded: every configuration opens the target its own way)."""
-    from tandem.app.bench.workloads import workload
+    # local: loads llama.cpp only when this runs
     from tandem.runtime.backends.llama_vocab import LlamaVocab
 
     vocab = LlamaVocab.open(cfg.target)
@@ -167,6 +168,7 @@ def _time_block(run: PlacementRun, spec: EngineSpec, plan: Plan, prompts: Sequen
     pinning it, as `tandem run` opens it; its plain runs use the same engine with
     drafting off."""
     if run.option is None:
+        # local: loads llama.cpp only when this runs
         from tandem.app.bench.peers import LlamaPeer
 
         peer = LlamaPeer(Path(plan.target.path), n_ctx=plan.target.n_ctx, threads=spec.threads, lookup=False,
@@ -176,6 +178,7 @@ def _time_block(run: PlacementRun, spec: EngineSpec, plan: Plan, prompts: Sequen
             return Timed({"plain": [peer.run(p, n).tokens_per_s for p in prompts]})
         finally:
             peer.close()
+    # local: loads llama.cpp only when this runs
     from tandem.app.bench.runner import run_tandem
 
     engine = open_engine(replace(spec, offload=run.option.pin))
@@ -222,7 +225,6 @@ def _result(plan: Plan, runs: list[PlacementRun], times: dict[str, dict[str, lis
 
 def format_placements(res: dict) -> list[str]:
     """The section's lines for `tandem bench --gpu`'s report."""
-    from tandem.runtime.planning.hardware import format_size
 
     if "skipped" in res:
         return [f"[5] placements: skipped: {res['skipped']}"]

@@ -116,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         return run_cost_curve(args)
     if args.structured:
         return run_structured_bench(args)
+    # local: the CLI imports every command; this loads only when the command runs
     from tandem.app.bench.report import format_report, markdown_table, plot_report
     from tandem.app.bench.runner import BenchConfig, run_bench
 
@@ -166,6 +167,7 @@ def _check_writable(path: Path) -> None:
 
 
 def run_structured_bench(args: argparse.Namespace) -> int:
+    # local: the CLI imports every command; this loads only when the command runs
     from tandem.app.bench.structured import (
         CONFIGS,
         PROMPTS,
@@ -200,6 +202,7 @@ def run_structured_bench(args: argparse.Namespace) -> int:
 
 
 def run_autocomplete(args: argparse.Namespace) -> int:
+    # local: the CLI imports every command; this loads only when the command runs
     from tandem.app.bench.autocomplete import PROMPTS, markdown_table, run_bench
     from tandem.runtime.backends.llama import LlamaCppBackend
     from tandem.runtime.engine.builder import open_engine
@@ -226,6 +229,7 @@ def run_autocomplete(args: argparse.Namespace) -> int:
 
 
 def run_ar_overhead(args: argparse.Namespace) -> int:
+    # local: the CLI imports every command; this loads only when the command runs
     from tandem.app.bench.ar_overhead import N_CTX, measure_overhead
 
     if args.max_tokens < 2 or args.reps < 1 or (args.prompts is not None and args.prompts < 1):
@@ -247,6 +251,7 @@ def run_ar_overhead(args: argparse.Namespace) -> int:
 
 
 def run_cost_curve(args: argparse.Namespace) -> int:
+    # local: the CLI imports every command; this loads only when the command runs
     from tandem.app.bench.cost_curve import format_costs, measure_costs
 
     if args.reps < 1 or args.draft_max < 1:
@@ -261,6 +266,7 @@ def run_cost_curve(args: argparse.Namespace) -> int:
 
 
 def run_gpu(args: argparse.Namespace) -> int:
+    # local: the CLI imports every command; this loads only when the command runs
     from tandem.app.bench import acceptance_traces
     from tandem.app.bench.gpu import GpuBenchConfig, format_gpu, plot_gpu, run_gpu_bench
 
@@ -289,6 +295,7 @@ def run_gpu(args: argparse.Namespace) -> int:
 
 
 def run_record_acceptance(args: argparse.Namespace) -> int:
+    # local: the CLI imports every command; this loads only when the command runs
     from tandem.app.bench import acceptance_traces
     from tandem.app.bench.runner import BenchConfig
 

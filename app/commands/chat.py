@@ -29,6 +29,8 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tandem.app.tui.app import AppConfig, TandemApp
+
+    # local: the CLI imports every command; this loads only when the command runs
     from tandem.app.tui.session import ChatSettings
 
     model = resolve_model(args.model) if args.model else None

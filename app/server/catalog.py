@@ -29,6 +29,9 @@ from tandem.runtime.machine import (
     memory_bytes,
     software_id,
 )
+from tandem.runtime.planning.hardware import resolve_machine
+from tandem.runtime.planning.plan import PlanRequest
+from tandem.runtime.planning.planner import make_plan
 
 PLAN_CTX = 4096
 """Context the estimate is priced at (``tandem run``'s default cap), or the trained one if smaller."""
@@ -47,9 +50,6 @@ PENDING = {"status": "pending"}
 
 def plan_summary(path: Path) -> dict[str, Any]:
     """The planner's plan for ``path`` alone on this machine, as the listing shows it."""
-    from tandem.runtime.planning.hardware import resolve_machine
-    from tandem.runtime.planning.plan import PlanRequest
-    from tandem.runtime.planning.planner import make_plan
 
     try:
         plan = make_plan(PlanRequest(path, None, None, resolve_machine(None, None, None, measure_bandwidth=False)))

@@ -17,6 +17,7 @@ from tandem.app.server import cache_owner
 from tandem.app.server.loaded_models import Lane, ModelSlot
 from tandem.app.server.openai import GenRequest
 from tandem.kernels.sampling import Sampler
+from tandem.runtime.autocomplete import fim
 from tandem.runtime.autocomplete.superposed import SuperposedResult
 from tandem.runtime.chat_fit import FitCancelled
 from tandem.runtime.constrained.strategy import constrained
@@ -141,7 +142,6 @@ def _sampled_drafts(lane: Lane, prompt: list[int], req: GenRequest, stops: list[
 
 def infill_prompt(slot: ModelSlot, prefix: str, suffix: str) -> list[int]:
     """A FIM prompt for /v1/completions with a ``suffix`` (in the model's own FIM format)."""
-    from tandem.runtime.autocomplete import fim
 
     target = slot.target
     budget = fim.FimBudget(n_ctx=target.n_ctx, n_batch=min(512, target.n_ctx // 2))

@@ -139,6 +139,7 @@ class TandemApp(App):
         self._close_messages_no_wait()
 
     def on_unmount(self) -> None:
+        # local: the CLI imports every command; this loads only when the command runs
         from tandem.app.tui.model_choice import close_engine
 
         screen = self.chat_screen()

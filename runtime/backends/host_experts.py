@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tandem.errors import TandemError
+from tandem.runtime.backends.ggml_lib import libggml
 
 EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(?:up|down|gate)_exps\.weight$")
 """The routed experts' weights, and nothing else (not the router ``ffn_gate_inp``, not
@@ -71,7 +72,6 @@ def matched(patterns: Iterable[str], tensor_names: Iterable[str]) -> tuple[str, 
 
 def cpu_buffer_type() -> int:
     """ggml's host buffer type, from the CPU device in ggml's registry."""
-    from tandem.runtime.backends.ggml_lib import libggml
 
     lib = libggml()
     if lib is None:

@@ -19,6 +19,8 @@ import ctypes
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tandem.runtime.backends.ggml_lib import libggml
+
 DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
 """``enum ggml_backend_dev_type`` in ggml-backend.h (CPU, GPU, IGPU, ACCEL, META)."""
 
@@ -58,7 +60,6 @@ def offload_devices(devices: Iterable[LlamaDevice]) -> tuple[LlamaDevice, ...]:
 def _ggml():
     """libllama's libggml (:mod:`tandem.runtime.backends.ggml_lib`) with the registry
     functions typed, or ``None`` when they are missing."""
-    from tandem.runtime.backends.ggml_lib import libggml
 
     lib = libggml()
     if lib is None:

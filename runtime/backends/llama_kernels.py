@@ -106,6 +106,7 @@ def probe(model: str | os.PathLike[str], threads: int, *, rounds: int = PROBE_RO
           prompt_tokens: int = PROBE_PROMPT, steps: int = PROBE_STEPS) -> KernelChoice:
     """Time both configurations of ``model``, one loaded at a time (never more memory
     than a run of the model takes), each over ``rounds`` after a warm-up, and decide."""
+    # local: loads llama.cpp only when this runs
     from tandem.runtime.backends.llama import LlamaCppBackend
     from tandem.runtime.backends.llama_config import LlamaConfig
 

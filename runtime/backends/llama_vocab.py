@@ -20,7 +20,10 @@ from llama_cpp import _internals
 
 from tandem.errors import ModelFormatError, TandemError
 from tandem.models.vocab_coverage import coverage_check
-from tandem.runtime.backends import llama_log  # noqa: F401  (installed on import: llama.cpp's log silenced)
+from tandem.runtime.backends import (
+    file_facts,
+    llama_log,  # noqa: F401  (installed on import: llama.cpp's log silenced)
+)
 from tandem.runtime.backends.protocol import SpecialTokens
 
 NO_FD_REDIRECT = True
@@ -142,13 +145,11 @@ class LlamaVocab:
         """A fact of this vocabulary's file found on an earlier load, else ``None``."""
         if self._path is None:
             return None
-        from tandem.runtime.backends import file_facts
 
         return file_facts.recall(self._path, fact)
 
     def _remember(self, fact: str, value: Any) -> None:
         if self._path is not None:
-            from tandem.runtime.backends import file_facts
 
             file_facts.remember(self._path, fact, value)
 

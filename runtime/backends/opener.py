@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tandem.models.extras import require
+from tandem.runtime.backends import file_facts
 from tandem.runtime.backends.protocol import Backend
 
 if TYPE_CHECKING:  # the module loads llama.cpp's libraries: imported where a GGUF opens
@@ -32,14 +33,17 @@ def open_backend(path: str | Path, *, n_ctx: int | None = None, n_threads: int |
     kind = backend_kind(path)
     if kind == "onnx":
         require("an ONNX model", "onnx", "onnxruntime", "tokenizers")
+        # local: loads llama.cpp only when this runs
         from tandem.runtime.backends.onnx import OnnxBackend, OnnxConfig
 
         return OnnxBackend(path, OnnxConfig(n_ctx=n_ctx, n_threads=n_threads))
     if kind == "torch":
         require("a Hugging Face folder (the torch engine)", "torch", "torch", "safetensors", "tokenizers")
+        # local: loads llama.cpp and torch only when this runs
         from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
 
         return TorchBackend(path, TorchConfig(n_ctx=n_ctx, n_threads=n_threads))
+    # local: loads llama.cpp only when this runs
     from tandem.runtime.backends.llama import LlamaCppBackend
     from tandem.runtime.backends.llama_config import LlamaConfig
 
@@ -54,7 +58,6 @@ def check_finite_once(backend: LlamaCppBackend) -> None:
     file version and compute settings: the answer is the file's
     (:mod:`tandem.runtime.backends.file_facts`). A model on RPC servers is checked on
     every load (its weights are theirs)."""
-    from tandem.runtime.backends import file_facts
 
     settings = backend.compute_settings()
     model_file = settings.model_file

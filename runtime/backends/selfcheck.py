@@ -25,6 +25,7 @@ import numpy as np
 
 from tandem.errors import child_failure
 from tandem.models.python_child import code_argv
+from tandem.runtime.backends.llama_devices import gpu_devices, gpu_offload_build
 
 QUANT_TYPES = ("q4_0", "q4_1", "q4_k_m", "q8_0")
 """q4_k_m also writes Q6_K tensors: together these cover the kernels real GGUFs use."""
@@ -133,10 +134,10 @@ def run_selfcheck(on_gpu: bool | None = None) -> list[str]:
     """One problem line per quantization type and device that does not run (empty: all
     fine). ``on_gpu``: also decode with every layer on the GPU (default: when this build
     offloads)."""
+    # local: loads the gguf package only when this runs
     from tandem.models.quantize import quantize_gguf
 
     if on_gpu is None:
-        from tandem.runtime.backends.llama_devices import gpu_offload_build
 
         on_gpu = gpu_offload_build()
     problems = []
@@ -169,7 +170,6 @@ GPU_ADVICE = (
 
 def main() -> int:
     os.environ.setdefault("TANDEM_LLAMA_LOG", "")
-    from tandem.runtime.backends.llama_devices import gpu_devices, gpu_offload_build
 
     on_gpu = gpu_offload_build()
     problems = run_selfcheck(on_gpu)

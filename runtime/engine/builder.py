@@ -350,6 +350,7 @@ def _apply_torch_options(target: Backend, torch_plan: TorchPlan) -> list[Any]:
 
         use_compressed_cache(target, torch_plan.kv_compress)
     if torch_plan.offload is not None:
+        # local: loads torch only when this runs
         from tandem.runtime.moe.expert_cache import enable_offload
 
         # The experts were left in the file (TorchConfig.lazy_experts): the cache reads them from it.

@@ -28,9 +28,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tandem.errors import TandemError, child_failure
+from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.models.paths import cache_dir, write_cache_file
 from tandem.models.python_child import module_argv
+from tandem.runtime.backends.selfcheck import write_tiny_llama
 from tandem.runtime.machine import cache_key, code_stamp, machine_id, software_id
+from tandem.runtime.planning.llama_sizes import ContextSetup, LlamaSizes, work_buffer
+from tandem.runtime.planning.memprobe import process_rss
+from tandem.runtime.planning.shapes import padded_ctx, shape_from_gguf
+from tandem.runtime.speculative.drafters.chain import ChainDrafter
+from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter
+from tandem.runtime.speculative.drafters.suffix import SuffixDrafter, global_cache
 
 BASELINE_VERSION = 5
 CLI_MODULE = "tandem.app.cli"
@@ -196,11 +204,9 @@ def _llama_context_overhead() -> int:
     of 9 rows, decode steps — and return the anonymous memory it took beyond the KV
     cache, compute buffer, logits and runtime the memory model prices for it."""
 
+    # local: loads llama.cpp only when this runs
     from tandem.runtime.backends.llama import LlamaCppBackend
     from tandem.runtime.backends.llama_config import LlamaConfig
-    from tandem.runtime.backends.selfcheck import write_tiny_llama
-    from tandem.runtime.planning.llama_sizes import ContextSetup, LlamaSizes, work_buffer
-    from tandem.runtime.planning.shapes import padded_ctx, shape_from_gguf
 
     n_ctx = rows = 0
     with tempfile.TemporaryDirectory(prefix="tandem-baseline-") as folder:
@@ -234,11 +240,6 @@ def _draft_index_per_token(n: int = 4096) -> float:
     """Resident growth per token of the model-free drafters over ``n`` never-repeating
     tokens: a prompt, then drafting rounds as generation does (propose, commit)."""
 
-    from tandem.kernels.sampling import Sampler, SamplingParams
-    from tandem.runtime.planning.memprobe import process_rss
-    from tandem.runtime.speculative.drafters.chain import ChainDrafter
-    from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter
-    from tandem.runtime.speculative.drafters.suffix import SuffixDrafter, global_cache
 
     rng = random.Random(0)
     tokens = rng.sample(range(1 << 20), n)

@@ -182,6 +182,7 @@ def calibrate(target: Backend, plan, opts: Sequence[Option], *, mode: str = "aut
     cpu = {target_key(o): o.target_threads for o in opts if o.target_device == "cpu"}
     costs = Costs(*measure_target(target, context, cpu))
     if any(o.target_device == "cuda" for o in opts):
+        # local: loads llama.cpp and torch only when this runs
         from tandem.runtime.backends.torch_engine.backend import TorchBackend
 
         on_gpu = TorchBackend(plan.target.path, plan.target.torch_config("cuda"))
@@ -242,6 +243,7 @@ def place(target: Backend, plan, *, mode: str = "auto", device: str = "auto", us
         best = choice.option if choice is not None else opts[0]
         target.set_threads(best.target_threads)
         if best.target_device == "cuda":
+            # local: loads llama.cpp and torch only when this runs
             from tandem.runtime.backends.torch_engine.backend import TorchBackend
 
             target.close()

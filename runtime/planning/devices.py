@@ -18,6 +18,7 @@ import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from tandem.runtime.backends.llama_devices import gpu_offload_build
 from tandem.runtime.planning.hardware import Machine
 from tandem.runtime.planning.memory_model import Estimate, Setup, estimate
 from tandem.runtime.planning.shapes import ModelShape
@@ -65,7 +66,6 @@ def gpu_offload_ok(machine: Machine) -> bool:
         return False
     if machine.source != "detected":
         return True
-    from tandem.runtime.backends.llama_devices import gpu_offload_build
 
     return gpu_offload_build()
 

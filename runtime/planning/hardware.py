@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tandem.errors import TandemError
+from tandem.runtime.backends.llama_devices import gpu_devices
 from tandem.runtime.machine import cpu_cores
 from tandem.runtime.planning.baseline import machine_baseline
 
@@ -202,7 +203,6 @@ LLAMA_GPU_BANDWIDTH = 300.0
 
 
 def _llama_gpus() -> tuple[GPU, ...]:
-    from tandem.runtime.backends.llama_devices import gpu_devices
 
     return tuple(GPU(d.description or d.name, d.total_bytes, d.free_bytes, LLAMA_GPU_BANDWIDTH, index=i)
                  for i, d in enumerate(gpu_devices()) if d.total_bytes)

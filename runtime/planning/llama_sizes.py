@@ -231,6 +231,7 @@ def _serve(model: str) -> int:
     """Answer size questions about ``model`` (see the module docstring)."""
 
 
+    # local: loads llama.cpp only when this runs
     from tandem.runtime.backends import llama_log
 
     try:

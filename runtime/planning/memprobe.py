@@ -28,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tandem.errors import child_failure
 from tandem.models.python_child import module_argv
 
 
@@ -125,13 +126,16 @@ def _import_backends(kinds: set[str]) -> None:
 
 def _open(m: ProbeModel):
     if m.kind == "torch":
+        # local: loads llama.cpp and torch only when this runs
         from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig
 
         return TorchBackend(m.path, TorchConfig(device="cpu", n_ctx=m.n_ctx, n_batch=m.n_batch, n_threads=m.n_threads))
     if m.kind == "onnxruntime":
+        # local: loads llama.cpp only when this runs
         from tandem.runtime.backends.onnx import OnnxBackend, OnnxConfig
 
         return OnnxBackend(m.path, OnnxConfig(device="cpu", n_ctx=m.n_ctx, n_batch=m.n_batch, n_threads=m.n_threads))
+    # local: loads llama.cpp only when this runs
     from tandem.runtime.backends.llama import LlamaCppBackend
     from tandem.runtime.backends.llama_config import LlamaConfig
 
@@ -214,7 +218,6 @@ def measure(spec: ProbeSpec, timeout: float = 300.0) -> dict:
         input=payload, capture_output=True, text=True, timeout=timeout, check=False,
     )
     if proc.returncode != 0:
-        from tandem.errors import child_failure
 
         raise RuntimeError(f"memory probe failed: {child_failure('memory probe child', proc.returncode, proc.stderr)}"
                            + (f"\n{proc.stderr.strip()[-2000:]}" if proc.stderr.strip() else ""))
@@ -257,6 +260,7 @@ def process_rss() -> int:
     except OSError:
         pass
     try:
+        # local: Unix only
         import resource
 
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

@@ -86,6 +86,7 @@ class ModelPlan:
 
     def llama_config(self):
         """The :class:`~tandem.runtime.backends.llama_config.LlamaConfig` that realises this plan."""
+        # local: loads llama.cpp only when this runs
         from tandem.runtime.backends.llama_config import LlamaConfig
 
         return LlamaConfig(n_ctx=self.n_ctx, n_batch=self.n_batch, n_threads=self.n_threads,
@@ -96,6 +97,7 @@ class ModelPlan:
         """The :class:`~tandem.runtime.backends.torch_engine.backend.TorchConfig` the planner priced
         for a torch drafter on ``device`` (default: this plan's): same context and batch,
         so its KV cache and workspace stay what the VRAM budget was checked against."""
+        # local: loads llama.cpp and torch only when this runs
         from tandem.runtime.backends.torch_engine.backend import TorchConfig
 
         return TorchConfig(device=device or self.device, n_ctx=self.n_ctx, n_batch=self.n_batch,

@@ -36,7 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tandem.errors import TandemError
-from tandem.runtime.planning.baseline import machine_baseline
+from tandem.runtime.planning.baseline import machine_baseline, measure_soon
 from tandem.runtime.planning.devices import (
     SAFETY,
     fits,
@@ -48,7 +48,7 @@ from tandem.runtime.planning.devices import (
 )
 from tandem.runtime.planning.hardware import Machine, format_size, resolve_machine
 from tandem.runtime.planning.ladder import draft_quant_copy, kv_candidates, ladder
-from tandem.runtime.planning.llama_sizes import close_all
+from tandem.runtime.planning.llama_sizes import close_all, sizes_for
 from tandem.runtime.planning.memory_model import Estimate, Item, Setup, estimate
 from tandem.runtime.planning.memprobe import process_rss, unresident_code
 from tandem.runtime.planning.offload import Pair, check_pin, compare, needs_comparing, summary
@@ -92,10 +92,8 @@ def _measure_soon(req: PlanRequest) -> None:
     """Start every child process the plan will wait for (this machine's baseline,
     llama.cpp's sizes of each model) at once, when their caches lack them: on a first
     run they measure side by side instead of one after the other."""
-    from tandem.runtime.planning.llama_sizes import sizes_for
 
     if req.baseline is None and (req.machine is None or req.machine.source == "detected"):
-        from tandem.runtime.planning.baseline import measure_soon
 
         measure_soon()
     for model in (req.target, req.draft):
@@ -211,6 +209,7 @@ def _try_ctx(req: PlanRequest, machine: Machine, baseline: int, t_shape: ModelSh
         d_ctx = (window or min(ctx, d_shape.n_ctx_train)) + k + 1
         path = str(req.draft)
         if q is not None:
+            # local: loads the gguf package only when this runs
             from tandem.models.quantize import cached_copy_path
 
             path = str(cached_copy_path(req.draft, q))
@@ -361,6 +360,7 @@ def plan_for_run(target_path: str | Path, draft_path: str | Path | None = None, 
                       moe_offload=moe_offload, offload=offload)
     plan = make_plan(req).check()
     if plan.draft is not None and plan.draft.quant and plan.draft.source:
+        # local: loads the gguf package only when this runs
         from tandem.models.quantize import cached_copy
 
         plan.draft = replace(plan.draft, path=str(cached_copy(plan.draft.source, plan.draft.quant)))
@@ -378,7 +378,6 @@ def parallel_for(target_path: str | Path, budget: int | str | None = None, ctx: 
     caches fit the budget beside the model, each at the context and KV type one slot
     alone would get, with the same prefill batch; 1 when a second does not fit. Parallel
     slots never cost a shorter context, a quantized KV cache or a slower prefill."""
-    from tandem.runtime.planning.hardware import resolve_machine
 
     one = plan_for_run(target_path, None, budget, ctx, vram=vram, threads=threads, draft_max=draft_max,
                        model_free=True, kv_type=kv_type)

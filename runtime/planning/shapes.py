@@ -87,6 +87,7 @@ def shape_from_gguf(path_or_info, as_type: str | None = None) -> ModelShape:
     """A :class:`ModelShape` from a GGUF header (no tensor data is read); with
     ``as_type`` (one of :data:`QUANT_COPY_TYPES`), the shape of the copy llama.cpp's
     quantizer would make, so the planner can price a quantized drafter before making it."""
+    # local: loads the gguf package only when this runs
     from tandem.models.gguf_file import GGUFInfo, check_runnable, inspect_gguf
 
     info: GGUFInfo = path_or_info if isinstance(path_or_info, GGUFInfo) else inspect_gguf(path_or_info)

@@ -104,6 +104,7 @@ def expert_bytes(path: Path) -> int:
     """Float32 bytes of a GGUF model's routed experts (``ffn_*_exps``); 0 for a dense model."""
     if not path.is_file():
         return 0
+    # local: loads the gguf package only when this runs
     from tandem.models.gguf_file import inspect_gguf
 
     total = 0

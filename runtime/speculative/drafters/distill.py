@@ -191,6 +191,7 @@ def write_gguf(model: LlamaModel, target_path: Path, out: Path) -> Path:
 
 def distill(target_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg: DistillConfig | None = None) -> DistillReport:
     """Generate a corpus with the target, train the drafter, write it to ``out``."""
+    # local: loads llama.cpp only when this runs
     from tandem.runtime.backends.llama import LlamaCppBackend
     from tandem.runtime.backends.llama_config import LlamaConfig
 
