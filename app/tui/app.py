@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from rich.segment import Segments
+from rich.traceback import Traceback
 from textual.app import App
 from textual.binding import Binding
 from textual.notifications import SeverityLevel
@@ -13,7 +15,7 @@ from textual.notifications import SeverityLevel
 from tandem.app.history.database import History, HistoryDamaged, default_path
 from tandem.app.tui.chat_screen import ChatScreen
 from tandem.app.tui.modals import NoModelScreen
-from tandem.app.tui.model_choice import ModelChoice, restored_choice
+from tandem.app.tui.model_choice import ModelChoice, close_engine, restored_choice
 from tandem.app.tui.session import ChatSettings
 from tandem.app.tui.shown import plain
 from tandem.models.paths import models_dir
@@ -130,18 +132,12 @@ class TandemApp(App):
     def _fatal_error(self) -> None:
         """Textual's crash report without local variables (it shows them by default, and
         they can hold the user's prompt or replies): the traceback alone."""
-        from rich.segment import Segments
-        from rich.traceback import Traceback
-
         self.bell()
         report = Traceback(show_locals=False, width=None)
         self._exit_renderables.append(Segments(self.console.render(report, self.console.options)))
         self._close_messages_no_wait()
 
     def on_unmount(self) -> None:
-        # local: the CLI imports every command; this loads only when the command runs
-        from tandem.app.tui.model_choice import close_engine
-
         screen = self.chat_screen()
         if screen is not None and screen.replies.cancel is not None:
             screen.replies.cancel.set()
