@@ -35,7 +35,7 @@ from tandem.app.bench.placements import PlacementBenchConfig, bench_placements, 
 from tandem.app.bench.report import spread
 from tandem.app.bench.runner import BenchConfig, run_bench, run_tandem
 from tandem.app.bench.workloads import EDIT, EXTRACT, workload
-from tandem.runtime.backends.llama_devices import gpu_devices, gpu_offload_build
+from tandem.runtime.backends import llama_devices
 from tandem.runtime.backends.protocol import prefill
 from tandem.runtime.chat import chat_prompt
 from tandem.runtime.engine.builder import open_engine
@@ -72,9 +72,9 @@ class GpuBenchConfig:
 def device_name() -> str:
     """The GPU llama.cpp offloads to, or ``CPU``."""
 
-    if not gpu_offload_build():
+    if not llama_devices.gpu_offload_build():
         return "CPU (llama.cpp lists no GPU)"
-    gpus = gpu_devices()
+    gpus = llama_devices.gpu_devices()
     return ", ".join(f"{d.name} {d.description} ({d.total_bytes / 2**30:.0f} GiB)" for d in gpus) or "GPU"
 
 

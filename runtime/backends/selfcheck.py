@@ -25,7 +25,7 @@ import numpy as np
 
 from tandem.errors import child_failure
 from tandem.models.python_child import code_argv
-from tandem.runtime.backends.llama_devices import gpu_devices, gpu_offload_build
+from tandem.runtime.backends import llama_devices
 
 QUANT_TYPES = ("q4_0", "q4_1", "q4_k_m", "q8_0")
 """q4_k_m also writes Q6_K tensors: together these cover the kernels real GGUFs use."""
@@ -139,7 +139,7 @@ def run_selfcheck(on_gpu: bool | None = None) -> list[str]:
 
     if on_gpu is None:
 
-        on_gpu = gpu_offload_build()
+        on_gpu = llama_devices.gpu_offload_build()
     problems = []
     with tempfile.TemporaryDirectory(prefix="tandem-selfcheck-") as tmp:
         f32 = write_tiny_llama(Path(tmp) / "tiny-f32.gguf")
@@ -171,12 +171,12 @@ GPU_ADVICE = (
 def main() -> int:
     os.environ.setdefault("TANDEM_LLAMA_LOG", "")
 
-    on_gpu = gpu_offload_build()
+    on_gpu = llama_devices.gpu_offload_build()
     problems = run_selfcheck(on_gpu)
     if not problems:
         where = "this CPU"
         if on_gpu:
-            where += " and on the GPU (" + ", ".join(f"{d.name}: {d.description}" for d in gpu_devices()) + ")"
+            where += " and on the GPU (" + ", ".join(f"{d.name}: {d.description}" for d in llama_devices.gpu_devices()) + ")"
         print(f"self-check: llama.cpp runs {', '.join(QUANT_TYPES)} models on {where}")
         return 0
     advice = "\n".join(a for a, tag in ((ADVICE, " on the CPU: "), (GPU_ADVICE, " on the GPU: "))

@@ -18,7 +18,7 @@ import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from tandem.runtime.backends.llama_devices import gpu_offload_build
+from tandem.runtime.backends import llama_devices
 from tandem.runtime.planning.hardware import Machine
 from tandem.runtime.planning.memory_model import Estimate, Setup, estimate
 from tandem.runtime.planning.shapes import ModelShape
@@ -67,7 +67,7 @@ def gpu_offload_ok(machine: Machine) -> bool:
     if machine.source != "detected":
         return True
 
-    return gpu_offload_build()
+    return llama_devices.gpu_offload_build()
 
 
 def rooms(machine: Machine, baseline: int) -> tuple[float, float]:

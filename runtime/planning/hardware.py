@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tandem.errors import TandemError
-from tandem.runtime.backends.llama_devices import gpu_devices
+from tandem.runtime.backends import llama_devices
 from tandem.runtime.machine import cpu_cores
 from tandem.runtime.planning.baseline import machine_baseline
 
@@ -205,7 +205,7 @@ LLAMA_GPU_BANDWIDTH = 300.0
 def _llama_gpus() -> tuple[GPU, ...]:
 
     return tuple(GPU(d.description or d.name, d.total_bytes, d.free_bytes, LLAMA_GPU_BANDWIDTH, index=i)
-                 for i, d in enumerate(gpu_devices()) if d.total_bytes)
+                 for i, d in enumerate(llama_devices.gpu_devices()) if d.total_bytes)
 
 
 def _torch_gpus() -> tuple[GPU, ...]:
