@@ -26,7 +26,7 @@ PREFILL_CHUNK = 16
 """Rows per decode of a slot's long request (a prompt) once an editor uses the context
 (:meth:`~tandem.runtime.backends.llama_batch.SequenceBatcher.chunks_prompts`): a multiple
 of the repacked kernels' 4-row groups, at least the 8 rows from which llama.cpp's CPU
-matmul takes one kernel path (see the module docstring; ``tests/runtime/backends/
+matmul takes one kernel path (see :mod:`~tandem.runtime.backends.llama_batch`; ``tests/runtime/backends/
 test_llama_batch.py`` checks the identity on the real models on every machine it runs on)."""
 
 CHUNK_MIN = 8
@@ -35,7 +35,6 @@ CHUNK_MIN = 8
 CHUNK_ALIGN = 4
 """Every chunk but the last holds whole groups of the repacked kernels' 4 rows, so the rows
 left over for the one-by-one kernel are the ones the whole batch leaves over."""
-
 
 
 class SequenceView:
@@ -104,7 +103,7 @@ class SequenceView:
 
         def run(start: int, stop: int, rows: list[int]) -> list[np.ndarray]:
             req = Request(self.seq, len(self._tokens), None if ids is None else ids[start:stop],
-                           None if embeds is None else embeds[start:stop], rows)
+                          None if embeds is None else embeds[start:stop], rows)
             out = self.batcher.decode(req)
             self._tokens.extend(ids[start:stop] if ids is not None else [-1] * (stop - start))
             return out
