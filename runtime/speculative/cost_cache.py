@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tandem.models.paths import cache_dir, write_cache_file
@@ -112,9 +112,17 @@ class DrafterCosts:
     """What runs learnt of a model drafter next to a target, in one-token target calls."""
 
     draft_cost: float | None
-    """Per drafted token (``None``: never timed; the drafter's weight share stands in)."""
+    """Per drafted token (``None``: never timed; a guess stands in,
+    :func:`~tandem.runtime.speculative.factory.guessed_draft_cost`)."""
     catch_up_cost: float | None = None
     """Per token caught up on in one batched call (``None``: never timed)."""
+    call_cost: float | None = None
+    """One call of the drafter's model, timed at a strategy's start while ``draft_cost``
+    was not known (the guess's floor): kept so later runs do not time it again."""
+
+    def known(self) -> bool:
+        """Anything measured to keep."""
+        return any(cost is not None for cost in (self.draft_cost, self.catch_up_cost, self.call_cost))
 
 
 def cached_drafter_costs(target: Backend, drafter_name: str, drafter_bytes: int, *,
@@ -127,18 +135,17 @@ def cached_drafter_costs(target: Backend, drafter_name: str, drafter_bytes: int,
     entry = _cached_entry(_draft_cost_key(target, drafter_name, drafter_bytes), cache_file)
     if not entry:
         return None
-    draft, catch_up = (entry.get(name) for name in ("draft_cost", "catch_up_cost"))
-    costs = DrafterCosts(float(draft) if draft else None, float(catch_up) if catch_up else None)
-    return costs if costs.draft_cost or costs.catch_up_cost else None
+    costs = DrafterCosts(*(float(v) if (v := entry.get(name)) else None
+                           for name in ("draft_cost", "catch_up_cost", "call_cost")))
+    return costs if costs.known() else None
 
 
 def remember_drafter_costs(target: Backend, drafter_name: str, drafter_bytes: int, costs: DrafterCosts, *,
                            cache_file: Path | None = None) -> None:
     """Cache what a run learnt of a model drafter's costs (best effort, atomic)."""
     key = _draft_cost_key(target, drafter_name, drafter_bytes)
-    if key is not None and (costs.draft_cost or costs.catch_up_cost):
-        _store(key, {"draft_cost": costs.draft_cost, "catch_up_cost": costs.catch_up_cost, "drafter": drafter_name},
-               cache_file)
+    if key is not None and costs.known():
+        _store(key, asdict(costs) | {"drafter": drafter_name}, cache_file)
 
 
 def load_cost_curve(backend: Backend, k_max: int = 8, *, cache_file: Path | None = None) -> CostCurve:

@@ -214,21 +214,25 @@ def weight_ratio(drafter: Drafter, target: Backend) -> float:
     return drafter.weight_bytes() / target_weights if target_weights > 0 else 0.0
 
 
-def guessed_draft_cost(drafter: Drafter, model_drafter: Drafter | None, target: Backend,
-                       target_step_s: float | None) -> float:
-    """The drafter's cost per drafted token before a round has timed it, in target steps:
-    its share of the weights (:func:`weight_ratio`), or more where one call of its model,
-    timed now against the target's measured one-token step, costs more. Every call pays a
-    fixed part beyond reading the weights, which a small model's share leaves out:
-    SmolLM2-135M is 0.09 of the 1.5B's weights and its step 0.20 of the 1.5B's (2
-    threads, a Zen 5), so a cross-vocabulary pair woke its drafter on the guess, paid its
-    catch-up on the prompt and lost 0.7 s of a 2.3 s reply."""
-    share = weight_ratio(drafter, target)
+def drafter_call_cost(model_drafter: Drafter | None, target_step_s: float | None) -> float | None:
+    """One call of the drafter's model, timed now, over the target's measured one-token
+    step (``None`` without a model, a measured step, or room in the drafter's context)."""
     backend = model_drafter.model_backend() if model_drafter is not None else None
     if backend is None or not target_step_s:
-        return share
+        return None
     step_s = one_token_step_s(backend)
-    return share if step_s is None else max(share, step_s / target_step_s)
+    return None if step_s is None else step_s / target_step_s
+
+
+def guessed_draft_cost(drafter: Drafter, target: Backend, call_cost: float | None) -> float:
+    """The drafter's cost per drafted token before a round has timed it, in target steps:
+    its share of the weights (:func:`weight_ratio`), or its model's one-token call
+    (:func:`drafter_call_cost`) where that costs more. Every call pays a fixed part beyond
+    reading the weights, which a small model's share leaves out: SmolLM2-135M is 0.09 of
+    the 1.5B's weights and its step 0.20 of the 1.5B's (2 threads, a Zen 5), so a
+    cross-vocabulary pair woke its drafter on the guess, paid its catch-up on the prompt
+    and lost 0.7 s of a 2.3 s reply."""
+    return max(weight_ratio(drafter, target), call_cost or 0.0)
 
 
 def build_strategy(
@@ -294,30 +298,33 @@ def build_strategy(
         learnt = (cached_drafter_costs(target, model_drafter.name, model_drafter.weight_bytes())
                   if model_drafter is not None and opts.measure_cost else None)
         learnt_draft = learnt.draft_cost if learnt else None
+        guessed = not (opts.draft_cost or learnt_draft)
+        call_cost = learnt.call_cost if learnt else None
+        if guessed and call_cost is None:
+            call_cost = drafter_call_cost(model_drafter, cached.t1_s if cached else None)
         adaptive = AdaptivePolicy(cost, AdaptiveConfig(max_len=k_max, stop_threshold=opts.stop_threshold),
-                                  draft_cost=opts.draft_cost or learnt_draft
-                                  or guessed_draft_cost(drafter, model_drafter, target, cached.t1_s if cached else None),
-                                  draft_cost_guessed=not (opts.draft_cost or learnt_draft),
+                                  draft_cost=opts.draft_cost or learnt_draft or guessed_draft_cost(drafter, target, call_cost),
+                                  draft_cost_guessed=guessed,
                                   catch_up_cost=learnt.catch_up_cost if learnt else None,
                                   cheap_drafter=model_free, measured_sources=MEASURED_SOURCES,
                                   cheap_sources=frozenset() if model_free or len(drafters) == 1 else MODEL_FREE_SOURCES)
         if opts.measure_cost:
             on_close = partial(remember_learnt, target, adaptive, model_drafter,
-                               draft_cost_known=bool(learnt_draft and not opts.draft_cost))
+                               draft_cost_known=bool(learnt_draft and not opts.draft_cost), call_cost=call_cost)
         policy = adaptive
     predraft = opts.predraft if opts.predraft is not None else opts.draft_device == "cuda"
     return SpeculativeStrategy(drafter, policy, hook, predraft=predraft, on_close=on_close)
 
 
 def remember_learnt(target: Backend, policy: AdaptivePolicy, model_drafter: Drafter | None, *,
-                    draft_cost_known: bool = False) -> None:
+                    draft_cost_known: bool = False, call_cost: float | None = None) -> None:
     """What a strategy learnt, cached for the next one with this target (and drafter) on
     this machine: the verify-cost curve it measured while decoding, and the model
     drafter's costs that were measured (timed by rounds, or ``draft_cost_known`` from
-    before), never the weight-share guess that stood in for one."""
+    before; its model's ``call_cost``), never the guess that stood in for one."""
     if isinstance(policy.cost, OnlineCost) and policy.cost.learnt:
         remember_cost_curve(target, policy.cost.curve(), policy.cost.observed())
-    draft_cost = policy.draft_cost if policy.draft_timed > 0 or draft_cost_known else None
-    if model_drafter is not None and (draft_cost or policy.catch_up_cost is not None):
-        remember_drafter_costs(target, model_drafter.name, model_drafter.weight_bytes(),
-                               DrafterCosts(draft_cost, policy.catch_up_cost))
+    costs = DrafterCosts(policy.draft_cost if policy.draft_timed > 0 or draft_cost_known else None,
+                         policy.catch_up_cost, call_cost)
+    if model_drafter is not None and costs.known():
+        remember_drafter_costs(target, model_drafter.name, model_drafter.weight_bytes(), costs)

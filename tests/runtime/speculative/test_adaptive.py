@@ -22,6 +22,7 @@ from tandem.runtime.speculative.cost import (
     curve_from_times,
     measure_cost_curve,
     merge_runs,
+    one_token_step_s,
 )
 from tandem.runtime.speculative.cost_cache import load_cost_curve
 from tandem.runtime.speculative.policy.adaptive import PROBE_WORTHY, AdaptiveConfig, AdaptivePolicy
@@ -358,7 +359,7 @@ def test_the_guess_counts_what_a_drafter_call_costs_beyond_its_weights() -> None
     least as long as the target's step is guessed at a step a token, not a twentieth; its
     cache is left as it was. Without the target's measured step the weights decide."""
     from tandem.runtime.speculative.drafters.model import ModelDrafter
-    from tandem.runtime.speculative.factory import guessed_draft_cost
+    from tandem.runtime.speculative.factory import drafter_call_cost, guessed_draft_cost
 
     rng = np.random.default_rng(0)
     target = ToyBackend(random_table(64, rng))
@@ -367,12 +368,45 @@ def test_the_guess_counts_what_a_drafter_call_costs_beyond_its_weights() -> None
     drafter = ModelDrafter(slow)
     share = slow.table.nbytes / target.table.nbytes
     assert share < 0.1
-    assert guessed_draft_cost(drafter, drafter, target, target_step_s=0.02) >= 1.0
+    assert guessed_draft_cost(drafter, target, drafter_call_cost(drafter, target_step_s=0.02)) >= 1.0
     assert slow.tokens == [1, 2, 3]
-    assert guessed_draft_cost(drafter, drafter, target, target_step_s=None) == pytest.approx(share)
+    assert drafter_call_cost(drafter, target_step_s=None) is None
+    assert guessed_draft_cost(drafter, target, None) == pytest.approx(share)
     full = SlowToy(random_table(16, rng), step_s=0.0, n_ctx=4)
     full.evaluate([1, 2])  # no room for the timed calls: the weights decide
-    assert guessed_draft_cost(ModelDrafter(full), ModelDrafter(full), target, 0.02) == pytest.approx(share)
+    assert drafter_call_cost(ModelDrafter(full), 0.02) is None
+
+
+def test_a_drafters_call_is_timed_once_per_pair_and_machine(stories260k: Path, monkeypatch) -> None:
+    """The call the guess times is cached with the drafter's other costs: the next
+    strategy for the pair starts from it without timing the drafter again."""
+    from tandem.runtime.speculative import factory
+    from tandem.runtime.speculative.cost_cache import cached_drafter_costs, remember_cost_curve
+
+    timed: list[float] = []
+
+    def counted(backend, reps: int = 3) -> float | None:
+        timed.append(step := one_token_step_s(backend, reps))
+        return step
+
+    monkeypatch.setattr(factory, "one_token_step_s", counted)
+    with LlamaCppBackend(stories260k, LlamaConfig(n_ctx=256, n_threads=1)) as target:
+        remember_cost_curve(target, CostCurve.linear(0.05, t1_s=0.01))  # the target's step, measured
+        first = factory.build_strategy(target, stories260k, factory.SpecOptions(mode="model"))
+        assert len(timed) == 1 and timed[0] is not None
+        assert isinstance(first.policy, AdaptivePolicy) and first.policy.draft_cost_guessed
+        name, size = first.drafter.name, first.drafter.weight_bytes()
+        first.close()  # nothing drafted: only the call is known
+        cached = cached_drafter_costs(target, name, size)
+        assert cached is not None and cached.draft_cost is None
+        assert cached.call_cost == pytest.approx(timed[0] / 0.01)
+        second = factory.build_strategy(target, stories260k, factory.SpecOptions(mode="model"))
+        try:
+            assert len(timed) == 1  # not timed again
+            assert isinstance(second.policy, AdaptivePolicy)
+            assert second.policy.draft_cost == pytest.approx(first.policy.draft_cost)
+        finally:
+            second.close()
 
 
 def test_predraft_only_where_the_acceptance_outlook_allows() -> None:
