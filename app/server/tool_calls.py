@@ -171,11 +171,11 @@ class ToolCallParser:
         """``text`` as calls to the offered tools, one JSON object (or one list of them, or
         one a line); none if any part is not such a call."""
         try:
-            found = json.loads(text)
+            found = _loads_call(text)
             objs = found if isinstance(found, list) else [found]
         except json.JSONDecodeError:
             try:
-                objs = [json.loads(line) for line in text.splitlines() if line.strip()]
+                objs = [_loads_call(line) for line in text.splitlines() if line.strip()]
             except json.JSONDecodeError:
                 return []
         if not objs or not all(isinstance(o, dict) and o.get("name") in self.names
@@ -226,6 +226,22 @@ def _args_cut(buf: str) -> int:
     if buf[:cut].endswith("}"):
         cut = len(buf[: cut - 1].rstrip())
     return cut
+
+
+def _loads_call(text: str) -> Any:
+    """JSON, or an object written with a doubled brace (``{{"name": ...}}``, or only the
+    opening one doubled): the Qwen2.5-Coder-1.5B chat template shows the call format
+    that way (a brace escape that Jinja prints as it stands), and the model copies it."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        text = text.strip()
+        if not text.startswith("{{"):
+            raise
+        try:
+            return json.loads(text[1:])
+        except json.JSONDecodeError:
+            return json.loads(text[1:-1])
 
 
 def _unescape(s: str) -> str:

@@ -226,6 +226,22 @@ def test_a_reply_of_bare_call_objects() -> None:
     assert parse_reply('{"a": 1}', NAMES).content == '{"a": 1}'
 
 
+def test_calls_written_with_the_templates_doubled_braces() -> None:
+    """Qwen2.5-Coder-1.5B's template shows the call as ``{{"name": ...}}`` and the model
+    (sampled, tool_choice auto) copies it: seen on the real model through the server."""
+    doubled = ('{{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}}\n'
+               '{{"name": "get_time", "arguments": {"city": "Paris"}}}')
+    reply = parse_reply(doubled, NAMES)
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in reply.calls] == \
+        [("get_weather", {"city": "Paris", "unit": "c"}), ("get_time", {"city": "Paris"})]
+    assert reply.content is None
+    fenced = parse_reply('```json\n{{"name": "get_time", "arguments": {"city": "Lima"}}}\n```', NAMES)
+    assert [c["function"]["name"] for c in fenced.calls] == ["get_time"]
+    once = parse_reply('{{"name": "get_time", "arguments": {"city": "Paris"}}', NAMES)  # seen too
+    assert [c["function"]["name"] for c in once.calls] == ["get_time"] and once.content is None
+    assert parse_reply("{{not a call}}", NAMES).content == "{{not a call}}"
+
+
 def test_auto_phases_constrain_a_call_once_the_model_opens_it(monkeypatch) -> None:
     """Under ``auto`` the reply runs free until the model writes ``<tool_call>``; the call's
     JSON then runs under the call grammar, after ``</tool_call>`` free again (parallel
