@@ -25,6 +25,7 @@ backend and kept while the backend lives.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import weakref
@@ -32,10 +33,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import llguidance
+import numpy as np
 from llguidance import LLMatcher, LLTokenizer
 
 from tandem.errors import TandemError
 from tandem.runtime.backends.protocol import Backend
+from tandem.runtime.constrained.json_numbers import leading_digits
 
 GrammarKind = Literal["json_schema", "json_object", "gbnf", "regex", "lark"]
 KINDS: tuple[str, ...] = ("json_schema", "json_object", "gbnf", "regex", "lark")
@@ -80,6 +83,11 @@ class Grammar:
     n_vocab: int
     eog: tuple[int, ...]
     """End-of-generation tokens: legal where the grammar is complete."""
+    pieces: list[bytes]
+    """Each token's bytes."""
+    leading_digits: np.ndarray | None = None
+    """JSON grammars: per token, the digits it begins with, to bound a number's parts
+    (:mod:`.json_numbers`); ``None`` for the others (a GBNF grammar says its own)."""
 
     def matcher(self) -> LLMatcher:
         m = LLMatcher(self.tokenizer, self.definition, log_level=0)
@@ -117,7 +125,7 @@ def definition(spec: GrammarSpec) -> str:
             raise GrammarError("A JSON schema must be a JSON object.")
         options = {**JSON_OPTIONS, "lenient": not spec.strict}
         try:
-            return LLMatcher.grammar_from_json_schema(source, defaults=options)
+            return LLMatcher.grammar_from_json_schema(closed_objects(source), defaults=options)
         except (ValueError, TypeError) as exc:
             raise GrammarError(f"The JSON schema cannot be used: {_clean(str(exc))}") from None
     if not isinstance(source, str) or not source.strip():
@@ -128,14 +136,48 @@ def definition(spec: GrammarSpec) -> str:
         raise GrammarError(f"The {_what(spec)} cannot be used: {_clean(str(exc))}") from None
 
 
+_COMPOSED = ("anyOf", "oneOf", "items", "prefixItems", "additionalProperties")
+
+
+def closed_objects(schema: Any, in_all_of: bool = False) -> Any:
+    """``schema`` with every object that lists ``properties`` but says nothing of other
+    keys closed to them (``additionalProperties: false``).
+
+    JSON Schema lets such an object hold any other key, and a model left free writes
+    some (``{"x": 1, "y": 2, "z": 3}`` for a schema of ``x`` alone, seen on the real
+    1.5B). llama-server, and Ollama and LM Studio through it, read the schema as closed,
+    and OpenAI's strict mode requires it to be; so does Tandem. A schema that allows
+    other keys (``additionalProperties`` or ``patternProperties`` given) keeps them, and
+    the members of an ``allOf`` stay open, as closing each to its own keys would leave
+    their intersection no object at all."""
+    if isinstance(schema, list):
+        return [closed_objects(s, in_all_of) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in ("properties", "$defs", "definitions", "patternProperties") \
+                and isinstance(value, dict):
+            out[key] = {name: closed_objects(sub) for name, sub in value.items()}
+        elif key == "allOf":
+            out[key] = closed_objects(value, in_all_of=True)
+        elif key in _COMPOSED:
+            out[key] = closed_objects(value)
+        else:
+            out[key] = value
+    open_keys = ("additionalProperties", "patternProperties", "unevaluatedProperties", "allOf")
+    if isinstance(schema.get("properties"), dict) and not in_all_of and not any(k in schema for k in open_keys):
+        out["additionalProperties"] = False
+    return out
+
+
 class _VocabTokens:
     """A backend's vocabulary as llguidance's tokenizer wrapper reads it."""
 
-    def __init__(self, target: Backend) -> None:
+    def __init__(self, target: Backend, pieces: list[bytes]) -> None:
         special = target.special
         self.eos_token_id = special.eos if special.eos is not None else min(special.eog, default=0)
         self.bos_token_id = special.bos
-        pieces = [target.token_bytes(t) for t in range(target.n_vocab)]
         # Control tokens write no bytes; llguidance marks special tokens with a 0xFF prefix.
         self.special_token_ids = [t for t, b in enumerate(pieces) if not b]
         self.tokens = [b or b"\xff<|%d|>" % t for t, b in enumerate(pieces)]
@@ -147,30 +189,47 @@ class _VocabTokens:
         return self._tokenize(text, add_bos=False, special=False)
 
 
-_tokenizers: weakref.WeakKeyDictionary[Backend, LLTokenizer] = weakref.WeakKeyDictionary()
-_tokenizers_lock = threading.Lock()
+@dataclass
+class Vocab:
+    """One backend's vocabulary as the grammars need it, built once per backend."""
+
+    tokenizer: LLTokenizer
+    pieces: list[bytes]
+    """Each token's bytes (control tokens: none)."""
+
+    @functools.cached_property
+    def leading_digits(self) -> np.ndarray:
+        """Per token, the digits its bytes begin with (for JSON's :data:`MAX_DIGITS`)."""
+        return leading_digits(self.pieces)
 
 
-def vocab_tokenizer(target: Backend) -> LLTokenizer:
-    """llguidance's tokenizer for ``target``'s vocabulary, built once per backend."""
-    with _tokenizers_lock:
-        tok = _tokenizers.get(target)
-        if tok is None:
+_vocabs: weakref.WeakKeyDictionary[Backend, Vocab] = weakref.WeakKeyDictionary()
+_vocabs_lock = threading.Lock()
+
+
+def vocab_of(target: Backend) -> Vocab:
+    """``target``'s :class:`Vocab` (llguidance's tokenizer takes ~1.5 s for 152k tokens)."""
+    with _vocabs_lock:
+        vocab = _vocabs.get(target)
+        if vocab is None:
+            pieces = [target.token_bytes(t) for t in range(target.n_vocab)]
             eog = sorted(target.special.eog) or None
-            wrapped = llguidance.TokenizerWrapper(_VocabTokens(target))
-            tok = LLTokenizer(wrapped, n_vocab=target.n_vocab, eos_token=eog)
-            _tokenizers[target] = tok
-        return tok
+            wrapped = llguidance.TokenizerWrapper(_VocabTokens(target, pieces))
+            vocab = Vocab(LLTokenizer(wrapped, n_vocab=target.n_vocab, eos_token=eog), pieces)
+            _vocabs[target] = vocab
+        return vocab
 
 
 def compile_grammar(spec: GrammarSpec, target: Backend) -> Grammar:
     """Compile ``spec`` for ``target``'s vocabulary, or raise :class:`GrammarError` with a
     readable message (bad JSON, an unknown keyword in a strict schema, a GBNF syntax error...)."""
     text = definition(spec)
-    tokenizer = vocab_tokenizer(target)
-    message = LLMatcher.validate_grammar(text, tokenizer)
+    vocab = vocab_of(target)
+    message = LLMatcher.validate_grammar(text, vocab.tokenizer)
     if message:
         raise GrammarError(f"The {_what(spec)} cannot be used: {_clean(message)}")
-    grammar = Grammar(spec, text, tokenizer, target.n_vocab, tuple(sorted(target.special.eog)))
+    json_like = spec.kind in ("json_schema", "json_object")
+    grammar = Grammar(spec, text, vocab.tokenizer, target.n_vocab, tuple(sorted(target.special.eog)),
+                      vocab.pieces, vocab.leading_digits if json_like else None)
     grammar.matcher()  # limits that only show on this vocabulary
     return grammar

@@ -17,6 +17,7 @@ from llguidance import LLMatcher
 
 from tandem.runtime.backends.protocol import common_prefix_len
 from tandem.runtime.constrained.grammar import Grammar, GrammarError
+from tandem.runtime.constrained.json_numbers import JsonLex, digit_room
 
 
 class GrammarState:
@@ -31,6 +32,9 @@ class GrammarState:
         self._after_end = 0
         """End-of-generation tokens taken after the grammar was complete (the matcher
         takes none then; they count for rollback only)."""
+        self._lex: list[JsonLex] = [JsonLex()]
+        """JSON grammars: where the text stands after each prefix of :attr:`tokens`
+        (``_lex[i]``: after ``tokens[:i]``), for the bound on a number's digits."""
 
     # -- where we are -------------------------------------------------------------------
     @property
@@ -52,9 +56,20 @@ class GrammarState:
             row = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.n_vocab].view(bool)
             if not row.any():
                 row[list(self.grammar.eog)] = True
+            row = self._digits_bounded(row)
             row.flags.writeable = False
             self._allowed = row
         return self._allowed
+
+    def _digits_bounded(self, row: np.ndarray) -> np.ndarray:
+        """``row`` less the tokens that would take a JSON number's part past
+        :data:`~.json_numbers.MAX_DIGITS` digits, unless none would be left."""
+        lead = self.grammar.leading_digits
+        room = None if lead is None else digit_room(self._lex[-1], lead)
+        if room is None:
+            return row
+        bounded = row & room
+        return bounded if bounded.any() else row
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """``logits`` with every illegal token at -inf (a new array): softmax over it is
@@ -100,12 +115,12 @@ class GrammarState:
             if any(t not in self.grammar.eog for t in tokens):
                 raise GrammarError("A token was committed after the grammar was complete.")
             self._after_end += len(tokens)
-            self.tokens.extend(tokens)
-            self._allowed = None
-            return
-        if not self._matcher.consume_tokens(list(tokens)):
+        elif not self._matcher.consume_tokens(list(tokens)):
             raise GrammarError(f"A token the grammar does not allow was committed: {self._matcher.get_error()}")
         self.tokens.extend(tokens)
+        if self.grammar.leading_digits is not None:
+            for token in tokens:
+                self._lex.append(self._lex[-1].after(self.grammar.pieces[token]))
         self._allowed = None
 
     def rollback(self, n: int) -> None:
@@ -117,6 +132,8 @@ class GrammarState:
         if n > virtual and not self._matcher.rollback(n - virtual):
             raise GrammarError(f"The grammar state could not be rolled back: {self._matcher.get_error()}")
         del self.tokens[-n:]
+        if self.grammar.leading_digits is not None:
+            del self._lex[-n:]
         self._allowed = None
 
     def follow(self, tokens: Sequence[int]) -> int:

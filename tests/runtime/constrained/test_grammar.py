@@ -10,6 +10,7 @@ from toy_models import random_table
 
 from tandem.errors import TandemError
 from tandem.runtime.constrained import GrammarError, GrammarSpec, GrammarState, compile_grammar
+from tandem.runtime.constrained.json_numbers import JsonLex
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +55,66 @@ def test_a_lenient_schema_ignores_what_a_strict_one_refuses(toy) -> None:
     with pytest.raises(GrammarError):
         compile_grammar(GrammarSpec("json_schema", schema, strict=True), toy)
     assert compile_grammar(GrammarSpec("json_schema", schema, strict=False), toy).spec.strict is False
+
+
+def _legal(toy: GrammarToy, spec: GrammarSpec, text: str) -> bool:
+    """Whether ``text`` is a whole reply the grammar accepts."""
+    state = GrammarState(compile_grammar(spec, toy))
+    tokens = toy.tokenize(text)
+    if state.legal_prefix(tokens) < len(tokens):
+        return False
+    state.consume(tokens)
+    return state.accepting
+
+
+@pytest.mark.parametrize(("schema", "reply", "legal"), [
+    # An object lists its keys: only those (as llama-server and OpenAI's strict mode read it).
+    ({"type": "object", "properties": {"x": {"type": "integer"}}}, '{"x": 1}', True),
+    ({"type": "object", "properties": {"x": {"type": "integer"}}}, '{"x": 1, "y": 2}', False),
+    ({"properties": {"a": {"type": "object", "properties": {"b": {"type": "integer"}}}}},
+     '{"a": {"b": 1, "c": 2}}', False),
+    ({"$defs": {"n": {"type": "object", "properties": {"v": {"type": "integer"}}}}, "$ref": "#/$defs/n"},
+     '{"v": 1, "w": 2}', False),
+    # ...unless the schema says other keys may come.
+    ({"type": "object", "properties": {"x": {"type": "integer"}}, "additionalProperties": True},
+     '{"x": 1, "y": 2}', True),
+    ({"type": "object", "properties": {"x": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
+     '{"x": 1, "y": "z"}', True),
+    ({"type": "object"}, '{"y": 2}', True),
+    # allOf members stay open: each closed to its own keys would admit no object.
+    ({"allOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                {"properties": {"b": {"type": "integer"}}, "required": ["b"]}]}, '{"a": 1, "b": 2}', True),
+])
+def test_an_objects_listed_properties_are_all_it_holds(toy, schema, reply, legal) -> None:
+    assert _legal(toy, GrammarSpec("json_schema", schema), reply) is legal
+
+
+def _digits_allowed_after(toy: GrammarToy, spec: GrammarSpec, text: str) -> bool:
+    state = GrammarState(compile_grammar(spec, toy))
+    state.consume(toy.tokenize(text))
+    return bool(state.allowed()[toy.tokenize("7")].all())
+
+
+NUMBER = GrammarSpec("json_schema", {"type": "object", "properties": {"x": {"type": "number"}, "s": {"type": "string"}}})
+
+
+def test_a_numbers_parts_stop_at_sixteen_digits_as_in_llama_cpp(toy) -> None:
+    """A model pushing against a closed object writes digits until its tokens run out
+    (seen on the real 1.5B); like llama.cpp's grammars, each part of a number ends at 16."""
+    assert _digits_allowed_after(toy, NUMBER, '{"x": 1' + "2" * 14)
+    assert not _digits_allowed_after(toy, NUMBER, '{"x": 1' + "2" * 15)
+    assert _digits_allowed_after(toy, NUMBER, '{"x": 1' + "2" * 15 + ".")  # the fraction: 16 more
+    assert not _digits_allowed_after(toy, NUMBER, '{"x": 1.' + "2" * 16)
+    assert _legal(toy, NUMBER, '{"x": -1234567890123456.1234567890123456e+1234567890123456}')
+    # Inside a string, digits are text: no bound (escaped quotes included).
+    assert _digits_allowed_after(toy, NUMBER, '{"s": "\\"' + "9" * 40)
+    # A GBNF grammar bounds its own numbers.
+    assert _digits_allowed_after(toy, GrammarSpec("gbnf", 'root ::= [0-9]+'), "9" * 40)
+
+
+def test_the_json_lexer_follows_strings_and_escapes() -> None:
+    lex = JsonLex()
+    for piece in (b'{"a\\"12', b'3": 45', b"6"):
+        lex = lex.after(piece)
+    assert lex == JsonLex(in_string=False, escaped=False, digits=3)
+    assert JsonLex().after(b'"12\\').escaped and JsonLex().after(b'"12').in_string
