@@ -13,6 +13,7 @@ sets the job's cancel event. Each job is tagged with its client (peer address pl
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,12 +91,13 @@ class Routes:
                            "context_length_exceeded", "prompt")
 
     async def start(self, request: Request, slot: ModelSlot, fn, *, kind: str = "chat",
-                    client: str = "") -> tuple[Job, AsyncIterator, Any, asyncio.Task]:
-        """Queue a job and wait for its first item (so errors still become 4xx)."""
+                    client: str = "", hint: str = "") -> tuple[Job, AsyncIterator, Any, asyncio.Task]:
+        """Queue a job and wait for its first item (so errors still become 4xx). ``client``
+        and ``hint``: which lane it goes to (:mod:`.worker`)."""
         if slot.worker.stopping:
             raise _shutting_down()
         try:
-            job = slot.worker.submit(fn, kind=kind, client=client)
+            job = slot.worker.submit(fn, kind=kind, client=client, hint=hint)
         except QueueFull as exc:
             raise ApiError(503, f"Server busy: {exc}. Retry shortly.", "overloaded", type_="server_error") from None
         watcher = asyncio.create_task(_watch_disconnect(request, job))
@@ -151,13 +153,15 @@ class Routes:
             cache = jobs.PromptCache()
             return await self.generation(
                 request, slot, req, Shaper(slot.name, chat=True),
-                tool_chat_job(slot, messages, req, tool_req, call_grammar, client, cache), cache, tools=tool_req)
+                tool_chat_job(slot, messages, req, tool_req, call_grammar, client, cache), cache, tools=tool_req,
+                client=client, hint=_chat_hint(body, messages))
         if req.n > 1:
             return await self.drafts(request, slot, req, Shaper(slot.name, chat=True),
-                                     jobs.drafts_job(slot, req, messages=messages, client=client))
+                                     jobs.drafts_job(slot, req, messages=messages, client=client), client=client)
         cache = jobs.PromptCache()
         return await self.generation(request, slot, req, Shaper(slot.name, chat=True),
-                                     jobs.chat_job(slot, messages, req, client, cache), cache)
+                                     jobs.chat_job(slot, messages, req, client, cache), cache,
+                                     client=client, hint=_chat_hint(body, messages))
 
     async def completions(self, request: Request):
         body = await self.body(request)
@@ -177,10 +181,11 @@ class Routes:
         shaper = Shaper(slot.name, chat=False)
         client = _client(request)
         if req.n > 1:
-            return await self.drafts(request, slot, req, shaper, jobs.drafts_job(slot, req, ids=ids, client=client))
+            return await self.drafts(request, slot, req, shaper, jobs.drafts_job(slot, req, ids=ids, client=client),
+                                     client=client)
         cache = jobs.PromptCache()
         return await self.generation(request, slot, req, shaper, jobs.completion_job(slot, ids, req, client, cache),
-                                     cache, text_start=len(prompt))
+                                     cache, text_start=len(prompt), client=client)
 
     async def completion(self, request: Request):
         """llama-server's ``/completion`` (see :mod:`.llama_completion`)."""
@@ -193,8 +198,9 @@ class Routes:
         req.grammar = await _compiled(slot, fmt, req)
         ids = await asyncio.to_thread(slot.target.tokenize, prompt, add_bos=True)
         self.check_fits(slot, ids)
-        job, items, first, watcher = await self.start(request, slot,
-                                                      jobs.completion_job(slot, ids, req, _client(request)))
+        client = _client(request)
+        job, items, first, watcher = await self.start(request, slot, jobs.completion_job(slot, ids, req, client),
+                                                      client=client)
         if req.stream:
             watcher.cancel()
             return llama_completion.completion_stream(first, items, job, req=req, model=slot.name,
@@ -245,12 +251,14 @@ class Routes:
         return JSONResponse(final_body(done))
 
     async def generation(self, request: Request, slot: ModelSlot, req: GenRequest, shaper: Shaper, fn,
-                         cache: jobs.PromptCache, text_start: int = 0, tools: ToolRequest | None = None):
+                         cache: jobs.PromptCache, text_start: int = 0, tools: ToolRequest | None = None,
+                         client: str = "", hint: str = ""):
         """``text_start``: where the reply's text begins for legacy ``text_offset`` (after the
         prompt, as OpenAI and llama-cpp-python count without ``echo``). ``tools``: the
-        request offered tools, so the reply's calls become ``tool_calls``."""
+        request offered tools, so the reply's calls become ``tool_calls``. ``client`` and
+        ``hint``: which lane it goes to (:mod:`.worker`)."""
         names = frozenset(t.name for t in tools.offered) if tools is not None else frozenset()
-        job, items, first, watcher = await self.start(request, slot, fn)
+        job, items, first, watcher = await self.start(request, slot, fn, client=client, hint=hint)
         if req.stream:
             watcher.cancel()
 
@@ -278,8 +286,9 @@ class Routes:
             body["choices"][0]["logprobs"] = shape(lps, slot.target.token_bytes, chat=shaper.chat, offset=text_start)
         return JSONResponse(body)
 
-    async def drafts(self, request: Request, slot: ModelSlot, req: GenRequest, shaper: Shaper, fn):
-        job, items, first, watcher = await self.start(request, slot, fn)
+    async def drafts(self, request: Request, slot: ModelSlot, req: GenRequest, shaper: Shaper, fn,
+                     client: str = ""):
+        job, items, first, watcher = await self.start(request, slot, fn, client=client)
         watcher.cancel()
         d = _drafts_or_cancelled(first)
         use = usage(d.prompt_tokens, d.completion_tokens)
@@ -289,6 +298,12 @@ class Routes:
             return JSONResponse(shaper.full(d.texts, use, extra))
         return drafts_stream(shaper, d.texts, use if req.include_usage else None, config=self.stream_config,
                              streams=self.streams)
+
+
+def _chat_hint(body: dict, messages: list[dict]) -> str:
+    """A chat request as text that the next turn's starts with (:attr:`~.worker.Job.hint`):
+    the tools (a chat template shows them first), then the messages, brackets left open."""
+    return json.dumps([body.get("tools"), messages], ensure_ascii=False, default=str)[:-2]
 
 
 async def _compiled(slot: ModelSlot, fmt: OutputFormat | None, req: GenRequest) -> Any:

@@ -11,7 +11,10 @@ for how their steps share one llama.cpp batch). Waiting requests are taken
   running: llama.vim and llama.vscode send a request per keystroke, and only the newest
   one's answer is read;
 * **on a lane that holds the client's own KV** when one is free (its prompt prefix is
-  reused, :mod:`.cache_owner`), else on the lane used longest ago; an /infill whose
+  reused, :mod:`.cache_owner`): of several, the one whose last request shares the longest
+  start with this one (``hint``: a chat's tools and messages, so an agent's or a long
+  chat's next turn finds its previous turns cached), else the most recent; with none of
+  its own free, on the lane used longest ago; an /infill whose
   client's superseded one still runs waits for that lane: the superseded one's waiting
   step is withdrawn (``interrupt``), so the lane frees at once, and until the newer one
   starts the lanes decode nothing else (``hold``);
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import threading
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
@@ -65,6 +69,12 @@ class Job:
     order: int = 0
     superseded: bool = False
     """Cancelled because the same client sent a newer /infill."""
+    hint: str = ""
+    """The request as text that the hint of a request continuing it starts with (a chat's
+    tools and messages without the closing brackets): of the client's own lanes, the one
+    whose last hint shares the longest start is taken, and a request that continues one
+    still running waits for its lane. Completions give none: an editor's next keystroke
+    continues its previous prompt but must not wait for it."""
 
     def emit(self, item: Any) -> None:
         try:
@@ -100,6 +110,8 @@ class _LaneThread(Generic[L]):
         self.index = index
         self.job: Job | None = None
         self.last_used = 0
+        self.hint = ""
+        """The hint of the last job started here."""
         self.wake = threading.Condition()
 
 
@@ -154,9 +166,10 @@ class ModelWorker(Generic[L]):
         return [lt.lane for lt in self._lanes]
 
     # -- scheduling ---------------------------------------------------------------------
-    def submit(self, fn: JobFn, *, kind: str = "chat", client: str = "") -> Job:
-        """Queue ``fn``; an /infill (``kind`` :data:`INFILL`) cancels ``client``'s older ones."""
-        job = Job(fn, asyncio.get_running_loop(), asyncio.Queue(), kind=kind, client=client)
+    def submit(self, fn: JobFn, *, kind: str = "chat", client: str = "", hint: str = "") -> Job:
+        """Queue ``fn``; an /infill (``kind`` :data:`INFILL`) cancels ``client``'s older ones.
+        ``hint``: see :attr:`Job.hint`."""
+        job = Job(fn, asyncio.get_running_loop(), asyncio.Queue(), kind=kind, client=client, hint=hint)
         with self._lock:
             if len(self._queue) >= self.max_queue:
                 raise QueueFull(f"{len(self._queue)} requests are already waiting for {self.name}")
@@ -185,22 +198,29 @@ class ModelWorker(Generic[L]):
         """The job to start now, with ``free`` lanes free: the oldest /infill that is not
         waiting for its own lane, else the oldest other job unless it would take the
         editor's lane."""
-        if not self._queue or free == 0:
+        ready = [j for j in self._queue if not self._own_lane_soon(j)]
+        if not ready or free == 0:
             return None
-        infills = [j for j in self._queue if j.kind == INFILL and not self._own_lane_soon(j)]
+        infills = [j for j in ready if j.kind == INFILL]
         if infills:
             return min(infills, key=lambda j: j.order)
         keep_free = 1 if (self.editor_seen and len(self._lanes) > 1) else 0
         if free <= keep_free:
             return None
-        return min(self._queue, key=lambda j: j.order)
+        return min(ready, key=lambda j: j.order)
 
     def _own_lane_soon(self, job: Job) -> bool:
-        """A lane still runs ``job``'s client's superseded /infill: it stops at its next
-        step and leaves the client's text in the cache, so waiting for that lane costs
-        one step where another lane costs the whole prompt again."""
-        return any(lt.job is not None and lt.job.client == job.client and lt.job.superseded
-                   for lt in self._lanes) if job.client else False
+        """A lane still runs a job of ``job``'s client that leaves the text ``job`` wants
+        in the cache and ends soon: a superseded /infill (it stops at its next step), or
+        the request ``job`` continues (its hint starts with that one's: the previous turn
+        of the conversation, whose reply the client already has while its lane is still
+        being freed). Waiting for that lane costs a moment where another lane costs the
+        whole prompt again."""
+        if not job.client:
+            return False
+        return any(lt.job is not None and lt.job is not job and lt.job.client == job.client
+                   and (lt.job.superseded or (lt.job.hint and job.hint.startswith(lt.job.hint)))
+                   for lt in self._lanes)
 
     def _dispatch(self) -> None:
         """Start queued jobs on free lanes (called under ``_lock``)."""
@@ -211,9 +231,13 @@ class ModelWorker(Generic[L]):
                 break
             self._queue.remove(job)
             own = [lt for lt in free if job.client and self._owner(lt.lane) == job.client]
-            lane = own[0] if own else min(free, key=lambda lt: lt.last_used)
+            if own:
+                lane = max(own, key=lambda lt: (len(os.path.commonprefix([lt.hint, job.hint])), lt.last_used))
+            else:
+                lane = min(free, key=lambda lt: lt.last_used)
             lane.job = job
             lane.last_used = job.order
+            lane.hint = job.hint
             with lane.wake:
                 lane.wake.notify()
         self._update_hold()

@@ -51,3 +51,22 @@ def test_concurrent_requests_equal_their_solo_replies_and_share_decodes(two_slot
     assert merged > 0  # the two slots' steps went through shared llama_decode calls
     model = health["models"]["smol"]
     assert model["slots"] == 2 and model["failed"] == 0
+
+
+def test_a_chats_next_turn_finds_its_previous_turns_cached(two_slot_server) -> None:
+    """With several slots, each turn of a conversation goes to the slot that holds the
+    turns before it, so only the new turn is read (before: the turns went round the
+    slots, and each re-read the whole conversation)."""
+    url, _ = two_slot_server
+    messages: list[dict] = [{"role": "system", "content": "You are terse."}]
+    seen: list[tuple[int, int]] = []
+    with httpx.Client(base_url=url, timeout=300, headers={"authorization": "Bearer turns"}) as c:
+        for question in QUESTIONS:
+            messages.append({"role": "user", "content": question})
+            r = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 12, "temperature": 0})
+            r.raise_for_status()
+            body = r.json()
+            messages.append({"role": "assistant", "content": body["choices"][0]["message"]["content"]})
+            seen.append((body["usage"]["prompt_tokens"], body["usage"]["prompt_tokens_details"]["cached_tokens"]))
+    for (before, _), (_, cached) in zip(seen, seen[1:], strict=False):
+        assert cached >= before, seen

@@ -228,3 +228,68 @@ def test_stop_all_skips_queued_jobs() -> None:
             worker.close()
 
     asyncio.run(main())
+
+
+def test_of_its_own_lanes_a_client_gets_the_one_holding_the_longest_start_of_its_request() -> None:
+    """A chat's next turn (or an agent's next step) goes where its previous turn is cached:
+    the lane whose last request's text shares the longest start with this one's; with no
+    such text, the client's most recent lane. Seen before: with 4 slots a chat's turns
+    went round the lanes, each turn re-reading the whole conversation."""
+    owners: dict[str, str | None] = {"lane0": None, "lane1": None, "lane2": None, "lane3": None}
+
+    async def main():
+        worker = ModelWorker("m", lanes=list(owners), owner=owners.get)
+        log: list = []
+        gate = threading.Event()
+        try:
+            # Three conversations at once take three lanes, which then hold alice's text.
+            hints = ['[null, [{"u": "one"}', '[null, [{"u": "two"}', '[null, [{"u": "three"}']
+            first = [worker.submit(gate_job(log, h, gate=gate), client="alice", hint=h) for h in hints]
+            await until(lambda: worker.running == 3)
+            gate.set()
+            for job in first:
+                await drain(job)
+            await until(lambda: worker.running == 0)
+            lanes = {name: lane for name, lane in log}
+            owners.update({lane: "alice" for lane in lanes.values()})
+            follow_up = '[null, [{"u": "two"}, {"a": "2"}, {"u": "more"}]]'
+            await drain(worker.submit(gate_job(log, "two, again"), client="alice", hint=follow_up))
+            assert log[-1] == ("two, again", lanes[hints[1]])
+            await until(lambda: worker.running == 0)
+            await drain(worker.submit(gate_job(log, "no hint"), client="alice"))
+            assert log[-1] == ("no hint", lanes[hints[1]])  # the most recent of its own
+            await until(lambda: worker.running == 0)
+            await drain(worker.submit(gate_job(log, "bob"), client="bob", hint=follow_up))
+            assert log[-1][1] != lanes[hints[1]]  # another client's text draws nobody
+        finally:
+            worker.close()
+
+    asyncio.run(main())
+
+
+def test_a_request_continuing_one_still_running_waits_for_its_lane() -> None:
+    """A chat client has its reply (the stream's last event) a moment before the lane
+    that made it is free; its next turn, sent at once, waits for that lane instead of
+    taking a free one without its text. A request that does not continue it starts at once."""
+    owners: dict[str, str | None] = {"lane0": None, "lane1": None}
+
+    async def main():
+        worker = ModelWorker("m", lanes=list(owners), owner=owners.get)
+        log: list = []
+        started, gate = threading.Event(), threading.Event()
+        try:
+            first = worker.submit(gate_job(log, "turn 1", started, gate), client="alice", hint='[null, [{"u": "1"}')
+            assert await asyncio.to_thread(started.wait, WAIT)
+            nxt = worker.submit(gate_job(log, "turn 2"), client="alice",
+                                hint='[null, [{"u": "1"}, {"a": "x"}, {"u": "2"}')
+            other = worker.submit(gate_job(log, "another chat"), client="alice", hint='[null, [{"u": "9"}')
+            await drain(other)  # not a continuation: it took the free lane at once
+            assert [name for name, _ in log] == ["turn 1", "another chat"] and worker.waiting == 1
+            gate.set()
+            await drain(first)
+            await drain(nxt)
+            assert log[-1] == ("turn 2", log[0][1])
+        finally:
+            worker.close()
+
+    asyncio.run(main())
