@@ -29,7 +29,7 @@ import functools
 import json
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import llguidance
@@ -83,9 +83,9 @@ class Grammar:
     n_vocab: int
     eog: tuple[int, ...]
     """End-of-generation tokens: legal where the grammar is complete."""
-    pieces: list[bytes]
+    pieces: list[bytes] = field(repr=False, compare=False)
     """Each token's bytes."""
-    leading_digits: np.ndarray | None = None
+    leading_digits: np.ndarray | None = field(default=None, repr=False, compare=False)
     """JSON grammars: per token, the digits it begins with, to bound a number's parts
     (:mod:`.json_numbers`); ``None`` for the others (a GBNF grammar says its own)."""
 
