@@ -16,8 +16,9 @@ for how their steps share one llama.cpp batch). Waiting requests are taken
   chat's next turn finds its previous turns cached), else the most recent; with none of
   its own free, on the lane used longest ago. A chat turn sent while its previous turn's
   lane is still being freed waits for that lane; so does an /infill whose client's
-  superseded one still runs: the superseded one's waiting step is withdrawn (``interrupt``), so the lane frees at once, and until the newer one
-  starts the lanes decode nothing else (``hold``);
+  superseded one still runs: the superseded one's waiting step is withdrawn
+  (``interrupt``), so the lane frees at once, and until the newer one starts the lanes
+  decode nothing else (``hold``);
 * and, once an editor has been seen, **chat and completions leave one lane free** when the
   model has two or more, so an /infill never waits for a whole chat reply to end.
 
