@@ -21,6 +21,9 @@ from tandem.app.server.openai import new_call_id
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
 FENCE = "```"
+WRAPPERS = {FENCE: FENCE, **{f"<{t}>": f"</{t}>" for t in ("json", "JSON", "tool", "function_call", "response")}}
+"""Blocks a model may put a call object in instead of ``<tool_call>``: a fence, and the
+tags llama.cpp's Hermes-format parser also reads (Qwen2.5-Coder-0.5B writes ``<json>``)."""
 
 
 @dataclass
@@ -57,10 +60,11 @@ class ToolCallParser:
     does not read as a call stays content, as written.
 
     Some models (Qwen2.5-Coder) call in their own way, without the tags: a fenced
-    ```` ```json ```` block holding ``{"name", "arguments"}``, or a reply that is only
-    such objects. With ``names`` (the offered tools) those are calls too when they name
-    one of them; a fenced block is held back until it closes, a reply that opens with
-    ``{`` until it ends, then given as calls or as the content it was.
+    ```` ```json ```` block (or one of the other :data:`WRAPPERS`) holding ``{"name",
+    "arguments"}``, or a reply that is only such objects. With ``names`` (the offered
+    tools) those are calls too when they name one of them; such a block is held back until
+    it closes, a reply that opens with ``{`` until it ends, then given as calls or as the
+    content it was.
     """
 
     names: frozenset[str] = frozenset()
@@ -71,7 +75,9 @@ class ToolCallParser:
     started: bool = False
     """Content has been given (a reply that opens with ``{`` no longer can)."""
     blank: str = ""
-    """The whitespace before an open fence."""
+    """The whitespace before an open block."""
+    closer: str = FENCE
+    """What ends the open block."""
 
     def feed(self, text: str) -> list[Delta]:
         self.buf += text
@@ -88,10 +94,11 @@ class ToolCallParser:
                     if not self.started and self.names and rest.startswith("{") and not self.calls:
                         self.state = "bare"
                         break
-                tag, fence = self.buf.find(CALL_OPEN), self.buf.find(FENCE) if self.names else -1
-                at = min(i for i in (tag, fence, len(self.buf)) if i >= 0)
+                tag = self.buf.find(CALL_OPEN)
+                blocks = {o: self.buf.find(o) for o in WRAPPERS} if self.names else {}
+                at = min(i for i in (tag, *blocks.values(), len(self.buf)) if i >= 0)
                 if at == len(self.buf):
-                    keep = max(_partial_suffix(self.buf, CALL_OPEN), _partial_suffix(self.buf, FENCE) if self.names else 0)
+                    keep = max(_partial_suffix(self.buf, t) for t in (CALL_OPEN, *blocks))
                     emit = self.buf[: len(self.buf) - keep]
                     held = emit[len(emit.rstrip()):] + self.buf[len(emit):]
                     self._content(out, emit.rstrip())
@@ -104,14 +111,16 @@ class ToolCallParser:
                     self.buf = self.buf[at + len(CALL_OPEN):]
                     self.state = "header"
                 else:
-                    self.buf = self.buf[at:]
+                    opener = next(o for o, i in blocks.items() if i == at)
+                    self.buf, self.closer = self.buf[at:], WRAPPERS[opener]
                     self.state = "fence"
             elif self.state == "fence":
-                end = self.buf.find(FENCE, len(FENCE))
+                opener = next(o for o in WRAPPERS if self.buf.startswith(o))
+                end = self.buf.find(self.closer, len(opener))
                 if end < 0:
                     break
-                block, self.buf = self.buf[: end + len(FENCE)], self.buf[end + len(FENCE):]
-                calls = self._calls_in(block[len(FENCE):-len(FENCE)].removeprefix("json"))
+                block, self.buf = self.buf[: end + len(self.closer)], self.buf[end + len(self.closer):]
+                calls = self._calls_in(block[len(opener):-len(self.closer)].removeprefix("json"))
                 if calls:
                     out.extend(calls)
                     self.after_call = True
@@ -157,7 +166,7 @@ class ToolCallParser:
         elif self.state == "args":
             out.extend(self._close(self.buf))
         else:  # an unclosed fence, or a reply that opened with "{"
-            calls = self._calls_in(self.buf) if self.state == "bare" else []
+            calls = self._calls_in(self.buf.strip().removesuffix(FENCE)) if self.state == "bare" else []
             out.extend(calls or [self.blank + self.buf if self.state == "fence" else self.buf])
         self.buf, self.state = "", "text"
         return out

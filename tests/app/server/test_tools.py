@@ -295,3 +295,24 @@ def test_auto_phases_constrain_a_call_once_the_model_opens_it(monkeypatch) -> No
     reply = parse_reply(done.text, NAMES)
     assert reply.content == "Sure." and [c["function"]["name"] for c in reply.calls] == ["get_time"]
     assert done.stats.generated_tokens == 3 and done.stats.prompt_tokens == 3
+
+
+WRAPPED = '<json>\n    {\n        "name": "get_weather",\n        "arguments": {"city": "Paris"}\n    }\n</json>'
+
+
+@pytest.mark.parametrize("step", [1, 5, len(WRAPPED)])
+def test_calls_in_the_other_blocks_a_model_writes(step: int) -> None:
+    """Shapes the real Qwen2.5-Coder-0.5B wrote under tool_choice auto: a call in a
+    ``<json>`` block (one of the tags llama.cpp's Hermes parser reads too), and a bare call
+    followed by a stray closing fence."""
+    parser = ToolCallParser(NAMES)
+    deltas = []
+    for i in range(0, len(WRAPPED), step):
+        deltas += parser.feed(WRAPPED[i:i + step])
+    reply = collect([*deltas, *parser.finish()])
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in reply.calls] == \
+        [("get_weather", {"city": "Paris"})] and reply.content is None
+    stray = parse_reply('{"name": "get_weather", "arguments": {"city": "Tokyo", "unit": "c"}}\n```', NAMES)
+    assert [c["function"]["name"] for c in stray.calls] == ["get_weather"]
+    assert parse_reply("Use <json>{\"a\": 1}</json> here.", NAMES).content == "Use <json>{\"a\": 1}</json> here."
+    assert parse_reply("a < b and <jso", NAMES).content == "a < b and <jso"
