@@ -40,7 +40,12 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def token_logprobs(rows: np.ndarray, tokens: Sequence[int], top: int = 0) -> list[TokenLogprob]:
-    """``rows[i]`` are the logits that decided ``tokens[i]``; ``top`` alternatives each."""
+    """``rows[i]`` are the logits that decided ``tokens[i]``; ``top`` alternatives each.
+
+    Under a grammar the rows are masked to the legal tokens (a forced token's row is that
+    token alone), so the log-probabilities are those of the distribution decoded from,
+    and the alternatives are legal tokens only: fewer than ``top`` where fewer are legal
+    (an illegal token's -inf is no JSON number)."""
     top = max(0, min(top, MAX_TOP))
     out = []
     for row, token in zip(rows, tokens, strict=False):
@@ -49,7 +54,7 @@ def token_logprobs(rows: np.ndarray, tokens: Sequence[int], top: int = 0) -> lis
         if top:
             ids = np.argpartition(lp, -top)[-top:] if top < lp.shape[-1] else np.arange(lp.shape[-1])
             ids = ids[np.argsort(-lp[ids], kind="stable")]
-            best = [TopLogprob(int(i), float(lp[i])) for i in ids]
+            best = [TopLogprob(int(i), float(lp[i])) for i in ids if np.isfinite(lp[i])]
         out.append(TokenLogprob(int(token), float(lp[token]), best))
     return out
 

@@ -182,11 +182,28 @@ class _VocabTokens:
         self.special_token_ids = [t for t, b in enumerate(pieces) if not b]
         self.tokens = [b or b"\xff<|%d|>" % t for t, b in enumerate(pieces)]
         self._tokenize = target.tokenize
+        # A SentencePiece vocabulary (Llama 2, Mistral, the stories models) writes a space
+        # before the text it tokenizes ("{" -> " ", "{"): llguidance asks for the tokens
+        # of text that goes on a reply, so that space must go. Tokenizing after a newline
+        # and dropping the newline's tokens gives them.
+        adds_space = b"".join(pieces[t] for t in self._raw("a")) != b"a"
+        self._lead = self._raw(_LEAD) if adds_space else []
+
+    def _raw(self, text: str) -> list[int]:
+        return self._tokenize(text, add_bos=False, special=False)
 
     def __call__(self, text: str) -> list[int]:
         if isinstance(text, bytes):  # tells llguidance to pass str
             raise TypeError("text, not bytes")
-        return self._tokenize(text, add_bos=False, special=False)
+        if not self._lead:
+            return self._raw(text)
+        ids = self._raw(_LEAD + text)
+        return ids[len(self._lead):] if ids[: len(self._lead)] == self._lead else self._raw(text)
+
+
+_LEAD = "\n"
+"""What a vocabulary that writes a leading space tokenizes before a text (see
+:class:`_VocabTokens`): a newline, which merges with nothing after it."""
 
 
 @dataclass

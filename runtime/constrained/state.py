@@ -116,7 +116,7 @@ class GrammarState:
                 raise GrammarError("A token was committed after the grammar was complete.")
             self._after_end += len(tokens)
         elif not self._matcher.consume_tokens(list(tokens)):
-            raise GrammarError(f"A token the grammar does not allow was committed: {self._matcher.get_error()}")
+            raise GrammarError(f"A token the grammar does not allow was committed: {_first_line(self._matcher.get_error())}")
         self.tokens.extend(tokens)
         if self.grammar.leading_digits is not None:
             for token in tokens:
@@ -130,7 +130,7 @@ class GrammarState:
         virtual = min(n, self._after_end)
         self._after_end -= virtual
         if n > virtual and not self._matcher.rollback(n - virtual):
-            raise GrammarError(f"The grammar state could not be rolled back: {self._matcher.get_error()}")
+            raise GrammarError(f"The grammar state could not be rolled back: {_first_line(self._matcher.get_error())}")
         del self.tokens[-n:]
         if self.grammar.leading_digits is not None:
             del self._lex[-n:]
@@ -145,3 +145,8 @@ class GrammarState:
         n = self.legal_prefix(rest)
         self.consume(rest[:n])
         return keep + n
+
+
+def _first_line(message: str) -> str:
+    """llguidance's error without the parser state and grammar it dumps after it."""
+    return message.split("\n", 1)[0].removeprefix("Parser Error: ")

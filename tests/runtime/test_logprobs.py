@@ -72,6 +72,15 @@ def test_token_logprobs_caps_alternatives() -> None:
     assert lp.logprob == pytest.approx(np.log(0.25)) and len(lp.top) == 4 and lp.top[0].token == 0
 
 
+def test_alternatives_are_legal_tokens_only_under_a_grammar() -> None:
+    """A masked row (illegal tokens at -inf, a forced token alone): the alternatives stop
+    at the legal ones; an -inf there made the server's reply JSON fail (a 500)."""
+    masked = np.array([[0.0, -np.inf, 1.0, -np.inf], [-np.inf, 0.0, -np.inf, -np.inf]], dtype=np.float32)
+    first, forced = token_logprobs(masked, [2, 1], top=3)
+    assert [t.token for t in first.top] == [2, 0] and all(np.isfinite(t.logprob) for t in first.top)
+    assert forced.logprob == 0.0 and [(t.token, t.logprob) for t in forced.top] == [(1, 0.0)]
+
+
 def test_plain_reply_ending_at_end_of_turn_is_one_token_per_call(real_models) -> None:
     from tandem.runtime.chat import ChatEngine
 

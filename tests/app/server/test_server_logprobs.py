@@ -206,3 +206,24 @@ def test_serve_request_log_flag(stories260k: Path, tmp_path: Path, flag: list[st
         assert path == want[expected]
     finally:
         slot.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_under_a_json_schema_are_the_legal_tokens(served, stream: bool) -> None:
+    """A reply under a schema (its keys forced): every logprob a JSON number, and the
+    alternatives legal tokens only. The -inf of an illegal alternative made this a 500."""
+    url, _, _ = served
+    schema = {"type": "object", "properties": {"hero": {"type": "string", "maxLength": 12}}, "required": ["hero"]}
+    body = {"model": "stories", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24,
+            "temperature": 0, "logprobs": True, "top_logprobs": 5, "stream": stream,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "h", "schema": schema}}}
+    r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    if stream:
+        content = [c for e in sse_events(r.text.splitlines())[:-1] if e["choices"] and e["choices"][0].get("logprobs")
+                   for c in e["choices"][0]["logprobs"]["content"]]
+    else:
+        content = r.json()["choices"][0]["logprobs"]["content"]
+    assert content and content[0]["token"] == "{" and content[0]["logprob"] == 0.0  # forced: certain
+    assert all(len(c["top_logprobs"]) <= 5 and all(t["logprob"] <= 0.0 for t in c["top_logprobs"]) for c in content)
+    assert [t["token"] for t in content[0]["top_logprobs"]] == ["{"]

@@ -133,3 +133,20 @@ def test_values_copied_from_the_request_are_drafted_by_text_lookup(target, gramm
     assert spec.tokens == plain.tokens
     assert [target.tokenize(" Lopez")[0]] in [d[:1] for d in drafts]
     assert spec.stats.accepted_tokens > 0
+
+
+def test_a_vocabulary_that_writes_a_leading_space_decodes_under_a_schema(stories260k) -> None:
+    """A SentencePiece vocabulary (Llama 2's, as the stories models have) tokenizes "{" as
+    " ", "{": llguidance's forced text came back with that space, and the first forced
+    token was refused ("A token the grammar does not allow was committed")."""
+    backend = LlamaCppBackend(stories260k, LlamaConfig(n_ctx=128, n_threads=1))
+    try:
+        schema = {"type": "object", "properties": {"hero": {"type": "string", "maxLength": 12}}, "required": ["hero"]}
+        grammar = compile_grammar(GrammarSpec("json_schema", schema), backend)
+        prompt = backend.tokenize("Once upon a time", add_bos=True)
+        done = list(generate(backend, prompt, Sampler(SamplingParams.greedy_params()),
+                             strategy=constrained(autoregressive, grammar), max_tokens=40))[-1]
+        assert isinstance(done, DoneEvent) and done.stats.forced_tokens > 0
+        assert set(json.loads(done.text)) == {"hero"}
+    finally:
+        backend.close()
