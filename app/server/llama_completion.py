@@ -1,15 +1,18 @@
 """llama-server's native ``/completion``: a prompt in, ``{"content", "stop": true, ...}``
 out, streamed as ``{"content", "stop": false}`` events; it takes llama-server's
-``grammar`` and ``json_schema`` fields (and ``response_format``) like the OpenAI routes.
+``grammar`` and ``json_schema`` fields (and ``response_format``) like the OpenAI routes,
+and ``n_probs`` (``completion_probabilities``: the target's log-probabilities, as
+``logprobs`` on the OpenAI routes).
 
 Only the JSON shapes live here; generation is the OpenAI ``/v1/completions`` job.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from tandem.app.server.logprobs_api import llama_probabilities
 from tandem.app.server.openai import GenRequest
 from tandem.app.server.streams import OpenStreams, ReplyStream, StreamConfig, llama_server_stream
 from tandem.app.server.worker import Job
@@ -21,9 +24,11 @@ def stop_type(reason: str) -> str:
     return {"length": "limit", "stop": "eos"}.get(reason, "none")
 
 
-def done_body(done: DoneEvent, req: GenRequest, model: str) -> dict[str, Any]:
+def done_body(done: DoneEvent, req: GenRequest, model: str, probs: list[dict] | None = None) -> dict[str, Any]:
+    """The whole reply; ``probs``: its ``completion_probabilities`` (``n_probs``)."""
     st = done.stats
-    return {"index": 0, "content": done.text, "id_slot": 0, "stop": True, "model": model,
+    extra = {} if probs is None else {"completion_probabilities": probs}
+    return extra | {"index": 0, "content": done.text, "id_slot": 0, "stop": True, "model": model,
             "tokens_predicted": st.generated_tokens, "tokens_evaluated": st.prompt_tokens,
             "stop_type": stop_type(st.finish_reason), "stopping_word": "",
             "generation_settings": {"n_predict": req.max_tokens, "temperature": req.params.temperature,
@@ -34,11 +39,19 @@ def done_body(done: DoneEvent, req: GenRequest, model: str) -> dict[str, Any]:
 
 
 def completion_stream(first: Any, items: AsyncIterator, job: Job, *, req: GenRequest, model: str,
-                      config: StreamConfig, streams: OpenStreams) -> ReplyStream:
+                      config: StreamConfig, streams: OpenStreams,
+                      token_bytes: Callable[[int], bytes]) -> ReplyStream:
+    def chunk(ev: Any) -> dict[str, Any] | None:
+        if not isinstance(ev, TokenEvent) or not (ev.text or ev.logprobs):
+            return None
+        out: dict[str, Any] = {"index": 0, "content": ev.text, "stop": False}
+        if ev.logprobs:
+            out["completion_probabilities"] = llama_probabilities(ev.logprobs, token_bytes)
+        return out
+
     return llama_server_stream(
         first, items, job,
-        chunk=lambda ev: ({"index": 0, "content": ev.text, "stop": False}
-                          if isinstance(ev, TokenEvent) and ev.text else None),
+        chunk=chunk,
         final=lambda ev: done_body(ev, req, model) | {"content": ""} if isinstance(ev, DoneEvent) else None,
         unfinished=lambda _: {"content": "", "stop": True, "stop_type": "none", "model": model},
         config=config, streams=streams)

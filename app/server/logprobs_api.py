@@ -74,3 +74,20 @@ def completion_logprobs(lps: Sequence[TokenLogprob], token_bytes: TokenBytes, of
 
 def shape(lps: Sequence[TokenLogprob], token_bytes: TokenBytes, *, chat: bool, offset: int = 0) -> dict:
     return chat_logprobs(lps, token_bytes) if chat else completion_logprobs(lps, token_bytes, offset)
+
+
+def parse_n_probs(body: dict) -> int | None:
+    """llama-server's ``n_probs`` (``/completion``): how many alternatives per token, or
+    ``None`` (absent or 0: no probabilities in the reply)."""
+    value = body.get("n_probs")
+    return None if value is None or _int_in(value, "n_probs", MAX_TOP) == 0 else value
+
+
+def llama_probabilities(lps: Sequence[TokenLogprob], token_bytes: TokenBytes) -> list[dict]:
+    """llama-server's ``completion_probabilities``: per token its id, text, bytes and
+    log-probability, with ``top_logprobs`` in the same shape."""
+    def entry(token: int, logprob: float) -> dict:
+        return {"id": token, **_entry(token, logprob, token_bytes)}
+
+    return [{**entry(lp.token, lp.logprob), "top_logprobs": [entry(t.token, t.logprob) for t in lp.top]}
+            for lp in lps]

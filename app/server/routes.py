@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse
 from tandem.app.server import infill_api, jobs, llama_completion
 from tandem.app.server.cache_owner import client_identity
 from tandem.app.server.loaded_models import ModelSlot
-from tandem.app.server.logprobs_api import parse_logprobs, shape
+from tandem.app.server.logprobs_api import llama_probabilities, parse_logprobs, parse_n_probs, shape
 from tandem.app.server.openai import (
     ApiError,
     GenRequest,
@@ -191,6 +191,7 @@ class Routes:
         """llama-server's ``/completion`` (see :mod:`.llama_completion`)."""
         body = await self.body(request)
         req = parse_common(body, max_tokens_default=256, max_tokens_key="n_predict")
+        req.logprobs = parse_n_probs(body)
         prompt = parse_prompt(body)
         fmt = parse_output_format(body, chat=False)
         slot = self.slot(req.model)
@@ -204,10 +205,13 @@ class Routes:
         if req.stream:
             watcher.cancel()
             return llama_completion.completion_stream(first, items, job, req=req, model=slot.name,
-                                                      config=self.stream_config, streams=self.streams)
-        done = await _final(first, items, watcher)
+                                                      config=self.stream_config, streams=self.streams,
+                                                      token_bytes=slot.target.token_bytes)
+        lps: list | None = [] if req.logprobs is not None else None
+        done = await _final(first, items, watcher, lps)
         request.state.stats = done.stats
-        return JSONResponse(llama_completion.done_body(done, req, slot.name))
+        probs = None if lps is None else llama_probabilities(lps, slot.target.token_bytes)
+        return JSONResponse(llama_completion.done_body(done, req, slot.name, probs))
 
     async def infill(self, request: Request):
         """llama-server's /infill (see :mod:`.infill_api`)."""

@@ -227,3 +227,27 @@ def test_logprobs_under_a_json_schema_are_the_legal_tokens(served, stream: bool)
     assert content and content[0]["token"] == "{" and content[0]["logprob"] == 0.0  # forced: certain
     assert all(len(c["top_logprobs"]) <= 5 and all(t["logprob"] <= 0.0 for t in c["top_logprobs"]) for c in content)
     assert [t["token"] for t in content[0]["top_logprobs"]] == ["{"]
+
+
+def test_llama_server_n_probs_on_completion(served) -> None:
+    """llama-server's ``n_probs`` on ``/completion`` (it was accepted and ignored): the
+    target's log-probabilities per token in ``completion_probabilities``, whole and
+    streamed alike, and the same as the OpenAI route's ``logprobs``."""
+    url, slot, _ = served
+    body = {"prompt": PROMPT, "n_predict": 8, "temperature": 0, "n_probs": 3}
+    whole = httpx.post(f"{url}/completion", json=body, timeout=60).json()
+    probs = whole["completion_probabilities"]
+    assert "".join(p["token"] for p in probs) == whole["content"] and len(probs) == 8
+    assert all(len(p["top_logprobs"]) == 3 and p["top_logprobs"][0]["id"] == p["id"] for p in probs)
+    ids, ref = _reference(slot, whole["content"], 8)
+    assert [p["id"] for p in probs] == ids
+    assert [p["logprob"] for p in probs] == pytest.approx([ref[i, t] for i, t in enumerate(ids)], abs=1e-3)
+    r = httpx.post(f"{url}/completion", json={**body, "stream": True}, timeout=60)
+    streamed = [p for e in sse_events(r.text.splitlines()) if isinstance(e, dict)
+                for p in e.get("completion_probabilities", [])]
+    assert [(p["id"], p["top_logprobs"][0]["id"]) for p in streamed] == [(p["id"], p["top_logprobs"][0]["id"])
+                                                                          for p in probs]
+    assert "completion_probabilities" not in httpx.post(f"{url}/completion", json={**body, "n_probs": 0},
+                                                        timeout=60).json()
+    bad = httpx.post(f"{url}/completion", json={**body, "n_probs": 99}, timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "n_probs"
