@@ -32,6 +32,19 @@ def apply_repetition_penalty(logits: np.ndarray, history: Sequence[int], penalty
     return out
 
 
+def apply_presence_frequency(logits: np.ndarray, history: Sequence[int], presence: float,
+                             frequency: float) -> np.ndarray:
+    """OpenAI's penalties, as llama.cpp applies them: a seen token's logit drops by
+    ``presence`` once and by ``frequency`` for every time it was seen (negative values
+    raise it)."""
+    if (presence == 0.0 and frequency == 0.0) or len(history) == 0:
+        return logits
+    out = np.array(logits, dtype=np.float32, copy=True)
+    seen, counts = np.unique(np.asarray(history, dtype=np.int64), return_counts=True)
+    out[seen] -= (presence + frequency * counts).astype(np.float32)
+    return out
+
+
 def top_k_mask(logits: np.ndarray, k: int) -> np.ndarray:
     """Set all but the ``k`` largest logits to -inf (ties at the boundary are kept)."""
     if k <= 0 or k >= logits.shape[-1]:
@@ -95,11 +108,19 @@ class SamplingParams:
     min_p: float = 0.05
     repetition_penalty: float = 1.0
     repeat_last_n: int = 64
+    """How many of the latest tokens (prompt included) every penalty looks at; 0: all."""
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = None
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """A penalty is on: each position's distribution depends on the tokens before it."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     @classmethod
     def greedy_params(cls) -> SamplingParams:
@@ -128,7 +149,8 @@ class Sampler:
     def penalized(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
         p = self.params
         recent = history[-p.repeat_last_n :] if p.repeat_last_n > 0 else history
-        return apply_repetition_penalty(logits, recent, p.repetition_penalty)
+        logits = apply_repetition_penalty(logits, recent, p.repetition_penalty)
+        return apply_presence_frequency(logits, recent, p.presence_penalty, p.frequency_penalty)
 
     def distribution(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
         p = self.params

@@ -27,6 +27,10 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-p", type=float, default=0.95)
     g.add_argument("--min-p", type=float, default=0.05)
     g.add_argument("--repeat-penalty", type=float, default=1.0)
+    g.add_argument("--presence-penalty", type=float, default=0.0)
+    g.add_argument("--frequency-penalty", type=float, default=0.0)
+    g.add_argument("--repeat-last-n", type=int, default=64,
+                   help="latest tokens the penalties look at (default 64; 0: all)")
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
@@ -38,6 +42,9 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
         top_p=args.top_p,
         min_p=args.min_p,
         repetition_penalty=args.repeat_penalty,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        repeat_last_n=max(0, args.repeat_last_n),
         seed=args.seed,
     )
 

@@ -96,6 +96,11 @@ def _num(body: dict, key: str, default: float | None, lo: float, hi: float, *, i
     return v
 
 
+def _named(body: dict, *keys: str) -> str:
+    """The key a request uses for a setting with several names (vLLM's, llama-server's)."""
+    return next((k for k in keys if k in body), keys[0])
+
+
 def _stops(body: dict) -> list[str]:
     stop = body.get("stop")
     if stop is None:
@@ -129,6 +134,10 @@ class GenRequest:
 def parse_common(body: dict, *, max_tokens_default: int = 256, max_tokens_key: str = "max_tokens") -> GenRequest:
     if body.get("logit_bias"):  # refused, not ignored: the reply would not be what the client asked for
         raise ApiError(400, "'logit_bias' is not supported by this server.", "unsupported_parameter", "logit_bias")
+    modalities = body.get("modalities")
+    if body.get("audio") or (isinstance(modalities, list) and any(m != "text" for m in modalities)):
+        raise ApiError(400, "This server writes text only: 'modalities' other than \"text\" and 'audio' are not "
+                       "supported.", "unsupported_parameter", "audio" if body.get("audio") else "modalities")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "'model' must be a string.", "invalid_value", "model")
@@ -147,7 +156,10 @@ def parse_common(body: dict, *, max_tokens_default: int = 256, max_tokens_key: s
         top_p=float(_num(body, "top_p", 1.0, 0.0, 1.0)),
         top_k=int(_num(body, "top_k", 40, 0, 1 << 20, integer=True)),
         min_p=float(_num(body, "min_p", 0.05, 0.0, 1.0)),
-        repetition_penalty=float(_num(body, "repetition_penalty", 1.0, 0.0, 10.0)),
+        repetition_penalty=float(_num(body, _named(body, "repetition_penalty", "repeat_penalty"), 1.0, 0.0, 10.0)),
+        repeat_last_n=max(0, int(_num(body, "repeat_last_n", 64, -1, 1 << 20, integer=True))),
+        presence_penalty=float(_num(body, "presence_penalty", 0.0, -2.0, 2.0)),
+        frequency_penalty=float(_num(body, "frequency_penalty", 0.0, -2.0, 2.0)),
         seed=None if seed is None else abs(seed),
     )
     return GenRequest(

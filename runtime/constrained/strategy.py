@@ -70,7 +70,7 @@ def forced_round(target: Backend, context: list[int], run: list[int], sampler: S
     for start in range(0, len(feed), step):
         logits = target.evaluate(feed[start:start + step])
         stats.target_calls += 1
-    history = [*context, *run] if sampler.params.repetition_penalty != 1.0 else ()
+    history = [*context, *run] if sampler.params.penalized else ()
     token = sampler.sample_at(logits[-1], len(context) + len(run), history)
     stats.forced_tokens += len(run)
     rows = np.concatenate([_one_hot_rows(run, target.n_vocab), logits[-1:]])

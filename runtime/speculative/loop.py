@@ -51,7 +51,7 @@ def _prefill_all_but_last(target: Backend, prompt: Sequence[int]) -> None:
 
 def _history(context: list[int], draft: Sequence[int], i: int, sampler: Sampler) -> Sequence[int]:
     """What the sampler sees before position ``i`` (only the penalty reads it)."""
-    if sampler.params.repetition_penalty == 1.0:
+    if not sampler.params.penalized:
         return ()
     return context + list(draft[:i])
 

@@ -8,6 +8,7 @@ import pytest
 from tandem.kernels.sampling import (
     Sampler,
     SamplingParams,
+    apply_presence_frequency,
     apply_repetition_penalty,
     min_p_filter,
     softmax,
@@ -68,6 +69,18 @@ def test_repetition_penalty_pushes_seen_tokens_down() -> None:
     out = apply_repetition_penalty(x, [0, 1], 2.0)
     assert out.tolist() == [1.0, -4.0, 1.0]
     assert x.tolist() == [2.0, -2.0, 1.0], "input must not be modified"
+
+
+def test_presence_and_frequency_penalties_count_what_was_seen() -> None:
+    x = np.array([2.0, -2.0, 1.0, 0.5], dtype=np.float32)
+    out = apply_presence_frequency(x, [0, 1, 0, 0], presence=0.5, frequency=0.25)
+    assert out.tolist() == [2.0 - 0.5 - 0.75, -2.0 - 0.5 - 0.25, 1.0, 0.5]
+    assert x.tolist() == [2.0, -2.0, 1.0, 0.5], "input must not be modified"
+    s = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, presence_penalty=-1.0,
+                               repeat_last_n=2))
+    p = s.distribution(np.zeros(4, dtype=np.float32), [3, 1, 2])  # only the last 2 count: 1 and 2 raised by 1
+    assert p[1] == pytest.approx(p[2]) and p[1] == pytest.approx(np.e * p[0]) and p[3] == pytest.approx(p[0])
+    assert s.params.penalized and not SamplingParams().penalized
 
 
 def test_greedy_sampler_is_argmax_and_distribution_is_one_hot() -> None:

@@ -86,7 +86,7 @@ class ModelDrafter:
         started = time.perf_counter()
         logits = self._catch_up(context, backlog)
         catch_up_s = time.perf_counter() - started
-        penalize = sampler.params.repetition_penalty != 1.0
+        penalize = sampler.params.penalized
         history = list(context) if penalize else []
         tokens: list[int] = []
         rows: list[np.ndarray] = []

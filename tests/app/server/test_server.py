@@ -229,3 +229,25 @@ def test_tandem_serve_bad_port_is_one_line_error(stories260k, capsys) -> None:
     assert main(["serve", "-m", str(stories260k), "--port", "70000"]) != 0
     err = capsys.readouterr().err
     assert "Invalid port" in err and "Traceback" not in err
+
+
+def test_openai_and_llama_server_penalties_are_honoured(server) -> None:
+    """presence_penalty / frequency_penalty (OpenAI) and repeat_penalty / repeat_last_n
+    (llama-server) were accepted and ignored: each reply now equals plain decoding with
+    the same penalties."""
+    url, slot = server
+    for body, params in (({"frequency_penalty": 2.0, "presence_penalty": 2.0},
+                          {"frequency_penalty": 2.0, "presence_penalty": 2.0}),
+                         ({"repeat_penalty": 1.8, "repeat_last_n": 16}, {"repetition_penalty": 1.8, "repeat_last_n": 16})):
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 60, "temperature": 0, **body},
+                       timeout=30)
+        with slot.engine.lock:
+            ids = slot.target.tokenize(PROMPT, add_bos=True)
+            done = list(generate(slot.target, ids, Sampler(SamplingParams(temperature=0.0, **params)),
+                                 max_tokens=60))[-1]
+        assert r.json()["choices"][0]["text"] == done.text
+        assert done.text != _greedy_text(slot, PROMPT, 60)  # the penalties changed the reply
+    for bad in ({"presence_penalty": 3}, {"modalities": ["text", "audio"]}, {"audio": {"voice": "alloy"}}):
+        r = httpx.post(f"{url}/v1/chat/completions",
+                       json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **bad}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == next(iter(bad)), r.text

@@ -120,6 +120,15 @@ def test_greedy_identity_chain_adaptive_with_penalty(stories_target, stories_dra
     assert_identical(stories_target, chain, policy, prompts, temperature=0.0, repetition_penalty=1.3)
 
 
+def test_greedy_identity_with_presence_and_frequency_penalties(stories_target, stories_draft) -> None:
+    """OpenAI's penalties read each position's history, drafted positions included."""
+    chain = ChainDrafter([SuffixDrafter(), PromptLookupDrafter(), ModelDrafter(stories_draft, owns_backend=False)])
+    prompts = prompts_for(stories_target)[::3]
+    totals = assert_identical(stories_target, chain, FixedLength(4), prompts, temperature=0.0,
+                              presence_penalty=0.8, frequency_penalty=0.6)
+    assert totals["accepted"] > 0
+
+
 def _decode_untimed(target: Backend, draft: Backend, prompt: list[int], sampling: dict):
     """Decode ``prompt`` with a fresh untimed policy (suffix, lookup, then the model
     drafter), recording each target call's size and the drafter's calls after each round."""
