@@ -105,6 +105,8 @@ def parse_infill(body: dict) -> InfillRequest:
     gen = parse_common(body, max_tokens_default=128, max_tokens_key="n_predict")
     if "temperature" not in body:
         gen.params.temperature = 0.0  # completions in an editor: deterministic by default
+    if gen.ignore_eos:  # an infill ends where the model ends it (its own limits)
+        raise ApiError(400, "'ignore_eos' is not available on /infill.", "unsupported_parameter", "ignore_eos")
     n_indent = body.get("n_indent", 0)
     if isinstance(n_indent, bool) or not isinstance(n_indent, int) or not 0 <= n_indent <= 1024:
         raise ApiError(400, "'n_indent' must be an integer in [0, 1024].", "invalid_value", "n_indent")

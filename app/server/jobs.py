@@ -76,7 +76,8 @@ def generate_events(lane: Lane, ids: list[int], req: GenRequest, stops: list[str
     try:
         strategy = lane.strategy if req.grammar is None else constrained(lane.strategy, req.grammar)
         yield from generate(lane.target, ids, Sampler(req.params), strategy=strategy,
-                            max_tokens=req.max_tokens, stop=stops, cancel=cancel, logprobs=req.logprobs)
+                            max_tokens=req.max_tokens, stop=stops, cancel=cancel, logprobs=req.logprobs,
+                            stop_at_eog=not req.ignore_eos)
     finally:
         cache_owner.release(lane, client)
 

@@ -96,6 +96,13 @@ def _num(body: dict, key: str, default: float | None, lo: float, hi: float, *, i
     return v
 
 
+def _flag(body: dict, key: str) -> bool:
+    v = body.get(key, False)
+    if not isinstance(v, bool):
+        raise ApiError(400, f"'{key}' must be true or false.", "invalid_value", key)
+    return v
+
+
 def _named(body: dict, *keys: str) -> str:
     """The key a request uses for a setting with several names (vLLM's, llama-server's)."""
     return next((k for k in keys if k in body), keys[0])
@@ -123,6 +130,8 @@ class GenRequest:
     n: int
     stream: bool
     include_usage: bool = False
+    ignore_eos: bool = False
+    """llama-server's ``ignore_eos``: generate past end-of-generation tokens, to ``max_tokens``."""
     extra: dict[str, Any] = field(default_factory=dict)
     logprobs: int | None = None
     """Alternatives per token for ``logprobs`` (0: only the chosen token's), ``None``: off."""
@@ -166,6 +175,7 @@ def parse_common(body: dict, *, max_tokens_default: int = 256, max_tokens_key: s
         model=model, max_tokens=int(max_tokens), params=params, stop=_stops(body),
         n=int(_num(body, "n", 1, 1, MAX_N, integer=True)), stream=stream,
         include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
+        ignore_eos=_flag(body, "ignore_eos"),
     )
 
 

@@ -70,3 +70,18 @@ def test_a_chats_next_turn_finds_its_previous_turns_cached(two_slot_server) -> N
             seen.append((body["usage"]["prompt_tokens"], body["usage"]["prompt_tokens_details"]["cached_tokens"]))
     for (before, _), (_, cached) in zip(seen, seen[1:], strict=False):
         assert cached >= before, seen
+
+
+def test_ignore_eos_generates_to_max_tokens(two_slot_server) -> None:
+    """llama-server's ``ignore_eos`` (accepted and ignored before): the reply runs past the
+    end of the turn to ``max_tokens``; /infill refuses it."""
+    url, _ = two_slot_server
+    body = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 40, "temperature": 0}
+    with httpx.Client(base_url=url, timeout=300) as c:
+        short = c.post("/v1/chat/completions", json=body).json()
+        long = c.post("/v1/chat/completions", json={**body, "ignore_eos": True}).json()
+        infill = c.post("/infill", json={"input_prefix": "a", "input_suffix": "b", "ignore_eos": True})
+    assert short["choices"][0]["finish_reason"] == "stop" and short["usage"]["completion_tokens"] < 40
+    assert long["choices"][0]["finish_reason"] == "length" and long["usage"]["completion_tokens"] == 40
+    assert infill.status_code == 400 and infill.json()["error"]["param"] == "ignore_eos"
+
