@@ -96,6 +96,15 @@ def _num(body: dict, key: str, default: float | None, lo: float, hi: float, *, i
     return v
 
 
+def _asks_nothing(body: dict, key: str, off: tuple[Any, ...]) -> bool:
+    """``body[key]`` is absent or one of the values ``off`` (of the same kind: ``false``
+    is no ``0``); ``best_of`` equal to ``n`` asks for nothing either."""
+    value = body.get(key)
+    if value is None or (key == "best_of" and value == body.get("n", 1)):
+        return True
+    return isinstance(value, bool) == isinstance(off[0], bool) and value in off
+
+
 def _flag(body: dict, key: str) -> bool:
     v = body.get(key, False)
     if not isinstance(v, bool):
@@ -140,9 +149,24 @@ class GenRequest:
     :mod:`.output_format`."""
 
 
+UNSUPPORTED_UNLESS: dict[str, tuple[Any, ...]] = {
+    "echo": (False,), "best_of": (1,),  # legacy completions
+    # llama-server's other samplers, at the values that turn them off
+    "mirostat": (0,), "typical_p": (1, 1.0), "tfs_z": (1, 1.0), "dry_multiplier": (0, 0.0),
+    "xtc_probability": (0, 0.0), "top_n_sigma": (-1, -1.0), "dynatemp_range": (0, 0.0),
+}
+"""Fields this server does not implement, with the values that ask for nothing; any other
+value is a 400 naming the field, never silently ignored (the reply would not be what the
+client asked for)."""
+
+
 def parse_common(body: dict, *, max_tokens_default: int = 256, max_tokens_key: str = "max_tokens") -> GenRequest:
     if body.get("logit_bias"):  # refused, not ignored: the reply would not be what the client asked for
         raise ApiError(400, "'logit_bias' is not supported by this server.", "unsupported_parameter", "logit_bias")
+    for key, off in UNSUPPORTED_UNLESS.items():
+        if not _asks_nothing(body, key, off):
+            raise ApiError(400, f"'{key}' is not supported by this server (leave it out, or {off[0]!r}).",
+                           "unsupported_parameter", key)
     modalities = body.get("modalities")
     if body.get("audio") or (isinstance(modalities, list) and any(m != "text" for m in modalities)):
         raise ApiError(400, "This server writes text only: 'modalities' other than \"text\" and 'audio' are not "

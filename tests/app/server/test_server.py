@@ -251,3 +251,17 @@ def test_openai_and_llama_server_penalties_are_honoured(server) -> None:
         r = httpx.post(f"{url}/v1/chat/completions",
                        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **bad}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == next(iter(bad)), r.text
+
+
+@pytest.mark.parametrize(("field", "asks", "off"), [
+    ("echo", True, False), ("best_of", 3, 1), ("mirostat", 2, 0), ("typical_p", 0.9, 1.0), ("tfs_z", 0.95, 1.0),
+    ("dry_multiplier", 0.8, 0.0), ("xtc_probability", 0.5, 0.0), ("top_n_sigma", 1.0, -1), ("dynatemp_range", 0.5, 0.0),
+])
+def test_fields_not_implemented_are_refused_unless_they_ask_for_nothing(server, field, asks, off) -> None:
+    """Accepted and ignored before: a legacy field or another llama-server sampler with a
+    value that changes the reply is a 400 naming it; the value that turns it off is fine."""
+    url, _ = server
+    body = {"prompt": PROMPT, "max_tokens": 2}
+    refused = httpx.post(f"{url}/v1/completions", json={**body, field: asks}, timeout=30)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == field, refused.text
+    assert httpx.post(f"{url}/completion", json={**body, field: off}, timeout=30).status_code == 200
