@@ -160,8 +160,9 @@ value is a 400 naming the field, never silently ignored (the reply would not be 
 client asked for)."""
 
 
-def parse_common(body: dict, *, max_tokens_default: int = 256, max_tokens_key: str = "max_tokens") -> GenRequest:
-    if body.get("logit_bias"):  # refused, not ignored: the reply would not be what the client asked for
+def refuse_unsupported(body: dict) -> None:
+    """A 400 naming the first field that asks for what this server does not do."""
+    if body.get("logit_bias"):
         raise ApiError(400, "'logit_bias' is not supported by this server.", "unsupported_parameter", "logit_bias")
     for key, off in UNSUPPORTED_UNLESS.items():
         if not _asks_nothing(body, key, off):
@@ -171,6 +172,10 @@ def parse_common(body: dict, *, max_tokens_default: int = 256, max_tokens_key: s
     if body.get("audio") or (isinstance(modalities, list) and any(m != "text" for m in modalities)):
         raise ApiError(400, "This server writes text only: 'modalities' other than \"text\" and 'audio' are not "
                        "supported.", "unsupported_parameter", "audio" if body.get("audio") else "modalities")
+
+
+def parse_common(body: dict, *, max_tokens_default: int = 256, max_tokens_key: str = "max_tokens") -> GenRequest:
+    refuse_unsupported(body)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "'model' must be a string.", "invalid_value", "model")
