@@ -213,14 +213,15 @@ class ModelWorker(Generic[L]):
     def _own_lane_soon(self, job: Job) -> bool:
         """A lane still runs a job of ``job``'s client that leaves the text ``job`` wants
         in the cache and ends soon: a superseded /infill (it stops at its next step), or
-        the request ``job`` continues (its hint starts with that one's: the previous turn
-        of the conversation, whose reply the client already has while its lane is still
-        being freed). Waiting for that lane costs a moment where another lane costs the
-        whole prompt again."""
+        the request ``job`` continues (its hint starts with that one's and goes on: the
+        previous turn of the conversation, whose reply the client already has while its
+        lane is still being freed; the same request sent twice at once does not wait).
+        Waiting for that lane costs a moment where another lane costs the whole prompt
+        again."""
         if not job.client:
             return False
         return any(lt.job is not None and lt.job is not job and lt.job.client == job.client
-                   and (lt.job.superseded or (lt.job.hint and job.hint.startswith(lt.job.hint)))
+                   and (lt.job.superseded or _continues(job.hint, lt.job.hint))
                    for lt in self._lanes)
 
     def _dispatch(self) -> None:
@@ -323,3 +324,8 @@ class ModelWorker(Generic[L]):
                 lt.wake.notify()
         for t in self._threads:
             t.join(timeout=5)
+
+
+def _continues(hint: str, earlier: str) -> bool:
+    """A request with ``hint`` continues one with ``earlier``: it holds all of it and more."""
+    return bool(earlier) and len(hint) > len(earlier) and hint.startswith(earlier)

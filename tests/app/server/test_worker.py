@@ -284,7 +284,9 @@ def test_a_request_continuing_one_still_running_waits_for_its_lane() -> None:
                                 hint='[null, [{"u": "1"}, {"a": "x"}, {"u": "2"}')
             other = worker.submit(gate_job(log, "another chat"), client="alice", hint='[null, [{"u": "9"}')
             await drain(other)  # not a continuation: it took the free lane at once
-            assert [name for name, _ in log] == ["turn 1", "another chat"] and worker.waiting == 1
+            same = worker.submit(gate_job(log, "turn 1 again"), client="alice", hint='[null, [{"u": "1"}')
+            await asyncio.wait_for(drain(same), WAIT)  # the same request twice at once (a load test, a proxy): no wait
+            assert [name for name, _ in log] == ["turn 1", "another chat", "turn 1 again"] and worker.waiting == 1
             gate.set()
             await drain(first)
             await drain(nxt)
