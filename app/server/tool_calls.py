@@ -76,8 +76,8 @@ class ToolCallParser:
     """Content has been given (a reply that opens with ``{`` no longer can)."""
     blank: str = ""
     """The whitespace before an open block."""
-    closer: str = FENCE
-    """What ends the open block."""
+    opener: str = FENCE
+    """What opened the open block (:data:`WRAPPERS` says what ends it)."""
 
     def feed(self, text: str) -> list[Delta]:
         self.buf += text
@@ -111,16 +111,16 @@ class ToolCallParser:
                     self.buf = self.buf[at + len(CALL_OPEN):]
                     self.state = "header"
                 else:
-                    opener = next(o for o, i in blocks.items() if i == at)
-                    self.buf, self.closer = self.buf[at:], WRAPPERS[opener]
+                    self.opener = next(o for o, i in blocks.items() if i == at)
+                    self.buf = self.buf[at:]
                     self.state = "fence"
             elif self.state == "fence":
-                opener = next(o for o in WRAPPERS if self.buf.startswith(o))
-                end = self.buf.find(self.closer, len(opener))
+                closer = WRAPPERS[self.opener]
+                end = self.buf.find(closer, len(self.opener))
                 if end < 0:
                     break
-                block, self.buf = self.buf[: end + len(self.closer)], self.buf[end + len(self.closer):]
-                calls = self._calls_in(block[len(opener):-len(self.closer)].removeprefix("json"))
+                block, self.buf = self.buf[: end + len(closer)], self.buf[end + len(closer):]
+                calls = self._calls_in(block[len(self.opener):-len(closer)].removeprefix("json"))
                 if calls:
                     out.extend(calls)
                     self.after_call = True

@@ -107,13 +107,18 @@ def test_reply_with_text_and_two_calls() -> None:
     assert all(c["id"].startswith("call_") and c["type"] == "function" for c in reply.calls)
 
 
+def fed(text: str, step: int, names: frozenset[str] = frozenset()) -> list:
+    """The parser's deltas for ``text`` streamed ``step`` characters at a time, then its end."""
+    parser = ToolCallParser(names)
+    deltas = []
+    for i in range(0, len(text), step):
+        deltas += parser.feed(text[i:i + step])
+    return [*deltas, *parser.finish()]
+
+
 @pytest.mark.parametrize("step", [1, 2, 3, 5, 7, 11])
 def test_streamed_pieces_reassemble_to_the_whole_reply(step: int) -> None:
-    parser = ToolCallParser()
-    deltas = []
-    for i in range(0, len(REPLY), step):
-        deltas += parser.feed(REPLY[i:i + step])
-    deltas += parser.finish()
+    deltas = fed(REPLY, step)
     streamed, whole = collect(deltas), parse_reply(REPLY)
     assert streamed.content == whole.content
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in streamed.calls] == \
@@ -207,11 +212,7 @@ FENCED = ('I will look it up.\n```json\n{\n  "name": "get_weather",\n  "argument
 @pytest.mark.parametrize("step", [1, 4, 9, len(FENCED)])
 def test_fenced_calls_to_offered_tools(step: int) -> None:
     """Qwen2.5-Coder's own way to call: a fenced JSON object naming an offered tool."""
-    parser = ToolCallParser(NAMES)
-    deltas = []
-    for i in range(0, len(FENCED), step):
-        deltas += parser.feed(FENCED[i:i + step])
-    reply = collect([*deltas, *parser.finish()])
+    reply = collect(fed(FENCED, step, NAMES))
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in reply.calls] == \
         [("get_weather", {"city": "Paris"})]
     assert reply.content == 'I will look it up.Then:\n```python\nprint({"name": "x"})\n```'
@@ -305,11 +306,7 @@ def test_calls_in_the_other_blocks_a_model_writes(step: int) -> None:
     """Shapes the real Qwen2.5-Coder-0.5B wrote under tool_choice auto: a call in a
     ``<json>`` block (one of the tags llama.cpp's Hermes parser reads too), and a bare call
     followed by a stray closing fence."""
-    parser = ToolCallParser(NAMES)
-    deltas = []
-    for i in range(0, len(WRAPPED), step):
-        deltas += parser.feed(WRAPPED[i:i + step])
-    reply = collect([*deltas, *parser.finish()])
+    reply = collect(fed(WRAPPED, step, NAMES))
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in reply.calls] == \
         [("get_weather", {"city": "Paris"})] and reply.content is None
     stray = parse_reply('{"name": "get_weather", "arguments": {"city": "Tokyo", "unit": "c"}}\n```', NAMES)
