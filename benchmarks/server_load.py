@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -155,12 +157,13 @@ async def measure(url: str, args) -> dict:
             "infills": len(edits.ttft_ms), "superseded": edits.superseded}
 
 
-def serve(model: str, parallel: int, args) -> dict:
-    port = 18000 + parallel
+@contextlib.contextmanager
+def served(model: str, port: int, options: list[str], env: dict[str, str] | None = None) -> Iterator[str]:
+    """``tandem serve -m model`` with ``options`` on ``port`` (request log off), its URL
+    once ``/health`` answers; stopped on exit. Shared by the server benchmarks."""
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen([sys.executable, "-m", "tandem.app.cli", "serve", "-m", model, "--port", str(port),
-                                 "--threads", str(args.threads), "--ctx", str(args.ctx), "--parallel", str(parallel),
-                                 "--request-log", "off"], stdout=subprocess.DEVNULL, stderr=err)
+                                 *options, "--request-log", "off"], stdout=subprocess.DEVNULL, stderr=err, env=env)
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + 600
@@ -175,10 +178,16 @@ def serve(model: str, parallel: int, args) -> dict:
                     if time.monotonic() > deadline:
                         raise SystemExit("server did not come up") from None
                     time.sleep(0.2)
-            return asyncio.run(measure(url, args))
+            yield url
         finally:
             proc.terminate()
             proc.wait(timeout=60)
+
+
+def serve(model: str, parallel: int, args) -> dict:
+    options = ["--threads", str(args.threads), "--ctx", str(args.ctx), "--parallel", str(parallel)]
+    with served(model, 18000 + parallel, options) as url:
+        return asyncio.run(measure(url, args))
 
 
 def main() -> None:

@@ -17,8 +17,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,7 +24,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.long_chat import chat
-from benchmarks.server_load import model_path
+from benchmarks.server_load import model_path, served
 
 SHOWN = (1, 5, 10, 15, 20)
 
@@ -61,29 +59,8 @@ def turns(url: str, n: int, reply_tokens: int) -> list[tuple[float, int, int]]:
 
 
 def serve(model: str, args, env: dict[str, str]) -> list[tuple[float, int, int]]:
-    port = 18090
-    with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "tandem.app.cli", "serve", "-m", model, "--port", str(port),
-                                 "--threads", str(args.threads), "--request-log", "off"],
-                                stdout=subprocess.DEVNULL, stderr=err, env=env)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 600
-            while True:
-                if proc.poll() is not None:
-                    err.seek(0)
-                    raise SystemExit(f"server exited: {err.read()[-2000:]}")
-                try:
-                    httpx.get(f"{url}/health", timeout=2)
-                    break
-                except httpx.TransportError:
-                    if time.monotonic() > deadline:
-                        raise SystemExit("server did not come up") from None
-                    time.sleep(0.2)
-            return turns(url, args.turns, args.reply)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
+    with served(model, 18090, ["--threads", str(args.threads)], env) as url:
+        return turns(url, args.turns, args.reply)
 
 
 def main() -> None:
