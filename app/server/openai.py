@@ -200,11 +200,13 @@ def parse_common(body: dict, *, max_tokens_default: int = 256, max_tokens_key: s
         frequency_penalty=float(_num(body, "frequency_penalty", 0.0, -2.0, 2.0)),
         seed=None if seed is None else abs(seed),
     )
+    n = int(_num(body, "n", 1, 1, MAX_N, integer=True))
+    ignore_eos = _flag(body, "ignore_eos")
+    if ignore_eos and n > 1:  # the n drafts stop where the model ends them
+        raise ApiError(400, "'ignore_eos' is not available with n > 1.", "unsupported_parameter", "ignore_eos")
     return GenRequest(
-        model=model, max_tokens=int(max_tokens), params=params, stop=_stops(body),
-        n=int(_num(body, "n", 1, 1, MAX_N, integer=True)), stream=stream,
-        include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
-        ignore_eos=_flag(body, "ignore_eos"),
+        model=model, max_tokens=int(max_tokens), params=params, stop=_stops(body), n=n, stream=stream,
+        include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")), ignore_eos=ignore_eos,
     )
 
 

@@ -74,14 +74,17 @@ def test_a_chats_next_turn_finds_its_previous_turns_cached(two_slot_server) -> N
 
 def test_ignore_eos_generates_to_max_tokens(two_slot_server) -> None:
     """llama-server's ``ignore_eos`` (accepted and ignored before): the reply runs past the
-    end of the turn to ``max_tokens``; /infill refuses it."""
+    end of the turn to ``max_tokens``; /infill and n > 1 (whose drafts end where the model
+    ends them) refuse it."""
     url, _ = two_slot_server
     body = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 40, "temperature": 0}
     with httpx.Client(base_url=url, timeout=300) as c:
         short = c.post("/v1/chat/completions", json=body).json()
         long = c.post("/v1/chat/completions", json={**body, "ignore_eos": True}).json()
         infill = c.post("/infill", json={"input_prefix": "a", "input_suffix": "b", "ignore_eos": True})
+        drafts = c.post("/v1/chat/completions", json={**body, "ignore_eos": True, "n": 2})
     assert short["choices"][0]["finish_reason"] == "stop" and short["usage"]["completion_tokens"] < 40
     assert long["choices"][0]["finish_reason"] == "length" and long["usage"]["completion_tokens"] == 40
     assert infill.status_code == 400 and infill.json()["error"]["param"] == "ignore_eos"
+    assert drafts.status_code == 400 and drafts.json()["error"]["param"] == "ignore_eos"  # n drafts: not honoured
 
