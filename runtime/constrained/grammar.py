@@ -39,6 +39,7 @@ from llguidance import LLMatcher, LLTokenizer
 from tandem.errors import TandemError
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.constrained.json_numbers import leading_digits
+from tandem.runtime.speculative.drafters.xvocab.vocab_pair import adds_space_prefix
 
 GrammarKind = Literal["json_schema", "json_object", "gbnf", "regex", "lark"]
 KINDS: tuple[str, ...] = ("json_schema", "json_object", "gbnf", "regex", "lark")
@@ -186,8 +187,7 @@ class _VocabTokens:
         # before the text it tokenizes ("{" -> " ", "{"): llguidance asks for the tokens
         # of text that goes on a reply, so that space must go. Tokenizing after a newline
         # and dropping the newline's tokens gives them.
-        adds_space = b"".join(pieces[t] for t in self._raw("a")) != b"a"
-        self._lead = self._raw(_LEAD) if adds_space else []
+        self._lead = self._raw(_LEAD) if adds_space_prefix(target, pieces) else []
 
     def _raw(self, text: str) -> list[int]:
         return self._tokenize(text, add_bos=False, special=False)
