@@ -29,7 +29,7 @@ from typing import Any
 
 from tandem.app.server import cache_owner
 from tandem.app.server.loaded_models import Lane, ModelSlot
-from tandem.app.server.openai import ApiError, GenRequest, parse_common
+from tandem.app.server.openai import ApiError, GenRequest, flag, parse_common
 from tandem.kernels.sampling import Sampler
 from tandem.runtime.autocomplete.fim import (
     ExtraChunk,
@@ -110,9 +110,7 @@ def parse_infill(body: dict) -> InfillRequest:
     n_indent = body.get("n_indent", 0)
     if isinstance(n_indent, bool) or not isinstance(n_indent, int) or not 0 <= n_indent <= 1024:
         raise ApiError(400, "'n_indent' must be an integer in [0, 1024].", "invalid_value", "n_indent")
-    cache_prompt = body.get("cache_prompt", True)
-    if not isinstance(cache_prompt, bool):
-        raise ApiError(400, "'cache_prompt' must be true or false.", "invalid_value", "cache_prompt")
+    cache_prompt = flag(body, "cache_prompt", default=True)
     _string_list(body, "samplers")  # accepted for compatibility; the sampler chain is fixed
     text = InfillText(_string(body, "input_prefix"), _string(body, "input_suffix"), _string(body, "prompt"),
                       _extra(body))

@@ -105,8 +105,9 @@ def _asks_nothing(body: dict, key: str, off: tuple[Any, ...]) -> bool:
     return isinstance(value, bool) == isinstance(off[0], bool) and value in off
 
 
-def _flag(body: dict, key: str) -> bool:
-    v = body.get(key, False)
+def flag(body: dict, key: str, default: bool = False) -> bool:
+    """A true/false field (``default`` when absent), or a 400 naming it."""
+    v = body.get(key, default)
     if not isinstance(v, bool):
         raise ApiError(400, f"'{key}' must be true or false.", "invalid_value", key)
     return v
@@ -184,9 +185,7 @@ def parse_common(body: dict, *, max_tokens_default: int = 256, max_tokens_key: s
         max_tokens = _num(body, "max_completion_tokens", max_tokens_default, 0, 1 << 20, integer=True)
     if max_tokens < 0:
         max_tokens = max_tokens_default
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise ApiError(400, "'stream' must be true or false.", "invalid_value", "stream")
+    stream = flag(body, "stream")
     opts = body.get("stream_options") or {}
     seed = _num(body, "seed", None, -(2**63), 2**63 - 1, integer=True)
     params = SamplingParams(
@@ -201,7 +200,7 @@ def parse_common(body: dict, *, max_tokens_default: int = 256, max_tokens_key: s
         seed=None if seed is None else abs(seed),
     )
     n = int(_num(body, "n", 1, 1, MAX_N, integer=True))
-    ignore_eos = _flag(body, "ignore_eos")
+    ignore_eos = flag(body, "ignore_eos")
     if ignore_eos and n > 1:  # the n drafts stop where the model ends them
         raise ApiError(400, "'ignore_eos' is not available with n > 1.", "unsupported_parameter", "ignore_eos")
     return GenRequest(
