@@ -1,6 +1,9 @@
 """The ASGI app: its configuration, middleware, request log, error pages, ``/v1/models``
 and ``/health``; the generation routes are in :mod:`.routes`, their streams in
-:mod:`.streams`.
+:mod:`.streams`, llama-server's ``/tokenize``, ``/detokenize``, ``/apply-template`` and
+``/props`` in :mod:`.llama_utility`. The paths llama-server also answers without ``/v1``
+(``/chat/completions``, ``/completions``, ``/models``) and ``/v1/health`` are the same
+routes, for clients given the server's address without it.
 
 Every answer is JSON, errors included: a route's :class:`ApiError` becomes an
 OpenAI-style error body, and anything unexpected a JSON 500, never a traceback.
@@ -23,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from tandem.app.server import llama_utility
 from tandem.app.server.catalog import PlanCache, store_models
 from tandem.app.server.guard import Guard, GuardConfig
 from tandem.app.server.loaded_models import ModelSlot
@@ -68,12 +72,33 @@ class Server:
         self.plans = PlanCache()
 
     async def models(self, request: Request) -> JSONResponse:
-        data = [{"id": s.name, "object": "model", "created": s.created, "owned_by": "tandem",
-                 "meta": {"served": True, "n_ctx": s.target.n_ctx, "n_vocab": s.target.n_vocab,
-                          "speculative": s.speculative, "ngram": s.ngram is not None}} for s in self.slots.values()]
+        data = [_served(s) for s in self.slots.values()]
         # and the local store's other models (reading their headers: off the event loop)
         data += await asyncio.to_thread(store_models, set(self.slots), self.plans)
         return JSONResponse({"object": "list", "data": data})
+
+    async def model(self, request: Request) -> JSONResponse:
+        """``GET /v1/models/{id}`` (the openai SDK's ``models.retrieve``): a served model."""
+        return JSONResponse(_served(self.routes.slot(request.path_params["model"])))
+
+    async def props(self, request: Request) -> JSONResponse:
+        slot = self.routes.slot(request.query_params.get("model"))
+        return JSONResponse(llama_utility.props(slot))
+
+    def utility(self, fn):
+        """A route answering ``fn(slot, body)`` for the request's model, computed off the
+        event loop (a long text takes a while to tokenize)."""
+
+        async def endpoint(request: Request) -> JSONResponse:
+            body = await self.routes.body(request)
+            model = body.get("model")
+            if model is not None and not isinstance(model, str):
+                raise ApiError(400, "'model' must be a string.", "invalid_value", "model")
+            slot = self.routes.slot(model)
+            request.state.model = slot.name
+            return JSONResponse(await asyncio.to_thread(fn, slot, body))
+
+        return endpoint
 
     async def health(self, request: Request) -> JSONResponse:
         models = {n: {"waiting": s.worker.waiting, "busy": s.worker.busy, "slots": len(s.lanes),
@@ -83,6 +108,12 @@ class Server:
         streams = self.routes.streams
         return JSONResponse({"status": "ok", "models": models,
                              "streams": {"open": streams.open, "timed_out": streams.timed_out}})
+
+
+def _served(s: ModelSlot) -> dict:
+    return {"id": s.name, "object": "model", "created": s.created, "owned_by": "tandem",
+            "meta": {"served": True, "n_ctx": s.target.n_ctx, "n_vocab": s.target.n_vocab,
+                     "speculative": s.speculative, "ngram": s.ngram is not None}}
 
 
 def _api(handler):
@@ -134,12 +165,18 @@ def create_app(slots: Sequence[ModelSlot], config: ServerConfig | None = None) -
             s.worker.close()
 
     routes = [
-        Route("/v1/models", _api(server.models), methods=["GET"]),
-        Route("/v1/chat/completions", _api(server.routes.chat), methods=["POST"]),
-        Route("/v1/completions", _api(server.routes.completions), methods=["POST"]),
+        *(Route(path, _api(server.models), methods=["GET"]) for path in ("/v1/models", "/models")),
+        Route("/v1/models/{model:path}", _api(server.model), methods=["GET"]),
+        *(Route(path, _api(server.routes.chat), methods=["POST"])
+          for path in ("/v1/chat/completions", "/chat/completions")),
+        *(Route(path, _api(server.routes.completions), methods=["POST"]) for path in ("/v1/completions", "/completions")),
         Route("/infill", _api(server.routes.infill), methods=["POST"]),
         Route("/completion", _api(server.routes.completion), methods=["POST"]),
-        Route("/health", _api(server.health), methods=["GET"]),
+        Route("/tokenize", _api(server.utility(llama_utility.tokenize)), methods=["POST"]),
+        Route("/detokenize", _api(server.utility(llama_utility.detokenize)), methods=["POST"]),
+        Route("/apply-template", _api(server.utility(llama_utility.apply_template)), methods=["POST"]),
+        Route("/props", _api(server.props), methods=["GET"]),
+        *(Route(path, _api(server.health), methods=["GET"]) for path in ("/health", "/v1/health")),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _internal_error},
                     middleware=[Middleware(Guard, config=server.config.guard())], lifespan=lifespan)

@@ -28,7 +28,7 @@ from tandem.app.server.jobs import PromptCache, generate_events
 from tandem.app.server.loaded_models import Lane, ModelSlot
 from tandem.app.server.openai import GenRequest
 from tandem.app.server.tool_calls import CALL_CLOSE, CALL_OPEN
-from tandem.app.server.tools import ToolRequest, plain_messages, template_has_tools
+from tandem.app.server.tools import ToolRequest, for_template
 from tandem.runtime.chat_fit import FitCancelled
 from tandem.runtime.generate import DoneEvent, Event, TokenEvent
 
@@ -44,10 +44,7 @@ def tool_chat_job(slot: ModelSlot, messages: list[dict[str, Any]], req: GenReque
     def run(cancel: threading.Event, lane: Lane) -> Generator[Event, None, None]:
         with lane.lock, lane.engaged():
             offered = tools.offered
-            if template_has_tools(slot.target.chat_template()):
-                msgs, shown = messages, [t.definition for t in offered] or None
-            else:
-                msgs, shown = plain_messages(messages, offered), None
+            msgs, shown = for_template(slot.target.chat_template(), messages, offered)
             try:
                 ids, stops = slot.engine.fit(msgs, req.max_tokens, cancel=cancel, tools=shown)
             except FitCancelled:  # the client went away (or the server stops): nothing to send

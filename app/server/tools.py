@@ -140,6 +140,15 @@ def template_has_tools(template: str | None) -> bool:
     return bool(template) and "tools" in template
 
 
+def for_template(template: str | None, messages: list[dict[str, Any]],
+                 offered: tuple[Tool, ...]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The messages and the ``tools`` to render them with: the request's own for a template
+    that renders tools, otherwise :func:`plain_messages` and none."""
+    if template_has_tools(template):
+        return messages, [t.definition for t in offered] or None
+    return plain_messages(messages, offered), None
+
+
 def plain_messages(messages: list[dict[str, Any]], tools: tuple[Tool, ...]) -> list[dict[str, Any]]:
     """The conversation for a template without tool support: the tools described in the
     system message, earlier calls written as the calls the model would write, and tool

@@ -1,0 +1,160 @@
+"""llama-server's endpoints that generate nothing (``/tokenize``, ``/detokenize``,
+``/apply-template``, ``/props``) and the paths it also answers without ``/v1``, on a real
+server holding the real SmolLM2-135M with two slots, driven by httpx and the openai SDK."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from live_server import running
+
+openai = pytest.importorskip("openai")
+
+CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": "Blue."}, {"role": "user", "content": "Another one?"}]
+
+
+@pytest.fixture(scope="module")
+def server(real_models):
+    from tandem.app.server.asgi import ServerConfig, create_app
+    from tandem.app.server.loaded_models import make_slot
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
+
+    target = LlamaCppBackend(real_models.smollm2, LlamaConfig(n_ctx=512, n_threads=1, n_seq=2))
+    slot = make_slot(target, name="smol")
+    with running(create_app([slot], ServerConfig()), start_timeout=60) as url:
+        yield url, slot
+    slot.close()
+
+
+def _post(url: str, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{url}{path}", json=body, timeout=60)
+
+
+def test_tokenize_and_detokenize_are_the_models_own(server) -> None:
+    url, slot = server
+    text = "Tokens, counted before a prompt is sent: naïve café 🚀."
+    ids = _post(url, "/tokenize", {"content": text}).json()["tokens"]
+    assert ids == slot.target.tokenize(text)
+    assert _post(url, "/detokenize", {"tokens": ids}).json() == {"content": text}
+    with_bos = _post(url, "/tokenize", {"content": text, "add_special": True}).json()["tokens"]
+    assert with_bos == slot.target.tokenize(text, add_bos=True)
+
+    # control-token text is that token unless parse_special is false (llama-server's default: true)
+    marker = "<|im_start|>user"
+    assert _post(url, "/tokenize", {"content": marker}).json()["tokens"] == slot.target.tokenize(marker, special=True)
+    as_text = _post(url, "/tokenize", {"content": marker, "parse_special": False}).json()["tokens"]
+    assert as_text == slot.target.tokenize(marker) and len(as_text) > 2
+
+    # pieces: text where a token holds whole characters, bytes where it splits one (the emoji)
+    pieces = _post(url, "/tokenize", {"content": text, "with_pieces": True}).json()["tokens"]
+    assert [p["id"] for p in pieces] == ids
+    assert any(isinstance(p["piece"], list) for p in pieces)
+    raw = b"".join(p["piece"].encode() if isinstance(p["piece"], str) else bytes(p["piece"]) for p in pieces)
+    assert raw.decode() == text
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/tokenize", {}, "content"),
+    ("/tokenize", {"content": ["a", 1]}, "content"),
+    ("/tokenize", {"content": "a", "with_pieces": "yes"}, "with_pieces"),
+    ("/tokenize", {"content": "a", "model": 3}, "model"),
+    ("/detokenize", {"tokens": "1 2 3"}, "tokens"),
+    ("/detokenize", {"tokens": [1, -1]}, "tokens"),
+    ("/detokenize", {"tokens": [1, 10**9]}, "tokens"),
+    ("/detokenize", {"tokens": [1, 2.5]}, "tokens"),
+    ("/apply-template", {"messages": []}, "messages"),
+    ("/apply-template", {"messages": CHAT, "tools": "none"}, "tools"),
+])
+def test_bad_requests_are_400s_naming_the_field(server, path: str, body: dict, field: str) -> None:
+    url, _ = server
+    r = _post(url, path, body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field
+
+
+def test_unknown_model_is_a_404(server) -> None:
+    url, _ = server
+    assert _post(url, "/tokenize", {"content": "a", "model": "nope"}).status_code == 404
+    assert httpx.get(f"{url}/props", params={"model": "nope"}).status_code == 404
+
+
+def test_apply_template_is_the_prompt_a_chat_request_reads(server) -> None:
+    """The rendered prompt, tokenized as llama-server's clients do (control tokens parsed),
+    counts exactly the prompt tokens the chat request is billed for."""
+    url, _ = server
+    prompt = _post(url, "/apply-template", {"messages": CHAT}).json()["prompt"]
+    assert prompt.startswith("<|im_start|>system\nYou are terse.<|im_end|>")
+    assert prompt.endswith("<|im_start|>assistant\n")
+    counted = _post(url, "/tokenize", {"content": prompt}).json()["tokens"]
+    reply = _post(url, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 1, "temperature": 0}).json()
+    assert reply["usage"]["prompt_tokens"] == len(counted)
+
+    # tools are rendered too, as the chat request renders them (SmolLM2's template has no
+    # tool support: they are described in the system message)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    with_tools = _post(url, "/apply-template", {"messages": CHAT, "tools": tools}).json()["prompt"]
+    assert "get_weather" in with_tools and "get_weather" not in prompt
+
+
+def test_props_says_context_slots_defaults_and_template(server) -> None:
+    url, slot = server
+    props = httpx.get(f"{url}/props").json()
+    settings = props["default_generation_settings"]
+    assert settings["n_ctx"] == 512
+    assert props["total_slots"] == 2
+    assert props["model_alias"] == "smol" and props["model_path"].endswith(".gguf")
+    assert props["chat_template"] == slot.target.chat_template() and "im_start" in props["chat_template"]
+    assert props["modalities"] == {"vision": False, "audio": False}
+    # the defaults are what a request that sets nothing gets: greedy here would differ
+    assert settings["params"]["temperature"] == 1.0 and settings["params"]["n_predict"] == 256
+
+
+def test_paths_without_v1_and_model_retrieve(server) -> None:
+    url, _ = server
+    body = {"messages": CHAT, "max_tokens": 8, "temperature": 0}
+    assert (_post(url, "/chat/completions", body).json()["choices"]
+            == _post(url, "/v1/chat/completions", body).json()["choices"])
+    text = {"prompt": "The sky is", "max_tokens": 6, "temperature": 0}
+    assert _post(url, "/completions", text).json()["choices"] == _post(url, "/v1/completions", text).json()["choices"]
+    assert httpx.get(f"{url}/models").json() == httpx.get(f"{url}/v1/models").json()
+    assert httpx.get(f"{url}/v1/health").json()["status"] == "ok"
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=60, max_retries=0)
+    model = client.models.retrieve("smol")
+    assert model.id == "smol" and model.object == "model"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("nope")
+
+
+def test_tokenize_answers_while_every_slot_generates(server) -> None:
+    """Counting tokens never waits for a reply: both slots stream long replies, and
+    /tokenize answers while they are still streaming."""
+    url, _ = server
+    body = {"messages": CHAT, "max_tokens": 300, "ignore_eos": True, "temperature": 0, "stream": True}
+
+    async def main() -> tuple[list[bool], list[int]]:
+        async with httpx.AsyncClient(base_url=url, timeout=300) as c:
+            started = [asyncio.Event(), asyncio.Event()]
+            finished = [False, False]
+
+            async def stream(i: int) -> None:
+                async with c.stream("POST", "/v1/chat/completions", json=body,
+                                    headers={"authorization": f"Bearer user-{i}"}) as r:
+                    async for line in r.aiter_lines():
+                        if line.startswith("data:"):
+                            started[i].set()
+                finished[i] = True
+
+            tasks = [asyncio.create_task(stream(i)) for i in range(2)]
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
+            ids = (await c.post("/tokenize", json={"content": "still answering"})).json()["tokens"]
+            still_streaming = [not f for f in finished]
+            await asyncio.wait_for(asyncio.gather(*tasks), 300)
+        return still_streaming, ids
+
+    still_streaming, ids = asyncio.run(main())
+    assert ids and still_streaming == [True, True]
