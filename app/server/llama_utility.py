@@ -15,7 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from tandem.app.server.loaded_models import ModelSlot
-from tandem.app.server.openai import ApiError, flag, parse_common, parse_messages
+from tandem.app.server.openai import ApiError, check_token_ids, flag, parse_common, parse_messages
 from tandem.app.server.tools import for_template, parse_tools
 
 
@@ -51,14 +51,9 @@ def detokenize(slot: ModelSlot, body: dict) -> dict:
     """``tokens`` to text, as a reply writes them: control tokens (BOS, end of turn) add no
     text (llama-server writes their names)."""
     tokens = body.get("tokens")
-    n_vocab = slot.target.n_vocab
     if not isinstance(tokens, list):
         raise ApiError(400, "'tokens' must be a list of token ids.", "invalid_value", "tokens")
-    for i, t in enumerate(tokens):
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n_vocab:
-            raise ApiError(400, f"tokens[{i}] is {t!r}; a token id is a whole number from 0 to {n_vocab - 1}.",
-                           "invalid_value", "tokens")
-    raw = b"".join(slot.target.token_bytes(t) for t in tokens)
+    raw = b"".join(slot.target.token_bytes(t) for t in check_token_ids(tokens, slot.target.n_vocab, "tokens"))
     return {"content": raw.decode("utf-8", errors="replace")}
 
 

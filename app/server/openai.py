@@ -281,13 +281,27 @@ def _text_parts(parts: list, i: int) -> str:
     return "".join(texts)
 
 
-def parse_prompt(body: dict) -> str:
+def parse_prompt(body: dict) -> str | list[int]:
+    """The one prompt of a completion request: text, or token ids (OpenAI and llama-server
+    take both), alone or as a list's only item. Token ids are used as given (no BOS added)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise ApiError(400, "'prompt' must be a string (one prompt per request).", "invalid_value", "prompt")
-    return prompt
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return prompt
+    raise ApiError(400, "'prompt' must be a string or a list of token ids (one prompt per request).",
+                   "invalid_value", "prompt")
+
+
+def check_token_ids(tokens: list, n_vocab: int, key: str) -> list[int]:
+    """``tokens`` if each is a token id of a vocabulary of ``n_vocab``, else a 400 naming ``key``."""
+    for i, t in enumerate(tokens):
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n_vocab:
+            raise ApiError(400, f"{key}[{i}] is {t!r}; a token id is a whole number from 0 to {n_vocab - 1}.",
+                           "invalid_value", key)
+    return tokens
 
 
 def new_id(prefix: str) -> str:

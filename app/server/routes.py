@@ -29,6 +29,7 @@ from tandem.app.server.openai import (
     ApiError,
     GenRequest,
     Shaper,
+    check_token_ids,
     finish_reason,
     parse_common,
     parse_json,
@@ -84,6 +85,13 @@ class Routes:
             return parse_json(raw, self.max_body_bytes)
         # a big body takes milliseconds to parse: not on the loop other clients share
         return await asyncio.to_thread(parse_json, raw, self.max_body_bytes)
+
+    async def prompt_ids(self, slot: ModelSlot, prompt: str | list[int]) -> list[int]:
+        """A completion prompt's ids: text tokenized (with BOS; a long prompt takes seconds,
+        so never on the event loop), ids checked against the vocabulary."""
+        if isinstance(prompt, str):
+            return await asyncio.to_thread(slot.target.tokenize, prompt, add_bos=True)
+        return check_token_ids(prompt, slot.target.n_vocab, "prompt")
 
     def check_fits(self, slot: ModelSlot, ids: list[int]) -> None:
         if len(ids) >= slot.target.n_ctx:
@@ -174,9 +182,11 @@ class Routes:
         req.grammar = await _compiled(slot, fmt, req)
         suffix = body.get("suffix")
         if isinstance(suffix, str) and suffix:
+            if not isinstance(prompt, str):
+                raise ApiError(400, "'suffix' needs the prompt as text.", "invalid_value", "suffix")
             ids = await asyncio.to_thread(jobs.infill_prompt, slot, prompt, suffix)
-        else:  # tokenizing a long prompt takes seconds: never on the event loop
-            ids = await asyncio.to_thread(slot.target.tokenize, prompt, add_bos=True)
+        else:
+            ids = await self.prompt_ids(slot, prompt)
         self.check_fits(slot, ids)
         shaper = Shaper(slot.name, chat=False)
         client = _client(request)
@@ -185,7 +195,7 @@ class Routes:
                                      client=client)
         cache = jobs.PromptCache()
         return await self.generation(request, slot, req, shaper, jobs.completion_job(slot, ids, req, client, cache),
-                                     cache, text_start=len(prompt), client=client)
+                                     cache, text_start=len(_text(slot, prompt)), client=client)
 
     async def completion(self, request: Request):
         """llama-server's ``/completion`` (see :mod:`.llama_completion`)."""
@@ -197,7 +207,7 @@ class Routes:
         slot = self.slot(req.model)
         request.state.model = slot.name
         req.grammar = await _compiled(slot, fmt, req)
-        ids = await asyncio.to_thread(slot.target.tokenize, prompt, add_bos=True)
+        ids = await self.prompt_ids(slot, prompt)
         self.check_fits(slot, ids)
         client = _client(request)
         job, items, first, watcher = await self.start(request, slot, jobs.completion_job(slot, ids, req, client),
@@ -318,6 +328,13 @@ async def _compiled(slot: ModelSlot, fmt: OutputFormat | None, req: GenRequest) 
     if req.n > 1:
         raise ApiError(400, f"'{fmt.field}' is not available with n > 1.", "invalid_value", fmt.field)
     return await asyncio.to_thread(compile_format, slot.target, fmt)
+
+
+def _text(slot: ModelSlot, prompt: str | list[int]) -> str:
+    """The prompt as text (ids as the model writes them), where legacy ``text_offset``s count from."""
+    if isinstance(prompt, str):
+        return prompt
+    return b"".join(slot.target.token_bytes(t) for t in prompt).decode("utf-8", errors="replace")
 
 
 def _client(request: Request) -> str:

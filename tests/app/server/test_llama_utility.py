@@ -158,3 +158,38 @@ def test_tokenize_answers_while_every_slot_generates(server) -> None:
 
     still_streaming, ids = asyncio.run(main())
     assert ids and still_streaming == [True, True]
+
+
+def test_a_prompt_of_token_ids_is_the_same_prompt(server) -> None:
+    """Clients count (and trim) a prompt with /tokenize, then send the ids: OpenAI's
+    /v1/completions and llama-server's /completion take them as the text's own tokens."""
+    url, _ = server
+    text = "The sky is blue because"
+    ids = _post(url, "/tokenize", {"content": text, "add_special": True}).json()["tokens"]
+    llama = {"n_predict": 8, "temperature": 0}
+    by_text = _post(url, "/completion", {**llama, "prompt": text}).json()
+    by_ids = _post(url, "/completion", {**llama, "prompt": ids}).json()
+    assert by_ids["content"] == by_text["content"] and by_ids["tokens_evaluated"] == len(ids)
+
+    openai_body = {"max_tokens": 8, "temperature": 0, "logprobs": 2}
+    expected = _post(url, "/v1/completions", {**openai_body, "prompt": text}).json()["choices"]
+    for prompt in (ids, [ids]):
+        choices = _post(url, "/v1/completions", {**openai_body, "prompt": prompt}).json()["choices"]
+        assert choices == expected  # text, and logprobs' text_offset counted from the same prompt text
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"prompt": [[1, 2], [3]]}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [1, 10**9]}, "prompt"),
+    ({"prompt": [1, True]}, "prompt"),
+    ({"prompt": [1, 2], "suffix": "end"}, "suffix"),
+])
+def test_bad_token_prompts_are_400s(server, body: dict, field: str) -> None:
+    url, _ = server
+    for path in ("/v1/completions", "/completion"):
+        if path == "/completion" and "suffix" in body:
+            continue
+        r = _post(url, path, {**body, "max_tokens": 2})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == field
