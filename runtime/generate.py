@@ -94,6 +94,8 @@ class GenerationStats:
     memory_bytes: int
     forced_tokens: int = 0
     """Tokens a grammar forced and the target confirmed outside its drafters' drafts."""
+    stop_string: str = ""
+    """The stop string that ended the reply (``finish_reason`` "stop"); empty otherwise."""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -222,5 +224,6 @@ def generate(
         finish_reason=finish,
         memory_bytes=target.memory().total,
         forced_tokens=stats.forced_tokens,
+        stop_string=stopper.hit,
     )
     yield DoneEvent("".join(out_text), out_tokens, stats_out)

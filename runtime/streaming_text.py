@@ -34,15 +34,18 @@ class StopMatcher:
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = [s for s in stops if s]
         self._pending = ""
+        self.hit = ""
+        """The stop string found (the first in the text), once one is."""
 
     def feed(self, text: str) -> tuple[str, bool]:
         if not self.stops:
             return text, False
         buf = self._pending + text
-        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for s in self.stops if (i := buf.find(s)) >= 0]
         if hits:
             self._pending = ""
-            return buf[: min(hits)], True
+            at, self.hit = min(hits, key=lambda h: h[0])
+            return buf[:at], True
         hold = max((_overlap(buf, s) for s in self.stops), default=0)
         self._pending = buf[len(buf) - hold :] if hold else ""
         return buf[: len(buf) - hold], False

@@ -12,35 +12,41 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from tandem.app.server.jobs import PromptCache
 from tandem.app.server.logprobs_api import llama_probabilities
 from tandem.app.server.openai import GenRequest
 from tandem.app.server.streams import OpenStreams, ReplyStream, StreamConfig, llama_server_stream
 from tandem.app.server.worker import Job
-from tandem.runtime.generate import DoneEvent, TokenEvent
+from tandem.runtime.autocomplete.infill import LlamaTimings
+from tandem.runtime.generate import DoneEvent, GenerationStats, TokenEvent
 
 
-def stop_type(reason: str) -> str:
-    """llama-server's ``stop_type`` for a finish reason."""
-    return {"length": "limit", "stop": "eos"}.get(reason, "none")
+def stop_type(stats: GenerationStats) -> str:
+    """llama-server's ``stop_type``: ``word`` (a stop string), ``eos``, ``limit`` or ``none``."""
+    if stats.stop_string:
+        return "word"
+    return {"length": "limit", "stop": "eos"}.get(stats.finish_reason, "none")
 
 
-def done_body(done: DoneEvent, req: GenRequest, model: str, probs: list[dict] | None = None) -> dict[str, Any]:
-    """The whole reply; ``probs``: its ``completion_probabilities`` (``n_probs``)."""
+def done_body(done: DoneEvent, req: GenRequest, model: str, cached: int,
+              probs: list[dict] | None = None) -> dict[str, Any]:
+    """The whole reply; ``cached``: the prompt tokens found in the cache; ``probs``: its
+    ``completion_probabilities`` (``n_probs``)."""
     st = done.stats
     extra = {} if probs is None else {"completion_probabilities": probs}
+    timings = LlamaTimings(st.prompt_tokens - cached, st.ttft_s * 1000, st.generated_tokens,
+                           (st.total_s - st.ttft_s) * 1000)
     return extra | {"index": 0, "content": done.text, "id_slot": 0, "stop": True, "model": model,
-            "tokens_predicted": st.generated_tokens, "tokens_evaluated": st.prompt_tokens,
-            "stop_type": stop_type(st.finish_reason), "stopping_word": "",
+            "tokens_predicted": st.generated_tokens, "tokens_evaluated": st.prompt_tokens, "tokens_cached": cached,
+            "stop_type": stop_type(st), "stopping_word": st.stop_string,
             "generation_settings": {"n_predict": req.max_tokens, "temperature": req.params.temperature,
                                     "seed": req.params.seed, "stop": req.stop},
-            "timings": {"predicted_n": st.generated_tokens, "predicted_ms": st.total_s * 1000,
-                        "predicted_per_second": st.tokens_per_s},
-            "tandem": {"stats": st.as_dict()}}
+            "timings": timings.as_dict(), "tandem": {"stats": st.as_dict()}}
 
 
 def completion_stream(first: Any, items: AsyncIterator, job: Job, *, req: GenRequest, model: str,
                       config: StreamConfig, streams: OpenStreams,
-                      token_bytes: Callable[[int], bytes]) -> ReplyStream:
+                      token_bytes: Callable[[int], bytes], cache: PromptCache) -> ReplyStream:
     def chunk(ev: Any) -> dict[str, Any] | None:
         if not isinstance(ev, TokenEvent) or not (ev.text or ev.logprobs):
             return None
@@ -52,6 +58,6 @@ def completion_stream(first: Any, items: AsyncIterator, job: Job, *, req: GenReq
     return llama_server_stream(
         first, items, job,
         chunk=chunk,
-        final=lambda ev: done_body(ev, req, model) | {"content": ""} if isinstance(ev, DoneEvent) else None,
+        final=lambda ev: done_body(ev, req, model, cache.cached_tokens) | {"content": ""} if isinstance(ev, DoneEvent) else None,
         unfinished=lambda _: {"content": "", "stop": True, "stop_type": "none", "model": model},
         config=config, streams=streams)

@@ -87,10 +87,12 @@ class Routes:
         return await asyncio.to_thread(parse_json, raw, self.max_body_bytes)
 
     async def prompt_ids(self, slot: ModelSlot, prompt: str | list[int]) -> list[int]:
-        """A completion prompt's ids: text tokenized (with BOS; a long prompt takes seconds,
-        so never on the event loop), ids checked against the vocabulary."""
+        """A completion prompt's ids: text tokenized with BOS and with control-token text as
+        those tokens (as llama-server and vLLM read it: a client that writes its own chat
+        markup means it; a long prompt takes seconds, so never on the event loop), ids
+        checked against the vocabulary."""
         if isinstance(prompt, str):
-            return await asyncio.to_thread(slot.target.tokenize, prompt, add_bos=True)
+            return await asyncio.to_thread(slot.target.tokenize, prompt, add_bos=True, special=True)
         return check_token_ids(prompt, slot.target.n_vocab, "prompt")
 
     def check_fits(self, slot: ModelSlot, ids: list[int]) -> None:
@@ -210,18 +212,19 @@ class Routes:
         ids = await self.prompt_ids(slot, prompt)
         self.check_fits(slot, ids)
         client = _client(request)
-        job, items, first, watcher = await self.start(request, slot, jobs.completion_job(slot, ids, req, client),
-                                                      client=client)
+        cache = jobs.PromptCache()
+        job, items, first, watcher = await self.start(request, slot,
+                                                      jobs.completion_job(slot, ids, req, client, cache), client=client)
         if req.stream:
             watcher.cancel()
             return llama_completion.completion_stream(first, items, job, req=req, model=slot.name,
                                                       config=self.stream_config, streams=self.streams,
-                                                      token_bytes=slot.target.token_bytes)
+                                                      token_bytes=slot.target.token_bytes, cache=cache)
         lps: list | None = [] if req.logprobs is not None else None
         done = await _final(first, items, watcher, lps)
         request.state.stats = done.stats
         probs = None if lps is None else llama_probabilities(lps, slot.target.token_bytes)
-        return JSONResponse(llama_completion.done_body(done, req, slot.name, probs))
+        return JSONResponse(llama_completion.done_body(done, req, slot.name, cache.cached_tokens, probs))
 
     async def infill(self, request: Request):
         """llama-server's /infill (see :mod:`.infill_api`)."""

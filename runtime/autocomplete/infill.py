@@ -122,7 +122,11 @@ class TextCutter:
 
 
 @dataclass
-class InfillTimings:
+class LlamaTimings:
+    """llama-server's ``timings`` of a reply (``/infill``, ``/completion``): the prompt
+    evaluated (``prompt_n`` tokens not found in the cache) up to the first token, then
+    the prediction."""
+
     prompt_n: int
     prompt_ms: float
     predicted_n: int
@@ -156,7 +160,7 @@ class InfillDone:
     tokens_cached: int
     """Prompt tokens whose KV was reused from the previous request."""
     tokens_evaluated: int
-    timings: InfillTimings
+    timings: LlamaTimings
     stopping_word: str = ""
     ttft_ms: float = 0.0
     tokens: list[int] = field(default_factory=list)
@@ -228,7 +232,7 @@ def run_infill(target: Backend, prompt: Sequence[int], sampler: Sampler, limits:
     t1 = time.perf_counter()
     prompt_n = len(prompt) - cached
     if warm_up:
-        timings = InfillTimings(prompt_n, (t1 - t0) * 1000, 0, 0.0)
+        timings = LlamaTimings(prompt_n, (t1 - t0) * 1000, 0, 0.0)
         yield InfillDone("", "limit", cached, len(prompt), timings)
         return
     cutter = TextCutter(limits)
@@ -258,6 +262,6 @@ def run_infill(target: Backend, prompt: Sequence[int], sampler: Sampler, limits:
     finally:
         events.close()
     t2 = time.perf_counter()
-    timings = InfillTimings(prompt_n, (t1 - t0) * 1000, n_tokens, (t2 - t1) * 1000)
+    timings = LlamaTimings(prompt_n, (t1 - t0) * 1000, n_tokens, (t2 - t1) * 1000)
     yield InfillDone(cutter.text, stop_type, cached, len(prompt), timings, cutter.stopping_word,
                      first_ms or (t2 - t0) * 1000, target_calls=calls, accepted_drafts=accepted)

@@ -5,6 +5,7 @@ server holding the real SmolLM2-135M with two slots, driven by httpx and the ope
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -193,3 +194,30 @@ def test_bad_token_prompts_are_400s(server, body: dict, field: str) -> None:
         r = _post(url, path, {**body, "max_tokens": 2})
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == field
+
+
+def test_completion_says_why_it_stopped_and_what_it_read(server) -> None:
+    """/completion's reply as llama-server's: ``stop_type`` "word" with the stop string
+    that ended it, "limit" or "eos"; ``timings`` split into prompt and prediction;
+    ``tokens_cached`` the prompt tokens found in the cache."""
+    url, _ = server
+    base = {"prompt": "Count: one, two, three, four, five, six,", "temperature": 0, "n_predict": 12}
+    free = _post(url, "/completion", base).json()
+    assert free["stop_type"] == "limit" and free["stopping_word"] == ""
+    word = free["content"].split()[1]  # a word the model writes, after the first
+    stopped = _post(url, "/completion", {**base, "stop": [word, "no such text"]}).json()
+    assert stopped["stop_type"] == "word" and stopped["stopping_word"] == word
+    assert stopped["content"] == free["content"][: free["content"].index(word)]
+    for event in (free, stopped):
+        t = event["timings"]
+        assert t["prompt_n"] + event["tokens_cached"] == event["tokens_evaluated"]
+        assert t["predicted_n"] == event["tokens_predicted"] and t["prompt_ms"] > 0 and t["predicted_ms"] > 0
+    assert stopped["tokens_cached"] > 0  # the same client's prompt, read by the request before
+    ended = _post(url, "/completion", {"prompt": "<|im_start|>user\nSay yes.<|im_end|>\n<|im_start|>assistant\n",
+                                       "temperature": 0, "n_predict": 64}).json()
+    assert ended["stop_type"] == "eos"
+
+    with httpx.stream("POST", f"{url}/completion", json={**base, "stop": [word], "stream": True}, timeout=60) as r:
+        events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
+    assert events[-1]["stop"] is True and events[-1]["stop_type"] == "word" and events[-1]["stopping_word"] == word
+    assert "".join(e["content"] for e in events) == stopped["content"]
