@@ -8,9 +8,23 @@ acceptance can reuse exactly the distribution the sampler draws from
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
+
+
+def apply_logit_bias(logits: np.ndarray, bias: Sequence[tuple[int, float]]) -> np.ndarray:
+    """OpenAI's and llama.cpp's ``logit_bias``: each (token, value) adds ``value`` to that
+    token's logit (``-inf`` bans it); a token listed twice gets both. Ids past the end of
+    ``logits`` are not in this vocabulary (a drafter's shorter one): nothing to bias."""
+    if not bias:
+        return logits
+    out = np.array(logits, dtype=np.float32, copy=True)
+    ids = np.fromiter((t for t, _ in bias), dtype=np.int64, count=len(bias))
+    values = np.fromiter((v for _, v in bias), dtype=np.float32, count=len(bias))
+    inside = ids < out.shape[-1]
+    np.add.at(out, ids[inside], values[inside])
+    return out
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -111,6 +125,8 @@ class SamplingParams:
     """How many of the latest tokens (prompt included) every penalty looks at; 0: all."""
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, value) added to that token's logit at every position (see :func:`apply_logit_bias`)."""
     seed: int | None = None
 
     @property
@@ -146,15 +162,28 @@ class Sampler:
     def greedy(self) -> bool:
         return self.params.greedy
 
-    def penalized(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
+    def adjusted(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        """The logits with the request's penalties (over the latest ``repeat_last_n`` of
+        ``history``) and its logit bias applied: what every choice below starts from."""
         p = self.params
         recent = history[-p.repeat_last_n :] if p.repeat_last_n > 0 else history
         logits = apply_repetition_penalty(logits, recent, p.repetition_penalty)
-        return apply_presence_frequency(logits, recent, p.presence_penalty, p.frequency_penalty)
+        logits = apply_presence_frequency(logits, recent, p.presence_penalty, p.frequency_penalty)
+        return apply_logit_bias(logits, p.logit_bias)
+
+    def unbiased(self) -> Sampler:
+        """This sampler without the logit bias, drawing from the same random stream: for a
+        drafter whose token ids are another vocabulary's (the bias names the target's ids;
+        verification applies it)."""
+        if not self.params.logit_bias:
+            return self
+        other = Sampler(replace(self.params, logit_bias=()))
+        other.rng = self.rng
+        return other
 
     def distribution(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
         p = self.params
-        logits = self.penalized(logits, history)
+        logits = self.adjusted(logits, history)
         if p.greedy:
             return greedy_distribution(logits)
         logits = top_k_mask(np.asarray(logits, dtype=np.float64) / p.temperature, p.top_k)
@@ -170,7 +199,7 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         if self.params.greedy:
-            return int(np.argmax(self.penalized(logits, history)))
+            return int(np.argmax(self.adjusted(logits, history)))
         return self.draw(self.distribution(logits, history))
 
     @property

@@ -27,10 +27,10 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from tandem.app.server import llama_utility
+from tandem.app.server.api_error import ApiError
 from tandem.app.server.catalog import PlanCache, store_models
 from tandem.app.server.guard import Guard, GuardConfig
 from tandem.app.server.loaded_models import ModelSlot
-from tandem.app.server.openai import ApiError
 from tandem.app.server.request_log import RequestLog, logged_stream, record
 from tandem.app.server.routes import Routes
 from tandem.app.server.streams import StreamConfig

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from tandem.app.server.openai import ApiError
+from tandem.app.server.api_error import ApiError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

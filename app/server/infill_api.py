@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tandem.app.server import cache_owner
+from tandem.app.server.api_error import ApiError
 from tandem.app.server.loaded_models import Lane, ModelSlot
-from tandem.app.server.openai import ApiError, GenRequest, flag, parse_common
+from tandem.app.server.openai import GenRequest, flag, parse_common
 from tandem.kernels.sampling import Sampler
 from tandem.runtime.autocomplete.fim import (
     ExtraChunk,

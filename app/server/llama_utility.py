@@ -14,8 +14,9 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from tandem.app.server.api_error import ApiError
 from tandem.app.server.loaded_models import ModelSlot
-from tandem.app.server.openai import ApiError, check_token_ids, flag, parse_common, parse_messages
+from tandem.app.server.openai import check_token_ids, flag, parse_common, parse_messages
 from tandem.app.server.tools import for_template, parse_tools
 
 

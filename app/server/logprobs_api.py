@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tandem.app.server.openai import ApiError
+from tandem.app.server.api_error import ApiError
 from tandem.runtime.logprobs import MAX_TOP, TokenLogprob, token_text
 
 TokenBytes = Callable[[int], bytes]

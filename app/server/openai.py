@@ -2,8 +2,8 @@
 
 Parsing is strict where a wrong value would silently change behaviour (types, ranges)
 and lenient where clients differ harmlessly (unknown fields are ignored, ``model`` may
-be omitted when only one model is served). Every problem becomes an :class:`ApiError`,
-which the app turns into a JSON error body with a 4xx status.
+be omitted when only one model is served). Every problem becomes an
+:class:`~.api_error.ApiError`, which the app turns into a JSON error body with a 4xx status.
 """
 
 from __future__ import annotations
@@ -15,21 +15,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.app.server.api_error import ApiError
+from tandem.app.server.logit_bias import parse_logit_bias
 from tandem.kernels.sampling import SamplingParams
 
 MAX_N = 8
 """Most drafts one request may ask for (superposed decoding keeps k small by design)."""
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None,
-                 type_: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.message, self.code, self.param, self.type = status, message, code, param, type_
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
 
 MAX_DEPTH = 32
 """Deepest JSON nesting a request may use (real requests need about 5)."""
@@ -163,8 +154,6 @@ client asked for)."""
 
 def refuse_unsupported(body: dict) -> None:
     """A 400 naming the first field that asks for what this server does not do."""
-    if body.get("logit_bias"):
-        raise ApiError(400, "'logit_bias' is not supported by this server.", "unsupported_parameter", "logit_bias")
     for key, off in UNSUPPORTED_UNLESS.items():
         if not _asks_nothing(body, key, off):
             raise ApiError(400, f"'{key}' is not supported by this server (leave it out, or {off[0]!r}).",
@@ -197,6 +186,7 @@ def parse_common(body: dict, *, max_tokens_default: int = 256, max_tokens_key: s
         repeat_last_n=max(0, int(_num(body, "repeat_last_n", 64, -1, 1 << 20, integer=True))),
         presence_penalty=float(_num(body, "presence_penalty", 0.0, -2.0, 2.0)),
         frequency_penalty=float(_num(body, "frequency_penalty", 0.0, -2.0, 2.0)),
+        logit_bias=parse_logit_bias(body),
         seed=None if seed is None else abs(seed),
     )
     n = int(_num(body, "n", 1, 1, MAX_N, integer=True))
@@ -293,6 +283,19 @@ def parse_prompt(body: dict) -> str | list[int]:
         return prompt
     raise ApiError(400, "'prompt' must be a string or a list of token ids (one prompt per request).",
                    "invalid_value", "prompt")
+
+
+def check_drafts(req: GenRequest) -> None:
+    """``n`` > 1 at temperature 0: the n choices come from one superposed decode, which
+    reads the model's own distribution, so a penalty or a bias is a 400, never ignored."""
+    p = req.params
+    if req.n == 1 or not p.greedy:
+        return
+    for key, on in (("repetition_penalty", p.repetition_penalty != 1.0), ("presence_penalty", p.presence_penalty != 0),
+                    ("frequency_penalty", p.frequency_penalty != 0), ("logit_bias", bool(p.logit_bias))):
+        if on:
+            raise ApiError(400, f"'{key}' is not available with n > 1 at temperature 0 (the n drafts come from one "
+                           "superposed decode); send n 1, or a temperature.", "unsupported_parameter", key)
 
 
 def check_token_ids(tokens: list, n_vocab: int, key: str) -> list[int]:

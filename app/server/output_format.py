@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tandem.app.server.openai import ApiError
+from tandem.app.server.api_error import ApiError
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.constrained import Grammar, GrammarError, GrammarSpec, compile_grammar
 

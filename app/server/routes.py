@@ -22,13 +22,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
 from tandem.app.server import infill_api, jobs, llama_completion
+from tandem.app.server.api_error import ApiError
 from tandem.app.server.cache_owner import client_identity
 from tandem.app.server.loaded_models import ModelSlot
 from tandem.app.server.logprobs_api import llama_probabilities, parse_logprobs, parse_n_probs, shape
 from tandem.app.server.openai import (
-    ApiError,
     GenRequest,
     Shaper,
+    check_drafts,
     check_token_ids,
     finish_reason,
     parse_common,
@@ -74,6 +75,14 @@ class Routes:
         if slot is None:
             raise ApiError(404, f"The model '{name}' does not exist; GET /v1/models lists the served models.",
                            "model_not_found", "model")
+        return slot
+
+    def model_for(self, req: GenRequest) -> ModelSlot:
+        """The model ``req`` names, once its settings are checked against that model's
+        vocabulary (``logit_bias``) and its ``n`` (:func:`check_drafts`)."""
+        slot = self.slot(req.model)
+        check_token_ids([t for t, _ in req.params.logit_bias], slot.target.n_vocab, "logit_bias")
+        check_drafts(req)
         return slot
 
     async def body(self, request: Request) -> dict:
@@ -150,7 +159,7 @@ class Routes:
         if tool_req is not None and tool_req.offered and fmt is not None:
             raise ApiError(400, f"'{fmt.field}' cannot be combined with 'tools' (the reply is either a call or "
                            "text in that format); send one, or tool_choice \"none\".", "invalid_value", fmt.field)
-        slot = self.slot(req.model)
+        slot = self.model_for(req)
         request.state.model = slot.name
         client = _client(request)
         req.grammar = await _compiled(slot, fmt, req)
@@ -179,7 +188,7 @@ class Routes:
         req.logprobs = _logprobs(body, req, chat=False)
         prompt = parse_prompt(body)
         fmt = parse_output_format(body, chat=False)
-        slot = self.slot(req.model)
+        slot = self.model_for(req)
         request.state.model = slot.name
         req.grammar = await _compiled(slot, fmt, req)
         suffix = body.get("suffix")
@@ -206,7 +215,7 @@ class Routes:
         req.logprobs = parse_n_probs(body)
         prompt = parse_prompt(body)
         fmt = parse_output_format(body, chat=False)
-        slot = self.slot(req.model)
+        slot = self.model_for(req)
         request.state.model = slot.name
         req.grammar = await _compiled(slot, fmt, req)
         ids = await self.prompt_ids(slot, prompt)
@@ -229,7 +238,7 @@ class Routes:
     async def infill(self, request: Request):
         """llama-server's /infill (see :mod:`.infill_api`)."""
         req = infill_api.parse_infill(await self.body(request))
-        slot = self.slot(req.gen.model)
+        slot = self.model_for(req.gen)
         request.state.model = slot.name
         built = await asyncio.to_thread(infill_api.build_prompt, slot, req)
         ids = built.tokens

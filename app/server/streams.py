@@ -22,9 +22,10 @@ import anyio
 from sse_starlette.sse import EventSourceResponse, SendTimeoutError
 from starlette.types import Receive, Scope, Send
 
+from tandem.app.server.api_error import ApiError
 from tandem.app.server.jobs import PromptCache
 from tandem.app.server.logprobs_api import shape
-from tandem.app.server.openai import ApiError, Shaper, finish_reason, usage
+from tandem.app.server.openai import Shaper, finish_reason, usage
 from tandem.app.server.tool_calls import ToolCallParser
 from tandem.app.server.worker import Job
 from tandem.errors import TandemError

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tandem.app.server.openai import ApiError
+from tandem.app.server.api_error import ApiError
 from tandem.app.server.tool_calls import CALL_CLOSE, CALL_OPEN
 
 MAX_TOOLS = 128

@@ -8,6 +8,7 @@ import pytest
 from tandem.kernels.sampling import (
     Sampler,
     SamplingParams,
+    apply_logit_bias,
     apply_presence_frequency,
     apply_repetition_penalty,
     min_p_filter,
@@ -83,6 +84,23 @@ def test_presence_and_frequency_penalties_count_what_was_seen() -> None:
     assert s.params.penalized and not SamplingParams().penalized
 
 
+def test_logit_bias_adds_to_the_named_tokens_and_false_bans() -> None:
+    x = np.array([2.0, -2.0, 1.0, 0.5], dtype=np.float32)
+    out = apply_logit_bias(x, ((1, 5.0), (2, -np.inf), (1, 0.5), (7, 9.0)))  # 7: past this vocabulary
+    assert out.tolist() == [2.0, 3.5, -np.inf, 0.5]
+    assert x.tolist() == [2.0, -2.0, 1.0, 0.5], "input must not be modified"
+    s = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, logit_bias=((3, np.log(2.0)),
+                                                                                         (0, -np.inf))))
+    p = s.distribution(np.zeros(4, dtype=np.float32))
+    assert p[0] == 0.0 and p[3] == pytest.approx(2 * p[1]) and p[1] == pytest.approx(p[2])
+    greedy = Sampler(SamplingParams(temperature=0.0, logit_bias=((2, 1.5),)))
+    assert greedy(x) == 2 and greedy.distribution(x)[2] == 1.0
+    # a drafter in another vocabulary draws without it, from the same random stream
+    plain = s.unbiased()
+    assert plain.params.logit_bias == () and plain.rng is s.rng and greedy.unbiased().unbiased() is not greedy
+    assert Sampler(SamplingParams()).unbiased().params == SamplingParams()
+
+
 def test_greedy_sampler_is_argmax_and_distribution_is_one_hot() -> None:
     x = RNG.normal(size=30)
     s = Sampler(SamplingParams.greedy_params())
@@ -96,6 +114,7 @@ def test_greedy_sampler_is_argmax_and_distribution_is_one_hot() -> None:
     [
         SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1),
         SamplingParams(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, seed=2),
+        SamplingParams(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0, seed=3, logit_bias=((4, 3.0), (5, -np.inf))),
     ],
 )
 def test_draws_follow_the_reported_distribution(params: SamplingParams) -> None:

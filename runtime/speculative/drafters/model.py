@@ -95,7 +95,7 @@ class ModelDrafter:
         for i in range(k):
             if sampler.greedy:
                 x = sampler(logits, history)
-                conf = token_probability(sampler.penalized(logits, history), x)
+                conf = token_probability(sampler.adjusted(logits, history), x)
             else:
                 q = sampler.distribution(logits, history)
                 x = sampler.draw(q)

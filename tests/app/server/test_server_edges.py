@@ -58,7 +58,7 @@ def test_broken_bodies_signals_and_unsupported_fields(real_models) -> None:
         assert "messages[0].content[1]" in image.json()["error"]["message"]
         assert "image_url" in image.json()["error"]["message"]
         bias = httpx.post(url, timeout=30, json={"messages": [{"role": "user", "content": "Hi"}],
-                                                 "logit_bias": {"15": 100}})
+                                                 "logit_bias": {"1000000": 100}})  # past the vocabulary
         assert bias.status_code == 400 and bias.json()["error"]["param"] == "logit_bias"
         empty_bias = httpx.post(url, timeout=120, json={"messages": [{"role": "user", "content": "Hi"}],
                                                         "logit_bias": {}, "max_tokens": 2})

@@ -120,8 +120,8 @@ def test_streamed_body_is_cut_at_the_limit() -> None:
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
+    from tandem.app.server.api_error import ApiError
     from tandem.app.server.guard import Guard, GuardConfig
-    from tandem.app.server.openai import ApiError
 
     async def echo(request: Request):
         try:

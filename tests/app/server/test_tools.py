@@ -8,7 +8,8 @@ import threading
 
 import pytest
 
-from tandem.app.server.openai import ApiError, parse_messages
+from tandem.app.server.api_error import ApiError
+from tandem.app.server.openai import parse_messages
 from tandem.app.server.output_format import parse_output_format
 from tandem.app.server.tool_calls import CallDelta, ToolCallParser, collect, parse_reply
 from tandem.app.server.tools import call_schema, parse_tools, plain_messages

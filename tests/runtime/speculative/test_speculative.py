@@ -129,6 +129,21 @@ def test_greedy_identity_with_presence_and_frequency_penalties(stories_target, s
     assert totals["accepted"] > 0
 
 
+@pytest.mark.parametrize("sampling", [{"temperature": 0.0}, {"temperature": 0.8, "seed": 11}])
+def test_identity_under_a_logit_bias(stories_target, stories_draft, sampling) -> None:
+    """A bias applies to the target's every verified position: speculative output is the
+    biased plain output, greedy and seeded, and the bias changes it."""
+    chain = ChainDrafter([SuffixDrafter(), PromptLookupDrafter(), ModelDrafter(stories_draft, owns_backend=False)])
+    prompts = prompts_for(stories_target)[::3]
+    unbiased = [run(stories_target, p, autoregressive, **sampling).tokens for p in prompts]
+    common = np.bincount(np.concatenate(unbiased)).argmax()  # the token these replies use most
+    bias = ((int(common), -np.inf), (int(common) + 1, 2.0))
+    totals = assert_identical(stories_target, chain, FixedLength(4), prompts, logit_bias=bias, **sampling)
+    assert totals["accepted"] > 0
+    biased = [run(stories_target, p, autoregressive, logit_bias=bias, **sampling).tokens for p in prompts]
+    assert all(int(common) not in tokens for tokens in biased) and biased != unbiased
+
+
 def _decode_untimed(target: Backend, draft: Backend, prompt: list[int], sampling: dict):
     """Decode ``prompt`` with a fresh untimed policy (suffix, lookup, then the model
     drafter), recording each target call's size and the drafter's calls after each round."""

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -212,14 +213,15 @@ CFG = LlamaConfig(n_ctx=512, n_threads=1)
 """One thread: these models are tiny, and on a shared CPU more threads only contend."""
 
 
-def _greedy_pair(target, drafter, mode: str, prompts: list[str], n: int = 128, k: int = 4) -> CrossVocabDrafter:
+def _greedy_pair(target, drafter, mode: str, prompts: list[str], n: int = 128, k: int = 4,
+                 logit_bias: tuple[tuple[int, float], ...] = ()) -> CrossVocabDrafter:
     from tandem.runtime.generate import autoregressive
 
     x = CrossVocabDrafter(drafter, target, XVocabConfig(mode=mode, persist=False), owns_backend=False)
     strategy = speculative(x, FixedLength(k), hook=_check_invariant)
     for text in prompts:
         prompt = target.tokenize(text, add_bos=True)
-        greedy = Sampler(SamplingParams.greedy_params())
+        greedy = Sampler(SamplingParams(temperature=0.0, logit_bias=logit_bias))
         plain = list(generate(target, prompt, greedy, strategy=autoregressive, max_tokens=n, stop_at_eog=False))[-1]
         spec = list(generate(target, prompt, greedy, strategy=strategy, max_tokens=n, stop_at_eog=False))[-1]
         assert spec.tokens == plain.tokens, text
@@ -244,6 +246,18 @@ def test_greedy_identity_reverse_pair(tinystories656k_gguf: Path, stories260k: P
     with LlamaCppBackend(stories260k, CFG) as target, \
             LlamaCppBackend(tinystories656k_gguf, CFG) as drafter:
         x = _greedy_pair(target, drafter, "omni", PROMPTS[8:11])
+        assert x.stats.proposed > 0 and x.stats.accepted > 0
+
+
+def test_greedy_identity_under_a_logit_bias_of_target_ids(tinystories656k_gguf: Path, stories260k: Path) -> None:
+    """The bias names the target's ids, which mean other tokens (or none) in the
+    drafter's vocabulary: the drafter drafts without it, verification applies it."""
+    with LlamaCppBackend(tinystories656k_gguf, CFG) as target, \
+            LlamaCppBackend(stories260k, CFG) as drafter:
+        assert target.n_vocab > drafter.n_vocab
+        the = target.tokenize(" the")[-1]
+        bias = ((the, -math.inf), (target.n_vocab - 1, 1.0), (drafter.n_vocab + 5, 0.5))
+        x = _greedy_pair(target, drafter, "omni", PROMPTS[:4], logit_bias=bias)
         assert x.stats.proposed > 0 and x.stats.accepted > 0
 
 

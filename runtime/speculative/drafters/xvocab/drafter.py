@@ -181,6 +181,7 @@ class CrossVocabDrafter:
 
     # -- drafting -----------------------------------------------------------------------
     def propose(self, context: Sequence[int], max_tokens: int, sampler: Sampler) -> Draft:
+        sampler = sampler.unbiased()  # a logit bias names target ids, not this drafter's
         empty = Draft([], None, self.name)
         if max_tokens <= 0:
             return empty
@@ -259,7 +260,7 @@ class CrossVocabDrafter:
         held, drafted, conf, ends = synced.held, [], [], []
         text, prop, survive, final = b"", TextProposal(), 1.0, False
         for j in range(budget):
-            d = int(np.argmax(sampler.penalized(logits, history)))
+            d = int(np.argmax(sampler.adjusted(logits, history)))
             drafted.append(d)
             history.append(d)
             conf.append(token_probability(logits, d))
