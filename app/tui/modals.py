@@ -89,6 +89,8 @@ SAMPLING_FIELDS: list[tuple[str, str, type]] = [
     ("top_p", "Top-p", float),
     ("min_p", "Min-p", float),
     ("repetition_penalty", "Repetition penalty", float),
+    ("presence_penalty", "Presence penalty", float),
+    ("frequency_penalty", "Frequency penalty", float),
     ("seed", "Seed (blank = random)", int),
 ]
 
@@ -109,6 +111,9 @@ def parse_settings(system_prompt: str, raw: dict[str, str], base: ChatSettings) 
         raise ValueError("Temperature cannot be negative")
     if not 0 < float(values["top_p"]) <= 1:  # type: ignore[arg-type]
         raise ValueError("Top-p must be in (0, 1]")
+    for name, label in (("presence_penalty", "Presence penalty"), ("frequency_penalty", "Frequency penalty")):
+        if not -2 <= float(values[name]) <= 2:  # type: ignore[arg-type]
+            raise ValueError(f"{label} must be in [-2, 2] (0 = off)")
     try:
         max_tokens = int(raw.get("max_tokens", "").strip())
     except ValueError:

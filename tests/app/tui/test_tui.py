@@ -236,6 +236,12 @@ async def test_settings_modal_sets_system_prompt_and_sampling(stories260k: Path,
         assert "Max tokens" in str(modal.query_one("#settings-error", Label).render())
         modal.query_one("#f-max_tokens", Input).value = "5"
         modal.query_one("#f-top_k", Input).value = "7"
+        modal.query_one("#f-frequency_penalty", Input).value = "9"
+        await pilot.press("ctrl+s")
+        assert app.screen is modal
+        assert "Frequency penalty" in str(modal.query_one("#settings-error", Label).render())
+        modal.query_one("#f-frequency_penalty", Input).value = "0"
+        modal.query_one("#f-presence_penalty", Input).value = "0.5"
         await pilot.press("ctrl+s")
         await pilot.pause()
         assert app.screen is screen
@@ -243,6 +249,15 @@ async def test_settings_modal_sets_system_prompt_and_sampling(stories260k: Path,
         assert chat.system_prompt == "You tell short stories."
         settings = ChatSettings.from_dict(chat.params)
         assert (settings.max_tokens, settings.params.top_k, settings.params.temperature) == (5, 7, 0.0)
+        assert settings.params.presence_penalty == 0.5
+        await pilot.press("ctrl+o")  # opened again, it shows what was saved
+        presence = app.screen.query_one("#f-presence_penalty", Input)
+        assert presence.value == "0.5"
+        presence.value = "0"  # off again: the reply below is compared with plain greedy decoding
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.screen is screen
+        assert ChatSettings.from_dict(app.history.get_chat(screen.chat.id).params).params.presence_penalty == 0.0
         await send(pilot, screen, "Once upon a time")
         reply = app.history.messages(screen.chat.id)[-1]
         expected = greedy_reply(stories260k, [{"role": "system", "content": "You tell short stories."},
