@@ -15,6 +15,7 @@ COMMAND_MODULES = [
     "tandem.app.commands.chat",
     "tandem.app.commands.models",
     "tandem.app.commands.pull",
+    "tandem.app.commands.rm",
     "tandem.app.commands.ngram",
     "tandem.app.commands.serve",
     "tandem.app.commands.rpc_server",
@@ -34,10 +35,25 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tandem",
         description="On-device LLM chat and autocomplete: a target model runs in tandem with a tiny drafter.",
     )
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     return parser
+
+
+class _Version(argparse.Action):
+    """``--version``: the package's version, looked up only when asked (every other run
+    would pay for reading the install's metadata)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit", **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from tandem.runtime.machine import tandem_version  # local: only for --version
+
+        print(f"tandem {tandem_version()}")
+        parser.exit()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

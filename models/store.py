@@ -9,6 +9,7 @@ downloaded twice); files the user drops into ``models_dir()`` or a folder in
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -90,7 +91,20 @@ def resolve_model(name_or_path: str) -> Path:
     path = Path(name_or_path).expanduser()
     if path.exists():
         return path
+    return store_entry(name_or_path).path
+
+
+def store_entry(name_or_path: str) -> ModelEntry:
+    """The store's entry named ``name_or_path`` (name, file stem, ``repo/file``), or the one
+    that is that file."""
     entries = list_models()
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        identity = file_identity(path)
+        matches = [e for e in entries if file_identity(e.path) == identity]
+        if not matches:
+            raise ModelNotFound(f"{path} is not in the store (`tandem models` lists what is).")
+        return matches[0]
     matches = [e for e in entries if name_or_path in (e.name, e.path.stem, e.path.name)]
     if len(matches) > 1:
         listing = "\n  ".join(str(e.path) for e in matches)
@@ -98,7 +112,7 @@ def resolve_model(name_or_path: str) -> Path:
             f"{name_or_path!r} names {len(matches)} different files; give one by its path:\n  {listing}"
         )
     if matches:
-        return matches[0].path
+        return matches[0]
     known = ", ".join(e.name for e in entries[:8]) or "none yet"
     raise ModelNotFound(
         f"No model {name_or_path!r}: not a file, and not in the store (known: {known}). "
@@ -154,3 +168,38 @@ def pull(repo_id: str, filename: str | None = None) -> Path:
         except ModelFormatError as exc:
             raise ModelFormatError(f"Downloaded file is not a valid GGUF: {exc}") from None
     return path
+
+
+def remove_model(entry: ModelEntry) -> int:
+    """Delete a model from the store; the bytes freed. A pulled file leaves the hub cache
+    with its data, from every revision that holds the same data (the store lists it
+    once); a file in the data dir is deleted; files in ``TANDEM_MODEL_PATH`` folders are
+    the user's own and stay."""
+    if entry.source == "path":
+        raise TandemError(f"{entry.path} is in a folder of TANDEM_MODEL_PATH: Tandem only lists it; "
+                          "delete it yourself if you mean to.")
+    path = entry.path
+    freed = path.stat().st_size
+    if not (entry.source.startswith("hub:") and path.is_symlink()):
+        path.unlink()  # a local file, or a hub cache that copies files (no symlinks on this system)
+        return freed
+    data = path.resolve()
+    snapshots = path.parents[1]  # models--owner--name/snapshots/<revision>/<file>
+    for link in [p for p in snapshots.rglob("*") if p.is_symlink() and p.resolve() == data]:
+        link.unlink()
+        if not any(link.parent.iterdir()):
+            _drop_revision(link.parent)
+    data.unlink()
+    if not any(snapshots.iterdir()):  # nothing left of the repository
+        shutil.rmtree(snapshots.parent)
+    return freed
+
+
+def _drop_revision(revision: Path) -> None:
+    """Remove an emptied snapshot folder and the refs naming it (huggingface-hub treats a
+    ref to a missing revision as a corrupted cache and skips the whole repository)."""
+    revision.rmdir()
+    refs = revision.parents[1] / "refs"
+    for ref in refs.rglob("*") if refs.is_dir() else ():
+        if ref.is_file() and ref.read_text().strip() == revision.name:
+            ref.unlink()

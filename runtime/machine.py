@@ -83,6 +83,17 @@ def software_id() -> str:
     return "|".join([platform.release(), sys.version, sys.executable, str(page), *versions])
 
 
+def tandem_version() -> str:
+    """The installed package's version ("unknown" for a source tree never installed)."""
+    # local: importlib.metadata costs about 20 ms, paid only when asked
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tandem")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def code_stamp() -> str:
     """Names, sizes and mtimes of Tandem's own modules: an edit (one that adds an
     import, or changes a rule a cached answer came from) makes it new."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from tandem.app.terminal_text import strip_controls
 from tandem.models.paths import models_dir
 from tandem.models.store import list_models
 
@@ -24,7 +25,10 @@ def run(args: argparse.Namespace) -> int:
         print("No models yet. Pull one with `tandem pull REPO FILE`, or put GGUF files in")
         print(f"{models_dir()} or in a folder listed in TANDEM_MODEL_PATH.")
         return 0
-    width = max(len(m.name) for m in models)
-    for m in models:
-        print(f"{m.name:<{width}}  {m.size_bytes / 2**20:8.1f} MiB  {m.architecture or '?':<10}  {m.path}")
+    # file names and GGUF headers are anybody's text: no escape sequence reaches the terminal
+    rows = [(strip_controls(m.name), m.size_bytes, strip_controls(m.architecture or "?"), strip_controls(str(m.path)))
+            for m in models]
+    width = max(len(name) for name, *_ in rows)
+    for name, size, arch, path in rows:
+        print(f"{name:<{width}}  {size / 2**20:8.1f} MiB  {arch:<10}  {path}")
     return 0

@@ -11,13 +11,13 @@ slot. Shapes are llama-server's; what differs is said where it does.
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from tandem.app.server.api_error import ApiError
 from tandem.app.server.loaded_models import ModelSlot
 from tandem.app.server.openai import check_token_ids, flag, parse_common, parse_messages
 from tandem.app.server.tools import for_template, parse_tools
+from tandem.runtime.machine import tandem_version
 
 
 def _text(body: dict, key: str) -> str:
@@ -89,12 +89,6 @@ def props(slot: ModelSlot) -> dict:
         "bos_token": special.bos_text,
         "eos_token": special.eos_text,
         "modalities": {"vision": False, "audio": False},
-        "build_info": f"tandem {_version()}",
+        "build_info": f"tandem {tandem_version()}",
     }
 
-
-def _version() -> str:
-    try:
-        return version("tandem")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown"

@@ -35,6 +35,30 @@ def test_help_lists_commands() -> None:
         assert cmd in r.stdout
 
 
+def test_version() -> None:
+    from importlib.metadata import version
+
+    r = tandem("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"tandem {version('tandem')}"
+
+
+def test_models_and_rm_from_the_command_line(stories260k: Path, isolated_home: Path) -> None:
+    from tandem.models.paths import models_dir
+
+    hostile = models_dir() / "evil\x1b]52;c;aGk=\x07name.gguf"  # a file name that would set the clipboard
+    hostile.write_bytes(stories260k.read_bytes())
+    listed = tandem("models")
+    assert listed.returncode == 0 and "\x1b" not in listed.stdout and "\x07" not in listed.stdout
+    assert "evil" in listed.stdout and "name" in listed.stdout
+    asked = tandem("rm", str(hostile), stdin="")  # not a terminal, and no --yes: nothing deleted
+    assert_clean_error(asked, "--yes")
+    assert hostile.exists()
+    gone = tandem("rm", str(hostile), "--yes")
+    assert gone.returncode == 0 and "MiB freed" in gone.stdout and "\x1b" not in gone.stdout
+    assert not hostile.exists()
+    assert_clean_error(tandem("rm", "no-such-model", "-y"), "not in the store")
+
+
 def test_run_streams_the_documented_continuation(stories260k: Path) -> None:
     r = tandem("run", "-m", str(stories260k), "-p", "Once upon a time", "-n", "12")
     assert r.returncode == 0, r.stderr

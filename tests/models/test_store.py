@@ -11,26 +11,26 @@ from pathlib import Path
 
 import pytest
 
-from tandem.errors import ModelNotFound, OfflineError
+from tandem.errors import ModelNotFound, OfflineError, TandemError
 from tandem.models.paths import models_dir
-from tandem.models.store import list_models, pull, resolve_model
+from tandem.models.store import list_models, pull, remove_model, resolve_model, store_entry
 
 REPO = "tandem-test/stories"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
-def seed_hub_cache(cache: Path, src: Path, filename: str) -> Path:
+def seed_hub_cache(cache: Path, src: Path, filename: str, commit: str = COMMIT) -> Path:
     """Lay out a file the way huggingface-hub stores a download (blob + snapshot link)."""
     repo_dir = cache / f"models--{REPO.replace('/', '--')}"
     data = src.read_bytes()
     blob = repo_dir / "blobs" / hashlib.sha256(data).hexdigest()
-    blob.parent.mkdir(parents=True)
+    blob.parent.mkdir(parents=True, exist_ok=True)
     blob.write_bytes(data)
-    snap = repo_dir / "snapshots" / COMMIT / filename
-    snap.parent.mkdir(parents=True)
+    snap = repo_dir / "snapshots" / commit / filename
+    snap.parent.mkdir(parents=True, exist_ok=True)
     snap.symlink_to(os.path.relpath(blob, snap.parent))
-    (repo_dir / "refs").mkdir()
-    (repo_dir / "refs" / "main").write_text(COMMIT)
+    (repo_dir / "refs").mkdir(exist_ok=True)
+    (repo_dir / "refs" / "main").write_text(commit)
     return snap
 
 
@@ -100,3 +100,39 @@ def test_cache_files_are_replaced_whole_or_not_at_all(tmp_path, monkeypatch) -> 
     monkeypatch.setattr(Path, "replace", refuse)
     assert write_cache_file(target, '{"a": 2}') is False
     assert target.read_text() == '{"a": 1}' and sorted(p.name for p in target.parent.iterdir()) == ["costs.json"]
+
+
+def test_rm_deletes_a_pulled_file_with_its_data(hub_cache: Path, stories260k: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other.gguf"
+    other.write_bytes(stories260k.read_bytes() + b"\0" * 64)  # other bytes: its own blob
+    seed_hub_cache(hub_cache, other, "second.gguf")  # a second file of the same revision
+    newer = seed_hub_cache(hub_cache, stories260k, "stories260K.gguf", commit="f" * 40)  # same data, newer revision
+    blobs = hub_cache / f"models--{REPO.replace('/', '--')}" / "blobs"
+    assert len(list(blobs.iterdir())) == 2
+    assert sorted(e.name for e in list_models()) == [f"{REPO}/second.gguf", f"{REPO}/stories260K.gguf"]
+
+    # one model, listed once, held by two revisions: it goes from both, with its data
+    assert remove_model(store_entry(f"{REPO}/stories260K.gguf")) == stories260k.stat().st_size
+    assert not newer.exists() and not newer.parent.exists() and len(list(blobs.iterdir())) == 1
+    assert [e.name for e in list_models()] == [f"{REPO}/second.gguf"]  # the revision's other file stays
+    assert resolve_model(f"{REPO}/second.gguf").read_bytes() == other.read_bytes()
+    with pytest.raises(ModelNotFound):
+        store_entry(f"{REPO}/stories260K.gguf")
+    remove_model(store_entry(f"{REPO}/second.gguf"))  # the last file: the repository's folder goes
+    assert not (hub_cache / f"models--{REPO.replace('/', '--')}").exists() and list_models() == []
+
+
+def test_rm_deletes_a_local_file_but_never_a_model_path_folders(tmp_path: Path, monkeypatch,
+                                                                stories260k: Path) -> None:
+    mine = models_dir() / "mine.gguf"
+    shutil.copy(stories260k, mine)
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    shutil.copy(stories260k, extra / "theirs.gguf")
+    monkeypatch.setenv("TANDEM_MODEL_PATH", str(extra))
+    assert remove_model(store_entry("mine")) == stories260k.stat().st_size and not mine.exists()
+    with pytest.raises(TandemError, match="TANDEM_MODEL_PATH"):
+        remove_model(store_entry("theirs"))
+    assert (extra / "theirs.gguf").exists()
+    with pytest.raises(ModelNotFound, match="not in the store"):
+        store_entry(str(stories260k))  # a file, but not one the store lists

@@ -50,10 +50,14 @@ CHATS = [
                   {"role": "user", "content": "Tell me a fact about cats."}], "max_tokens": 24, "temperature": 0},
     {"messages": [{"role": "user", "content": "Give me a name for a dog."}], "max_tokens": 16,
      "temperature": 0.8, "seed": 7},
+    {"messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 24, "temperature": 0,
+     "logit_bias": {"28": -100, "30": 3}, "presence_penalty": 0.5},
 ]
 COMPLETIONS = [
     {"prompt": "def add(a, b):\n    return", "max_tokens": 16, "temperature": 0},
     {"prompt": "The capital of France is", "max_tokens": 12, "temperature": 0},
+    {"prompt": "<|im_start|>user\nName a fruit.<|im_end|>\n<|im_start|>assistant\n", "max_tokens": 12,
+     "temperature": 0},
 ]
 
 
@@ -76,6 +80,9 @@ HOSTILE: list[tuple[str, str, bytes]] = [
     ("POST", "/v1/completions", json.dumps({"prompt": "word " * 3000, "max_tokens": 4}).encode()),
     ("POST", "/infill", b'{"input_extra": 5}'),
     ("POST", "/infill", b'{"n_indent": "deep"}'),
+    ("POST", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"9999999": 1}}'),
+    ("POST", "/tokenize", b'{"content": 5}'),
+    ("POST", "/detokenize", b'{"tokens": [-1]}'),
     ("GET", "/v1/nothing-here", b""),
     ("DELETE", "/v1/models", b""),
 ]
