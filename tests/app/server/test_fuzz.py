@@ -34,7 +34,9 @@ KEYS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "t
         "input_prefix", "input_suffix", "input_extra", "n_predict", "role", "content", "type", "text",
         "include_usage", "repetition_penalty", "\\ud800", "x",
         "response_format", "json_schema", "grammar", "schema", "strict", "tools", "tool_choice", "parallel_tool_calls",
-        "tool_calls", "tool_call_id", "function", "name", "arguments", "parameters", "properties"]
+        "tool_calls", "tool_call_id", "function", "name", "arguments", "parameters", "properties",
+        "logit_bias", "17", "presence_penalty", "frequency_penalty", "tokens", "add_special", "parse_special",
+        "with_pieces", "ignore_eos", "n_probs"]
 
 
 def _obj(items: list[tuple[str, str]]) -> str:
@@ -61,7 +63,8 @@ BODY = st.one_of(
     st.binary(max_size=300).map(lambda b: b.decode("latin-1")),
     st.sampled_from(["[" * 100_000, "{" * 5000, '{"a":' * 3000 + "1" + "}" * 3000, "", "   ", "\x00"]),
 )
-PATHS = st.sampled_from(["/v1/chat/completions", "/v1/completions", "/infill", "/completion"])
+PATHS = st.sampled_from(["/v1/chat/completions", "/v1/completions", "/infill", "/completion", "/tokenize",
+                         "/detokenize", "/apply-template"])
 
 
 
