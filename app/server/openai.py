@@ -158,6 +158,14 @@ def refuse_unsupported(body: dict) -> None:
         if not _asks_nothing(body, key, off):
             raise ApiError(400, f"'{key}' is not supported by this server (leave it out, or {off[0]!r}).",
                            "unsupported_parameter", key)
+    for key in ("functions", "function_call"):  # OpenAI's legacy function calling
+        if body.get(key) not in (None, [], "none"):
+            raise ApiError(400, f"'{key}' is OpenAI's legacy form of function calling; send 'tools' (each "
+                           "{\"type\": \"function\", \"function\": {...}}) and 'tool_choice' instead.",
+                           "unsupported_parameter", key)
+    if body.get("web_search_options") is not None:
+        raise ApiError(400, "This server has no web search: 'web_search_options' is not supported.",
+                       "unsupported_parameter", "web_search_options")
     modalities = body.get("modalities")
     if body.get("audio") or (isinstance(modalities, list) and any(m != "text" for m in modalities)):
         raise ApiError(400, "This server writes text only: 'modalities' other than \"text\" and 'audio' are not "
