@@ -29,11 +29,13 @@ def stop_type(stats: GenerationStats) -> str:
 
 
 def done_body(done: DoneEvent, req: GenRequest, model: str, cached: int,
-              probs: list[dict] | None = None) -> dict[str, Any]:
+              probs: list[dict] | None = None, tokens: list[int] | None = None) -> dict[str, Any]:
     """The whole reply; ``cached``: the prompt tokens found in the cache; ``probs``: its
-    ``completion_probabilities`` (``n_probs``)."""
+    ``completion_probabilities`` (``n_probs``); ``tokens``: its ``tokens`` (``return_tokens``)."""
     st = done.stats
-    extra = {} if probs is None else {"completion_probabilities": probs}
+    extra: dict[str, Any] = {} if probs is None else {"completion_probabilities": probs}
+    if tokens is not None:
+        extra["tokens"] = tokens
     timings = LlamaTimings(st.prompt_tokens - cached, st.ttft_s * 1000, st.generated_tokens,
                            (st.total_s - st.ttft_s) * 1000)
     return extra | {"index": 0, "content": done.text, "id_slot": 0, "stop": True, "model": model,
@@ -46,18 +48,29 @@ def done_body(done: DoneEvent, req: GenRequest, model: str, cached: int,
 
 def completion_stream(first: Any, items: AsyncIterator, job: Job, *, req: GenRequest, model: str,
                       config: StreamConfig, streams: OpenStreams,
-                      token_bytes: Callable[[int], bytes], cache: PromptCache) -> ReplyStream:
+                      token_bytes: Callable[[int], bytes], cache: PromptCache,
+                      return_tokens: bool = False) -> ReplyStream:
+    """``return_tokens``: each event also carries its token ids (``tokens``), even an event
+    whose tokens hold no whole character yet."""
+
     def chunk(ev: Any) -> dict[str, Any] | None:
-        if not isinstance(ev, TokenEvent) or not (ev.text or ev.logprobs):
+        if not isinstance(ev, TokenEvent) or not (ev.text or ev.logprobs or (return_tokens and ev.tokens)):
             return None
         out: dict[str, Any] = {"index": 0, "content": ev.text, "stop": False}
+        if return_tokens:
+            out["tokens"] = ev.tokens
         if ev.logprobs:
             out["completion_probabilities"] = llama_probabilities(ev.logprobs, token_bytes)
         return out
 
+    def final(ev: Any) -> dict[str, Any] | None:
+        if not isinstance(ev, DoneEvent):
+            return None
+        return done_body(ev, req, model, cache.cached_tokens, tokens=[] if return_tokens else None) | {"content": ""}
+
     return llama_server_stream(
         first, items, job,
         chunk=chunk,
-        final=lambda ev: done_body(ev, req, model, cache.cached_tokens) | {"content": ""} if isinstance(ev, DoneEvent) else None,
+        final=final,
         unfinished=lambda _: {"content": "", "stop": True, "stop_type": "none", "model": model},
         config=config, streams=streams)

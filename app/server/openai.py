@@ -133,7 +133,6 @@ class GenRequest:
     include_usage: bool = False
     ignore_eos: bool = False
     """llama-server's ``ignore_eos``: generate past end-of-generation tokens, to ``max_tokens``."""
-    extra: dict[str, Any] = field(default_factory=dict)
     logprobs: int | None = None
     """Alternatives per token for ``logprobs`` (0: only the chosen token's), ``None``: off."""
     grammar: Any = None
@@ -146,6 +145,7 @@ UNSUPPORTED_UNLESS: dict[str, tuple[Any, ...]] = {
     # llama-server's other samplers, at the values that turn them off
     "mirostat": (0,), "typical_p": (1, 1.0), "tfs_z": (1, 1.0), "dry_multiplier": (0, 0.0),
     "xtc_probability": (0, 0.0), "top_n_sigma": (-1, -1.0), "dynatemp_range": (0, 0.0),
+    "post_sampling_probs": (False,), "lora": ([],),  # probabilities after sampling; LoRA adapters (none loaded)
 }
 """Fields this server does not implement, with the values that ask for nothing; any other
 value is a 400 naming the field, never silently ignored (the reply would not be what the

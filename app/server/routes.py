@@ -32,6 +32,7 @@ from tandem.app.server.openai import (
     check_drafts,
     check_token_ids,
     finish_reason,
+    flag,
     parse_common,
     parse_json,
     parse_messages,
@@ -218,6 +219,7 @@ class Routes:
         slot = self.model_for(req)
         request.state.model = slot.name
         req.grammar = await _compiled(slot, fmt, req)
+        return_tokens = flag(body, "return_tokens")
         ids = await self.prompt_ids(slot, prompt)
         self.check_fits(slot, ids)
         client = _client(request)
@@ -228,12 +230,14 @@ class Routes:
             watcher.cancel()
             return llama_completion.completion_stream(first, items, job, req=req, model=slot.name,
                                                       config=self.stream_config, streams=self.streams,
-                                                      token_bytes=slot.target.token_bytes, cache=cache)
+                                                      token_bytes=slot.target.token_bytes, cache=cache,
+                                                      return_tokens=return_tokens)
         lps: list | None = [] if req.logprobs is not None else None
         done = await _final(first, items, watcher, lps)
         request.state.stats = done.stats
         probs = None if lps is None else llama_probabilities(lps, slot.target.token_bytes)
-        return JSONResponse(llama_completion.done_body(done, req, slot.name, cache.cached_tokens, probs))
+        return JSONResponse(llama_completion.done_body(done, req, slot.name, cache.cached_tokens, probs,
+                                                       done.tokens if return_tokens else None))
 
     async def infill(self, request: Request):
         """llama-server's /infill (see :mod:`.infill_api`)."""

@@ -221,3 +221,16 @@ def test_completion_says_why_it_stopped_and_what_it_read(server) -> None:
         events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
     assert events[-1]["stop"] is True and events[-1]["stop_type"] == "word" and events[-1]["stopping_word"] == word
     assert "".join(e["content"] for e in events) == stopped["content"]
+
+
+def test_completion_returns_its_tokens_when_asked(server) -> None:
+    url, _ = server
+    body = {"prompt": "Emoji: 🚀🎉 and more:", "n_predict": 12, "temperature": 0, "return_tokens": True}
+    whole = _post(url, "/completion", body).json()
+    assert len(whole["tokens"]) == whole["tokens_predicted"] == 12
+    assert _post(url, "/detokenize", {"tokens": whole["tokens"]}).json()["content"] == whole["content"]
+    assert "tokens" not in _post(url, "/completion", {**body, "return_tokens": False}).json()
+    with httpx.stream("POST", f"{url}/completion", json={**body, "stream": True}, timeout=60) as r:
+        events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
+    assert [t for e in events for t in e["tokens"]] == whole["tokens"]
+    assert "".join(e["content"] for e in events) == whole["content"]

@@ -257,7 +257,7 @@ def test_openai_and_llama_server_penalties_are_honoured(server) -> None:
     ("echo", True, False), ("best_of", 3, 1), ("mirostat", 2, 0), ("typical_p", 0.9, 1.0), ("tfs_z", 0.95, 1.0),
     ("dry_multiplier", 0.8, 0.0), ("xtc_probability", 0.5, 0.0), ("top_n_sigma", 1.0, -1), ("dynatemp_range", 0.5, 0.0),
     ("functions", [{"name": "get_weather", "parameters": {"type": "object"}}], []), ("function_call", "auto", "none"),
-    ("web_search_options", {}, None),
+    ("web_search_options", {}, None), ("post_sampling_probs", True, False), ("lora", [{"id": 0, "scale": 1.0}], []),
 ])
 def test_fields_not_implemented_are_refused_unless_they_ask_for_nothing(server, field, asks, off) -> None:
     """Accepted and ignored before: a legacy field or another llama-server sampler with a
