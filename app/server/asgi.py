@@ -78,8 +78,17 @@ class Server:
         return JSONResponse({"object": "list", "data": data})
 
     async def model(self, request: Request) -> JSONResponse:
-        """``GET /v1/models/{id}`` (the openai SDK's ``models.retrieve``): a served model."""
-        return JSONResponse(_served(self.routes.slot(request.path_params["model"])))
+        """``GET /v1/models/{id}`` (the openai SDK's ``models.retrieve``): one model of the
+        list, served or in the store."""
+        name = request.path_params["model"]
+        if name in self.slots:
+            return JSONResponse(_served(self.slots[name]))
+        stored = await asyncio.to_thread(store_models, set(self.slots), self.plans)
+        found = next((m for m in stored if m["id"] == name), None)
+        if found is None:
+            raise ApiError(404, f"The model '{name}' does not exist; GET /v1/models lists them.", "model_not_found",
+                           "model")
+        return JSONResponse(found)
 
     async def props(self, request: Request) -> JSONResponse:
         slot = self.routes.slot(request.query_params.get("model"))

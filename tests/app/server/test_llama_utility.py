@@ -114,8 +114,13 @@ def test_props_says_context_slots_defaults_and_template(server) -> None:
     assert settings["params"]["temperature"] == 1.0 and settings["params"]["n_predict"] == 256
 
 
-def test_paths_without_v1_and_model_retrieve(server) -> None:
+def test_paths_without_v1_and_model_retrieve(server, stories260k) -> None:
+    import shutil
+
+    from tandem.models.paths import models_dir
+
     url, _ = server
+    shutil.copy(stories260k, models_dir() / "in-the-store.gguf")  # listed, not served
     body = {"messages": CHAT, "max_tokens": 8, "temperature": 0}
     assert (_post(url, "/chat/completions", body).json()["choices"]
             == _post(url, "/v1/chat/completions", body).json()["choices"])
@@ -127,6 +132,10 @@ def test_paths_without_v1_and_model_retrieve(server) -> None:
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=60, max_retries=0)
     model = client.models.retrieve("smol")
     assert model.id == "smol" and model.object == "model"
+    listed = [m.id for m in client.models.list()]
+    assert "in-the-store" in listed
+    for name in listed:  # each model of the list, served or in the store
+        assert client.models.retrieve(name).id == name
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("nope")
 
