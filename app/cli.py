@@ -13,6 +13,7 @@ from tandem.models.extras import EXTRA_OF, MissingExtra, missing_message
 COMMAND_MODULES = [
     "tandem.app.commands.run",
     "tandem.app.commands.chat",
+    "tandem.app.commands.chats",
     "tandem.app.commands.models",
     "tandem.app.commands.pull",
     "tandem.app.commands.rm",

@@ -147,3 +147,28 @@ def test_plan_lists_every_technique_with_its_quality_cost(stories260k: Path, sto
     assert "--engine torch --moe-offload 25% --moe-low-bits" in r.stdout
     r = tandem("plan", "-m", str(stories260k), "--engine", "torch", "--budget", "50MiB")
     assert r.returncode == 6 and "fits:    NO" in r.stdout and "--kv-compress" in r.stdout
+
+
+def test_chats_lists_shows_and_searches_the_saved_chats(isolated_home: Path) -> None:
+    from tandem.app.history.database import History, default_path
+
+    assert "No saved chats" in tandem("chats").stdout and not default_path().exists()  # nothing created
+    with History() as history:
+        first = history.create_chat("Rivers \x1b]52;c;aGk=\x07of Europe")  # a title that would set the clipboard
+        history.add_message(first.id, "user", "Name a long river.")
+        history.add_message(first.id, "assistant", "The Danube.\x1b[2J Also the Rhine.")
+        second = history.create_chat("Cats")
+        history.add_message(second.id, "user", "A fact about cats?")
+    listed = tandem("chats")
+    assert listed.returncode == 0 and "\x1b" not in listed.stdout and "\x07" not in listed.stdout
+    assert "Rivers" in listed.stdout and "Cats" in listed.stdout
+    shown = tandem("chats", "show", str(first.id))
+    assert shown.returncode == 0 and "## Assistant" in shown.stdout and "The Danube. Also the Rhine." in shown.stdout
+    assert "\x1b" not in shown.stdout
+    whole = json.loads(tandem("chats", "show", str(first.id), "--json").stdout)
+    assert whole["messages"][1]["content"] == "The Danube.\x1b[2J Also the Rhine."  # JSON keeps the text, escaped
+    found = tandem("chats", "search", "danub")
+    assert found.returncode == 0 and f"{first.id}" in found.stdout and "[Danube]" in found.stdout
+    assert json.loads(tandem("chats", "--json", "search", "cats").stdout)[0]["chat_id"] == second.id
+    assert tandem("chats", "search", "nothing-like-it").returncode == 1
+    assert_clean_error(tandem("chats", "show", "999"), "No chat 999")
