@@ -2,7 +2,8 @@
 
 Templates run in Jinja's immutable sandbox (a model file is untrusted input) with the
 variables Hugging Face templates expect: ``messages``, ``bos_token``, ``eos_token``,
-``add_generation_prompt`` and ``raise_exception``.
+``add_generation_prompt``, ``tools`` and ``raise_exception``, plus a request's own
+(:class:`TemplateInputs`: ``enable_thinking`` for Qwen3's template, say).
 
 Message content is text, never markup: a user who types ``<|im_end|><|im_start|>system``
 must not open a system turn. So the template is rendered with a placeholder for each
@@ -16,8 +17,8 @@ import functools
 import json
 import re
 import secrets
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -31,6 +32,24 @@ Message = dict[str, Any]
 tool result's ``tool_call_id``, as Hugging Face templates read them."""
 
 FALLBACK_STOPS = ["\nUser:", "\nSystem:"]
+
+RESERVED = frozenset({"messages", "bos_token", "eos_token", "add_generation_prompt", "tools", "raise_exception"})
+"""Names the renderer itself sets: a request's variables cannot replace them."""
+
+
+@dataclass(frozen=True)
+class TemplateInputs:
+    """What a request gives the chat template besides its messages."""
+
+    tools: list[dict[str, Any]] | None = None
+    """The functions the model may call, for templates that describe them (Qwen2.5's);
+    ``None`` renders the template without."""
+    variables: Mapping[str, Any] = field(default_factory=dict)
+    """The request's own template variables (``chat_template_kwargs``, as llama-server and
+    vLLM take them); none of :data:`RESERVED`."""
+
+
+NO_INPUTS = TemplateInputs()
 
 
 @dataclass(frozen=True)
@@ -93,12 +112,12 @@ def render_fallback(messages: list[Message]) -> str:
 
 def check_markup(rendered: RenderedChat, tokenize: Tokenize) -> None:
     """Refuse request text written among the template's own markup (tool definitions,
-    earlier tool calls) that holds control-token text: it cannot be tokenized apart from
+    earlier tool calls, template variables) that holds control-token text: it cannot be tokenized apart from
     the markup, so it could open a turn of its own."""
     for text in rendered.markup:
         if tokenize(text, special=True) != tokenize(text, special=False):
-            raise TandemError("A tool definition or tool call contains control-token text (such as <|im_end|>); "
-                              "remove it.")
+            raise TandemError("A tool definition, tool call or template variable contains control-token text "
+                              "(such as <|im_end|>); remove it.")
 
 
 def render_chat(
@@ -108,22 +127,18 @@ def render_chat(
     bos_token: str = "",
     eos_token: str = "",
     add_generation_prompt: bool = True,
-    tools: list[dict[str, Any]] | None = None,
+    inputs: TemplateInputs = NO_INPUTS,
 ) -> RenderedChat:
-    """``tools``: the functions the model may call (OpenAI's ``tools`` list), for
-    templates that describe them (Qwen2.5's); ``None`` renders the template without."""
+    """``inputs``: the request's tools and template variables (:class:`TemplateInputs`)."""
     if not template:
         text = render_fallback(messages)
         return RenderedChat(text, list(FALLBACK_STOPS), has_bos=False, segments=((text, True),),
                             contents=(text,))
+
     def render(msgs: list[Message]) -> str:
-        return _compiled(template).render(
-            messages=msgs,
-            bos_token=bos_token,
-            eos_token=eos_token,
-            add_generation_prompt=add_generation_prompt,
-            tools=tools,
-        )
+        fixed = {"messages": msgs, "bos_token": bos_token, "eos_token": eos_token,
+                 "add_generation_prompt": add_generation_prompt, "tools": inputs.tools}
+        return _compiled(template).render({**inputs.variables, **fixed})
 
     nonce = secrets.token_hex(6)
     try:
@@ -137,12 +152,14 @@ def render_chat(
     return RenderedChat(text, [], has_bos=bool(bos_token) and text.startswith(bos_token),
                         segments=None if segments is None else tuple(segments),
                         contents=tuple(m.get("content", "").strip() for m in messages),
-                        markup=_markup(messages, tools))
+                        markup=_markup(messages, inputs))
 
 
-def _markup(messages: list[Message], tools: list[dict[str, Any]] | None) -> tuple[str, ...]:
-    texts = [json.dumps(t, ensure_ascii=False) for t in tools or ()]
+def _markup(messages: list[Message], inputs: TemplateInputs) -> tuple[str, ...]:
+    texts = [json.dumps(t, ensure_ascii=False) for t in inputs.tools or ()]
     texts += [json.dumps(m["tool_calls"], ensure_ascii=False) for m in messages if m.get("tool_calls")]
+    if inputs.variables:
+        texts.append(json.dumps(dict(inputs.variables), ensure_ascii=False))
     return tuple(texts)
 
 

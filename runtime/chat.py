@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
 from tandem.kernels.sampling import Sampler, SamplingParams
-from tandem.models.chat_template import Message, prompt_ids, render_chat
+from tandem.models.chat_template import NO_INPUTS, Message, TemplateInputs, prompt_ids, render_chat
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.chat_fit import ChatFitter, FitCancelled
 from tandem.runtime.constrained import Grammar
@@ -30,13 +30,13 @@ class Closable(Protocol):
 
 
 def chat_prompt(target: Backend, messages: Sequence[Message],
-                tools: list[dict] | None = None) -> tuple[list[int], list[str]]:
+                inputs: TemplateInputs = NO_INPUTS) -> tuple[list[int], list[str]]:
     """Prompt ids for ``messages`` rendered with the target's chat template (ready for
-    the assistant's reply), and the template's stop strings. ``tools``: the functions
-    the model may call, for a template that describes them."""
+    the assistant's reply), and the template's stop strings. ``inputs``: the request's
+    tools and template variables."""
     special = target.special
     rendered = render_chat(
-        list(messages), target.chat_template(), bos_token=special.bos_text, eos_token=special.eos_text, tools=tools
+        list(messages), target.chat_template(), bos_token=special.bos_text, eos_token=special.eos_text, inputs=inputs
     )
     # message content is tokenized as text: typed control tokens cannot open a new turn
     ids = prompt_ids(rendered, target.tokenize, add_bos=not rendered.has_bos)
@@ -68,13 +68,13 @@ class ChatEngine:
         """Guards :attr:`fitter`'s caches: the server's parallel slots fit conversations
         at once, each under its own slot's lock."""
 
-    def render(self, messages: Sequence[Message], tools: list[dict] | None = None) -> tuple[list[int], list[str]]:
+    def render(self, messages: Sequence[Message], inputs: TemplateInputs = NO_INPUTS) -> tuple[list[int], list[str]]:
         """Prompt ids for ``messages`` (ready for the assistant's reply) and stop strings."""
         with self.fit_lock:
-            return self.fitter.prompt(messages, tools)
+            return self.fitter.prompt(messages, inputs)
 
     def fit(self, messages: Sequence[Message], max_tokens: int, *, cancel: threading.Event | None = None,
-            keep_start: bool = False, tools: list[dict] | None = None) -> tuple[list[int], list[str]]:
+            keep_start: bool = False, inputs: TemplateInputs = NO_INPUTS) -> tuple[list[int], list[str]]:
         """Prompt ids and stop strings for ``messages``, leaving out the fewest oldest
         non-system turns so the prompt leaves room for the reply (:mod:`.chat_fit`: each
         turn is tokenized once for the engine's life). Raises :class:`FitCancelled` when
@@ -82,11 +82,12 @@ class ChatEngine:
 
         ``keep_start`` (a chat that goes on turn after turn) leaves turns out in runs of
         half the room, so the prompt keeps its start, and its KV cache, from one reply to
-        the next: a long chat then evaluates only its new turn. ``tools``: the functions
-        the model may call, for a template that describes them."""
+        the next: a long chat then evaluates only its new turn. ``inputs``: the
+        request's tools and template variables."""
         room = self.target.n_ctx - max(1, min(max_tokens, self.target.n_ctx // 2))
         with self.fit_lock:
-            fitted = self.fitter.fit(messages, room, cancel=cancel, block=room // 2 if keep_start else 0, tools=tools)
+            fitted = self.fitter.fit(messages, room, cancel=cancel, block=room // 2 if keep_start else 0,
+                                     inputs=inputs)
         return fitted.ids, fitted.stops
 
     def stream(

@@ -24,7 +24,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tandem.errors import PromptError
-from tandem.models.chat_template import Message, RenderedChat, check_markup, prompt_ids, render_chat
+from tandem.models.chat_template import (
+    NO_INPUTS,
+    Message,
+    RenderedChat,
+    TemplateInputs,
+    check_markup,
+    prompt_ids,
+    render_chat,
+)
 from tandem.runtime.backends.protocol import Backend
 
 
@@ -80,15 +88,16 @@ class ChatFitter:
         self._has_control: dict[str, bool] = {}
 
     # -- rendering ------------------------------------------------------------------
-    def render(self, messages: Sequence[Message], tools: list[dict] | None = None) -> RenderedChat:
+    def render(self, messages: Sequence[Message], inputs: TemplateInputs = NO_INPUTS) -> RenderedChat:
         s = self.target.special
         return render_chat(list(messages), self.target.chat_template(), bos_token=s.bos_text, eos_token=s.eos_text,
-                           tools=tools)
+                           inputs=inputs)
 
-    def prompt(self, messages: Sequence[Message], tools: list[dict] | None = None) -> tuple[list[int], list[str]]:
+    def prompt(self, messages: Sequence[Message],
+               inputs: TemplateInputs = NO_INPUTS) -> tuple[list[int], list[str]]:
         """Prompt ids for ``messages`` (ready for the reply) and the template's stop strings.
-        ``tools``: the functions the model may call, for a template that describes them."""
-        rendered = self.render(messages, tools)
+        ``inputs``: the request's tools and template variables."""
+        rendered = self.render(messages, inputs)
         return self._ids(rendered, len(messages)), rendered.stops
 
     def _ids(self, rendered: RenderedChat, n_messages: int) -> list[int]:
@@ -164,7 +173,7 @@ class ChatFitter:
 
     # -- fitting --------------------------------------------------------------------
     def fit(self, messages: Sequence[Message], room: int, *, cancel: threading.Event | None = None,
-            block: int = 0, tools: list[dict] | None = None) -> Fitted:
+            block: int = 0, inputs: TemplateInputs = NO_INPUTS) -> Fitted:
         """The prompt for ``messages`` with the fewest oldest non-system messages left
         out so that it is at most ``room`` tokens (the last message is always kept).
 
@@ -174,7 +183,7 @@ class ChatFitter:
         """
         msgs = list(messages)
         droppable = [i for i, m in enumerate(msgs[:-1]) if m["role"] != "system"]
-        costs = self._costs(msgs, cancel, tools)
+        costs = self._costs(msgs, cancel, inputs)
         total = sum(costs.values()) + 1
 
         def kept(k: int) -> list[Message]:
@@ -187,7 +196,7 @@ class ChatFitter:
             if k not in lengths:
                 if cancel is not None and cancel.is_set():
                     raise FitCancelled
-                lengths[k] = self.prompt(kept(k), tools)
+                lengths[k] = self.prompt(kept(k), inputs)
             return lengths[k]
 
         def fits(k: int) -> bool:
@@ -214,10 +223,10 @@ class ChatFitter:
         return Fitted(list(ids), stops, k)
 
     def _costs(self, msgs: list[Message], cancel: threading.Event | None,
-               tools: list[dict] | None = None) -> dict[int, int]:
+               inputs: TemplateInputs = NO_INPUTS) -> dict[int, int]:
         """Tokens per message (its chunk of the whole rendering), each chunk tokenized
         once for the life of the engine."""
-        rendered = self.render(msgs, tools)
+        rendered = self.render(msgs, inputs)
         chunks = self._chunks(rendered, len(msgs))
         out = {}
         for i, m in enumerate(msgs):

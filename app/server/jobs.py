@@ -17,6 +17,7 @@ from tandem.app.server import cache_owner
 from tandem.app.server.loaded_models import Lane, ModelSlot
 from tandem.app.server.openai import GenRequest
 from tandem.kernels.sampling import Sampler
+from tandem.models.chat_template import TemplateInputs
 from tandem.runtime.autocomplete import fim
 from tandem.runtime.autocomplete.superposed import SuperposedResult
 from tandem.runtime.chat_fit import FitCancelled
@@ -49,7 +50,8 @@ def chat_job(slot: ModelSlot, messages: list[dict[str, str]], req: GenRequest, c
     def run(cancel: threading.Event, lane: Lane) -> Generator[Event, None, None]:
         with lane.lock, lane.engaged():
             try:
-                ids, stops = slot.engine.fit(messages, req.max_tokens, cancel=cancel)
+                ids, stops = slot.engine.fit(messages, req.max_tokens, cancel=cancel,
+                                             inputs=TemplateInputs(variables=req.template_variables))
             except FitCancelled:  # the client went away (or the server stops): nothing to send
                 return
             yield from generate_events(lane, ids, req, [*stops, *req.stop], cancel, client, cache)
@@ -100,7 +102,8 @@ def drafts_job(slot: ModelSlot, req: GenRequest, *, ids: list[int] | None = None
             prompt = ids
             if messages is not None:
                 try:
-                    prompt, template_stops = slot.engine.fit(messages, req.max_tokens, cancel=cancel)
+                    prompt, template_stops = slot.engine.fit(messages, req.max_tokens, cancel=cancel,
+                                                             inputs=TemplateInputs(variables=req.template_variables))
                 except FitCancelled:
                     return
                 stops += template_stops

@@ -14,8 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from tandem.app.server.api_error import ApiError
+from tandem.app.server.chat_messages import parse_messages, parse_template_variables
 from tandem.app.server.loaded_models import ModelSlot
-from tandem.app.server.openai import check_token_ids, flag, parse_common, parse_messages
+from tandem.app.server.openai import (
+    check_token_ids,
+    flag,
+    parse_common,
+)
 from tandem.app.server.tools import for_template, parse_tools
 from tandem.runtime.machine import tandem_version
 
@@ -59,12 +64,13 @@ def detokenize(slot: ModelSlot, body: dict) -> dict:
 
 
 def apply_template(slot: ModelSlot, body: dict) -> dict:
-    """The prompt a chat request's ``messages`` (and ``tools``) become: the text
+    """The prompt a chat request's ``messages`` (and ``tools``, ``chat_template_kwargs``) become: the text
     ``/v1/chat/completions`` tokenizes before the model writes its reply."""
     messages = parse_messages(body)
     tools = parse_tools(body)
-    msgs, shown = for_template(slot.target.chat_template(), messages, tools.offered if tools else ())
-    return {"prompt": slot.engine.fitter.render(msgs, shown).text}
+    msgs, inputs = for_template(slot.target.chat_template(), messages, tools.offered if tools else (),
+                                parse_template_variables(body))
+    return {"prompt": slot.engine.fitter.render(msgs, inputs).text}
 
 
 def props(slot: ModelSlot) -> dict:

@@ -8,7 +8,6 @@ be omitted when only one model is served). Every problem becomes an
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 import uuid
@@ -138,6 +137,8 @@ class GenRequest:
     grammar: Any = None
     """The runtime's compiled grammar the reply must follow (``None``: free text); see
     :mod:`.output_format`."""
+    template_variables: dict[str, Any] = field(default_factory=dict)
+    """A chat request's ``chat_template_kwargs`` (:func:`.chat_messages.parse_template_variables`)."""
 
 
 UNSUPPORTED_UNLESS: dict[str, tuple[Any, ...]] = {
@@ -205,78 +206,6 @@ def parse_common(body: dict, *, max_tokens_default: int = 256, max_tokens_key: s
         model=model, max_tokens=int(max_tokens), params=params, stop=_stops(body), n=n, stream=stream,
         include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")), ignore_eos=ignore_eos,
     )
-
-
-def parse_messages(body: dict) -> list[dict[str, Any]]:
-    """The conversation, each message ``{"role", "content"}`` with its content as text; an
-    assistant message that called tools keeps its ``tool_calls`` and a ``tool`` message
-    its ``tool_call_id``, for chat templates that render them."""
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise ApiError(400, "'messages' must be a non-empty list.", "invalid_value", "messages")
-    out: list[dict[str, Any]] = []
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer", "tool"):
-            raise ApiError(400, f"messages[{i}] needs a role of system, user, assistant or tool.",
-                           "invalid_value", "messages")
-        content = m.get("content", "")
-        if isinstance(content, list):  # content parts: keep the text ones
-            content = _text_parts(content, i)
-        elif content is None:  # an assistant turn that only called tools
-            content = ""
-        if not isinstance(content, str):
-            raise ApiError(400, f"messages[{i}].content must be a string.", "invalid_value", "messages")
-        role = "system" if m["role"] == "developer" else m["role"]
-        message: dict[str, Any] = {"role": role, "content": content}
-        if role == "assistant" and m.get("tool_calls"):
-            message["tool_calls"] = assistant_tool_calls(m["tool_calls"], i)
-        elif role == "tool":
-            call_id = m.get("tool_call_id")
-            if not isinstance(call_id, str):
-                raise ApiError(400, f"messages[{i}] is a tool result and needs its 'tool_call_id' (a string).",
-                               "invalid_value", "messages")
-            message["tool_call_id"] = call_id
-            if isinstance(m.get("name"), str):
-                message["name"] = m["name"]
-        out.append(message)
-    return out
-
-
-def assistant_tool_calls(raw: Any, i: int) -> list[dict[str, Any]]:
-    """An assistant message's ``tool_calls`` (a call the model made earlier), for the chat
-    template: ``function.arguments`` is decoded from its JSON string, as templates write
-    it with ``tojson``."""
-    if not isinstance(raw, list):
-        raise ApiError(400, f"messages[{i}].tool_calls must be a list.", "invalid_value", "messages")
-    out = []
-    for j, call in enumerate(raw):
-        fn = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise ApiError(400, f"messages[{i}].tool_calls[{j}] must be {{\"id\", \"type\": \"function\", "
-                           "\"function\": {\"name\", \"arguments\"}}.", "invalid_value", "messages")
-        args = fn.get("arguments", "{}")
-        if isinstance(args, str):
-            with contextlib.suppress(json.JSONDecodeError):  # else kept as the text the model wrote
-                args = json.loads(args) if args.strip() else {}
-        call_id = call.get("id")
-        out.append({"id": call_id if isinstance(call_id, str) else new_call_id(), "type": "function",
-                    "function": {"name": fn["name"], "arguments": args}})
-    return out
-
-
-def _text_parts(parts: list, i: int) -> str:
-    texts = []
-    for j, p in enumerate(parts):
-        kind = p.get("type") if isinstance(p, dict) else None
-        if kind != "text":  # an image (or audio, a file) would be silently lost on a text model
-            raise ApiError(400, f"messages[{i}].content[{j}] is a {str(kind)[:40]!r} part; this server reads "
-                           "text parts only.", "unsupported_content", "messages")
-        text = p.get("text")
-        if not isinstance(text, str):
-            raise ApiError(400, f"messages[{i}].content: a text part's 'text' must be a string.",
-                           "invalid_value", "messages")
-        texts.append(text)
-    return "".join(texts)
 
 
 def parse_prompt(body: dict) -> str | list[int]:

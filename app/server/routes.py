@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse
 from tandem.app.server import infill_api, jobs, llama_completion
 from tandem.app.server.api_error import ApiError
 from tandem.app.server.cache_owner import client_identity
+from tandem.app.server.chat_messages import parse_messages, parse_template_variables
 from tandem.app.server.loaded_models import ModelSlot
 from tandem.app.server.logprobs_api import llama_probabilities, parse_logprobs, parse_n_probs, shape
 from tandem.app.server.openai import (
@@ -35,7 +36,6 @@ from tandem.app.server.openai import (
     flag,
     parse_common,
     parse_json,
-    parse_messages,
     parse_prompt,
     usage,
 )
@@ -155,6 +155,7 @@ class Routes:
         req = parse_common(body)
         req.logprobs = _logprobs(body, req, chat=True)
         messages = parse_messages(body)
+        req.template_variables = parse_template_variables(body)
         fmt = parse_output_format(body, chat=True)
         tool_req = parse_tools(body)
         if tool_req is not None and tool_req.offered and fmt is not None:

@@ -44,9 +44,9 @@ def tool_chat_job(slot: ModelSlot, messages: list[dict[str, Any]], req: GenReque
     def run(cancel: threading.Event, lane: Lane) -> Generator[Event, None, None]:
         with lane.lock, lane.engaged():
             offered = tools.offered
-            msgs, shown = for_template(slot.target.chat_template(), messages, offered)
+            msgs, inputs = for_template(slot.target.chat_template(), messages, offered, req.template_variables)
             try:
-                ids, stops = slot.engine.fit(msgs, req.max_tokens, cancel=cancel, tools=shown)
+                ids, stops = slot.engine.fit(msgs, req.max_tokens, cancel=cancel, inputs=inputs)
             except FitCancelled:  # the client went away (or the server stops): nothing to send
                 return
             stops = [*stops, *req.stop]

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from tandem.app.server.api_error import ApiError
 from tandem.app.server.tool_calls import CALL_CLOSE, CALL_OPEN
+from tandem.models.chat_template import TemplateInputs
 
 MAX_TOOLS = 128
 NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -140,13 +141,14 @@ def template_has_tools(template: str | None) -> bool:
     return bool(template) and "tools" in template
 
 
-def for_template(template: str | None, messages: list[dict[str, Any]],
-                 offered: tuple[Tool, ...]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """The messages and the ``tools`` to render them with: the request's own for a template
-    that renders tools, otherwise :func:`plain_messages` and none."""
+def for_template(template: str | None, messages: list[dict[str, Any]], offered: tuple[Tool, ...],
+                 variables: dict[str, Any]) -> tuple[list[dict[str, Any]], TemplateInputs]:
+    """The messages and what else to render them with: the tools for a template that
+    renders them (otherwise :func:`plain_messages` describes them), and the request's
+    template ``variables``."""
     if template_has_tools(template):
-        return messages, [t.definition for t in offered] or None
-    return plain_messages(messages, offered), None
+        return messages, TemplateInputs([t.definition for t in offered] or None, variables)
+    return plain_messages(messages, offered), TemplateInputs(None, variables)
 
 
 def plain_messages(messages: list[dict[str, Any]], tools: tuple[Tool, ...]) -> list[dict[str, Any]]:

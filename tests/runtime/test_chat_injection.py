@@ -130,3 +130,35 @@ def test_forged_placeholder_in_content_stays_text() -> None:
 def test_broken_template_is_one_clear_error(template: str) -> None:
     with pytest.raises(TandemError, match="chat template"):
         render_chat([{"role": "user", "content": "hi"}], template)
+
+
+QWEN3_LIKE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+    "{% endif %}"
+)
+"""What Qwen3's template does with ``enable_thinking``: false writes an empty thought."""
+
+
+def test_a_requests_template_variables_reach_the_template(chatml_backend) -> None:
+    from tandem.models.chat_template import TemplateInputs
+    from tandem.runtime.chat_fit import ChatFitter
+
+    chat = [{"role": "user", "content": "hi"}]
+    thinking = render_chat(chat, QWEN3_LIKE).text
+    quiet = render_chat(chat, QWEN3_LIKE, inputs=TemplateInputs(variables={"enable_thinking": False})).text
+    assert thinking.endswith("<|im_start|>assistant\n") and quiet == thinking + "<think>\n\n</think>\n\n"
+    # the renderer's own names win over a variable that reuses one
+    assert render_chat(chat, QWEN3_LIKE, inputs=TemplateInputs(variables={"messages": []})).text == thinking
+    # a variable's text is request text among the markup: no control token through it
+    b = chatml_backend
+    b.chat_template = lambda: QWEN3_LIKE + "{{ note }}"
+    try:
+        fitter = ChatFitter(b)
+        ids, _ = fitter.prompt(chat, TemplateInputs(variables={"note": "fine"}))
+        assert b"".join(b.token_bytes(t) for t in ids).decode().endswith("fine")
+        with pytest.raises(TandemError, match="template variable"):
+            fitter.prompt(chat, TemplateInputs(variables={"note": "<|im_end|>"}))
+    finally:
+        del b.chat_template

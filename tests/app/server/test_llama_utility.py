@@ -243,3 +243,26 @@ def test_completion_returns_its_tokens_when_asked(server) -> None:
         events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
     assert [t for e in events for t in e["tokens"]] == whole["tokens"]
     assert "".join(e["content"] for e in events) == whole["content"]
+
+
+def test_chat_template_kwargs_reach_the_template(server) -> None:
+    """llama-server's and vLLM's ``chat_template_kwargs`` (Qwen3's ``enable_thinking``):
+    the template reads them in a chat request and in /apply-template alike."""
+    url, slot = server
+    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and "
+                "enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
+    slot.target.chat_template = lambda: template
+    try:
+        quiet = {"messages": CHAT, "chat_template_kwargs": {"enable_thinking": False}}
+        prompt = _post(url, "/apply-template", quiet).json()["prompt"]
+        assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+        assert "<think>" not in _post(url, "/apply-template", {"messages": CHAT}).json()["prompt"]
+        counted = len(_post(url, "/tokenize", {"content": prompt}).json()["tokens"])
+        reply = _post(url, "/v1/chat/completions", {**quiet, "max_tokens": 1, "temperature": 0}).json()
+        assert reply["usage"]["prompt_tokens"] == counted
+        for bad in ({"chat_template_kwargs": "enable_thinking=false"}, {"chat_template_kwargs": {"messages": []}}):
+            r = _post(url, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 1, **bad})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
+    finally:
+        del slot.target.chat_template
