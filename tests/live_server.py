@@ -65,6 +65,24 @@ def running(app, *, start_timeout: float = 20.0, header_timeout_s: float = 10.0,
         thread.join(timeout=15)
 
 
+@contextmanager
+def serving(path, name: str, *, n_ctx: int = 512, n_seq: int = 1, start_timeout: float = 60.0) -> Iterator[tuple]:
+    """A real server holding the GGUF at ``path`` as model ``name`` (one thread, ``n_seq``
+    parallel slots, speculative decoding as `tandem serve` has it); yields its URL and
+    the slot, and closes both."""
+    from tandem.app.server.asgi import ServerConfig, create_app
+    from tandem.app.server.loaded_models import make_slot
+    from tandem.runtime.backends.llama import LlamaCppBackend
+    from tandem.runtime.backends.llama_config import LlamaConfig
+
+    slot = make_slot(LlamaCppBackend(path, LlamaConfig(n_ctx=n_ctx, n_threads=1, n_seq=n_seq)), name=name)
+    try:
+        with running(create_app([slot], ServerConfig()), start_timeout=start_timeout) as url:
+            yield url, slot
+    finally:
+        slot.close()
+
+
 def sse_events(lines) -> list:
     """The JSON events (and the final ``[DONE]``) of a server-sent-event stream's lines."""
     out = []

@@ -9,7 +9,7 @@ import json
 
 import httpx
 import pytest
-from live_server import running
+from live_server import serving
 
 openai = pytest.importorskip("openai")
 
@@ -19,16 +19,8 @@ CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "conte
 
 @pytest.fixture(scope="module")
 def server(real_models):
-    from tandem.app.server.asgi import ServerConfig, create_app
-    from tandem.app.server.loaded_models import make_slot
-    from tandem.runtime.backends.llama import LlamaCppBackend
-    from tandem.runtime.backends.llama_config import LlamaConfig
-
-    target = LlamaCppBackend(real_models.smollm2, LlamaConfig(n_ctx=512, n_threads=1, n_seq=2))
-    slot = make_slot(target, name="smol")
-    with running(create_app([slot], ServerConfig()), start_timeout=60) as url:
+    with serving(real_models.smollm2, "smol", n_seq=2) as (url, slot):
         yield url, slot
-    slot.close()
 
 
 def _post(url: str, path: str, body: dict) -> httpx.Response:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
-from live_server import running
+from live_server import serving
 
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.chat import chat_prompt
@@ -21,16 +21,9 @@ QUESTION = [{"role": "user", "content": "List three fruits, one per line."}]
 
 @pytest.fixture(scope="module")
 def server(real_models):
-    from tandem.app.server.asgi import ServerConfig, create_app
-    from tandem.app.server.loaded_models import make_slot
-    from tandem.runtime.backends.llama import LlamaCppBackend
-    from tandem.runtime.backends.llama_config import LlamaConfig
-
-    slot = make_slot(LlamaCppBackend(real_models.smollm2, LlamaConfig(n_ctx=512, n_threads=1)), name="smol")
-    assert slot.speculative.startswith("on")
-    with running(create_app([slot], ServerConfig()), start_timeout=60) as url:
+    with serving(real_models.smollm2, "smol") as (url, slot):
+        assert slot.speculative.startswith("on")
         yield url, slot
-    slot.close()
 
 
 def _plain(slot, ids: list[int], n: int, bias: tuple = ()) -> list[int]:

@@ -8,23 +8,15 @@ import asyncio
 
 import httpx
 import pytest
-from live_server import running
+from live_server import serving
 
 QUESTIONS = ["Name a colour.", "What is 2 + 2?", "Say hello in French.", "Name a planet."]
 
 
 @pytest.fixture(scope="module")
 def two_slot_server(real_models):
-    from tandem.app.server.asgi import ServerConfig, create_app
-    from tandem.app.server.loaded_models import make_slot
-    from tandem.runtime.backends.llama import LlamaCppBackend
-    from tandem.runtime.backends.llama_config import LlamaConfig
-
-    target = LlamaCppBackend(real_models.smollm2, LlamaConfig(n_ctx=512, n_threads=1, n_seq=2))
-    slot = make_slot(target, name="smol")
-    with running(create_app([slot], ServerConfig()), start_timeout=60) as url:
+    with serving(real_models.smollm2, "smol", n_seq=2) as (url, slot):
         yield url, slot
-    slot.close()
 
 
 async def _ask(c: httpx.AsyncClient, i: int, who: str) -> str:
