@@ -17,6 +17,8 @@ cached with it, so identical `tandem plan` calls print identical speeds.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import importlib
 import json
 import os
@@ -99,7 +101,7 @@ def cache_file() -> Path:
 
 LLAMA_CONTEXT_FALLBACK = 16 * 1024**2
 """:attr:`MachineBaseline.llama_context` when the tiny model could not be run: above
-what was measured on every machine so far (about 1 MB on 2-core x86-64 CPUs)."""
+what was measured on every machine so far (about 1.5 MB on 2-core x86-64 CPUs)."""
 
 
 def _measure() -> MachineBaseline:
@@ -198,6 +200,14 @@ def _rss_anon() -> int:
     return 0
 
 
+def _return_freed_memory() -> None:
+    """Hand the heap's freed pages back to the system (glibc's ``malloc_trim``), so that
+    memory a measurement then allocates shows as growth; without it, what the size probe
+    had just freed was sometimes reused and the context measured 0 bytes (1 run in 6)."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to hand back
+        ctypes.CDLL(None).malloc_trim(0)
+
+
 def _llama_context_overhead() -> int:
     """Run a tiny Llama model (random weights, written here) as `tandem run` runs a
     model — the backend with every core, a prompt filling its context, a verification
@@ -219,6 +229,7 @@ def _llama_context_overhead() -> int:
             runtime = sizes.runtime
         finally:
             sizes.close()
+        _return_freed_memory()  # what LlamaSizes freed would otherwise be reused unseen
         before = _rss_anon()
         # Host memory is what is measured: no GPU, even on a CUDA build (whose big batches
         # would otherwise go to the card and its CUDA buffers, priced elsewhere).
