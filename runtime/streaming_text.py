@@ -6,6 +6,12 @@ import codecs
 from collections.abc import Callable, Sequence
 
 
+def tokens_text(token_bytes: Callable[[int], bytes], tokens: Sequence[int]) -> str:
+    """The text of a whole token sequence, as a reply writes it (control tokens add nothing;
+    bytes that are not whole UTF-8 characters become U+FFFD)."""
+    return b"".join(token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+
 class Detokenizer:
     """Turns a stream of token ids into text without ever splitting a character.
 

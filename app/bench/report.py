@@ -14,15 +14,12 @@ from pathlib import Path
 
 from tandem.app.bench.peers import PEERS
 from tandem.runtime.backends.protocol import Backend
+from tandem.runtime.streaming_text import tokens_text
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
     """Median and range of ``values``."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
-def _text(target: Backend, tokens: Sequence[int]) -> str:
-    return b"".join(target.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
 
 def _row(name: str, runs: list, plain: dict) -> dict:
@@ -66,7 +63,8 @@ def summarize(runs: list, target: Backend, names: Sequence[str]) -> dict:
         for (w, prompt, rep), res in sorted(plain.items()):
             if w == wl and rep == 0:
                 eog_at = next((i for i, t in enumerate(res.tokens) if t in eog), None)
-                samples.append({"prompt": prompt, "eog_at": eog_at, "text": _text(target, res.tokens)})
+                samples.append({"prompt": prompt, "eog_at": eog_at,
+                                "text": tokens_text(target.token_bytes, res.tokens)})
         workloads[wl] = {
             "rows": rows,
             "best_fixed": best,

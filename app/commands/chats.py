@@ -21,18 +21,18 @@ from tandem.app.terminal_text import strip_controls
 from tandem.errors import TandemError
 
 
-def _options(p: argparse.ArgumentParser, default: object) -> None:
+def _options(p: argparse.ArgumentParser, *, after_action: bool = False) -> None:
     """``--history`` and ``--json``, taken before or after the action (the action's own
     copies default to "not given", so they never undo what was given before it)."""
-    p.add_argument("--history", default=default if default is argparse.SUPPRESS else None, metavar="FILE",
-                   help="chat database (default: chats.sqlite3 in the Tandem data dir)")
-    p.add_argument("--json", action="store_true", default=default if default is argparse.SUPPRESS else False,
-                   help="JSON instead of text")
+    unset = {"default": argparse.SUPPRESS} if after_action else {}
+    p.add_argument("--history", metavar="FILE", help="chat database (default: chats.sqlite3 in the Tandem data dir)",
+                   **unset)
+    p.add_argument("--json", action="store_true", help="JSON instead of text", **unset)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("chats", help="list, show and search the chat app's saved chats")
-    _options(p, None)
+    _options(p)
     what = p.add_subparsers(dest="what", metavar="ACTION")
     show = what.add_parser("show", help="one chat as Markdown")
     show.add_argument("chat_id", type=int, metavar="ID")
@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     search.add_argument("words", nargs="+")
     search.add_argument("-n", "--limit", type=int, default=20)
     for action in (show, search):
-        _options(action, argparse.SUPPRESS)
+        _options(action, after_action=True)
     p.set_defaults(func=run)
 
 
@@ -67,9 +67,10 @@ def _list(history: History, as_json: bool) -> int:
     chats = history.list_chats()
     if as_json:
         print(json.dumps([asdict(c) for c in chats], indent=2))
-    elif not chats:
+        return 0
+    if not chats:
         print(f"No saved chats in {history.path}.")
-    for c in chats if not as_json else ():
+    for c in chats:
         model = f"  [{strip_controls(c.model)}]" if c.model else ""
         print(f"{c.id:>5}  {_when(c.updated_at)}  {strip_controls(c.title)}{model}")
     return 0

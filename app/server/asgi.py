@@ -31,6 +31,7 @@ from tandem.app.server.api_error import ApiError
 from tandem.app.server.catalog import PlanCache, store_models
 from tandem.app.server.guard import Guard, GuardConfig
 from tandem.app.server.loaded_models import ModelSlot
+from tandem.app.server.openai import parse_model
 from tandem.app.server.request_log import RequestLog, logged_stream, record
 from tandem.app.server.routes import Routes
 from tandem.app.server.streams import StreamConfig
@@ -100,10 +101,7 @@ class Server:
 
         async def endpoint(request: Request) -> JSONResponse:
             body = await self.routes.body(request)
-            model = body.get("model")
-            if model is not None and not isinstance(model, str):
-                raise ApiError(400, "'model' must be a string.", "invalid_value", "model")
-            slot = self.routes.slot(model)
+            slot = self.routes.slot(parse_model(body))
             request.state.model = slot.name
             return JSONResponse(await asyncio.to_thread(fn, slot, body))
 

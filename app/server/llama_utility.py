@@ -16,13 +16,10 @@ from typing import Any
 from tandem.app.server.api_error import ApiError
 from tandem.app.server.chat_messages import parse_messages, parse_template_variables
 from tandem.app.server.loaded_models import ModelSlot
-from tandem.app.server.openai import (
-    check_token_ids,
-    flag,
-    parse_common,
-)
+from tandem.app.server.openai import check_token_ids, flag, parse_common
 from tandem.app.server.tools import for_template, parse_tools
 from tandem.runtime.machine import tandem_version
+from tandem.runtime.streaming_text import tokens_text
 
 
 def _text(body: dict, key: str) -> str:
@@ -59,8 +56,7 @@ def detokenize(slot: ModelSlot, body: dict) -> dict:
     tokens = body.get("tokens")
     if not isinstance(tokens, list):
         raise ApiError(400, "'tokens' must be a list of token ids.", "invalid_value", "tokens")
-    raw = b"".join(slot.target.token_bytes(t) for t in check_token_ids(tokens, slot.target.n_vocab, "tokens"))
-    return {"content": raw.decode("utf-8", errors="replace")}
+    return {"content": tokens_text(slot.target.token_bytes, check_token_ids(tokens, slot.target.n_vocab, "tokens"))}
 
 
 def apply_template(slot: ModelSlot, body: dict) -> dict:
@@ -97,4 +93,3 @@ def props(slot: ModelSlot) -> dict:
         "modalities": {"vision": False, "audio": False},
         "build_info": f"tandem {tandem_version()}",
     }
-

@@ -173,11 +173,17 @@ def refuse_unsupported(body: dict) -> None:
                        "supported.", "unsupported_parameter", "audio" if body.get("audio") else "modalities")
 
 
-def parse_common(body: dict, *, max_tokens_default: int = 256, max_tokens_key: str = "max_tokens") -> GenRequest:
-    refuse_unsupported(body)
+def parse_model(body: dict) -> str | None:
+    """The model a request names (``None``: the one served), or a 400."""
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "'model' must be a string.", "invalid_value", "model")
+    return model
+
+
+def parse_common(body: dict, *, max_tokens_default: int = 256, max_tokens_key: str = "max_tokens") -> GenRequest:
+    refuse_unsupported(body)
+    model = parse_model(body)
     max_tokens = _num(body, max_tokens_key, None, -1, 1 << 20, integer=True)
     if max_tokens is None:
         max_tokens = _num(body, "max_completion_tokens", max_tokens_default, 0, 1 << 20, integer=True)

@@ -55,6 +55,7 @@ from tandem.app.server.worker import INFILL, Job, QueueFull
 from tandem.errors import PromptError, TandemError
 from tandem.runtime.autocomplete.infill import InfillDone
 from tandem.runtime.generate import DoneEvent, TokenEvent
+from tandem.runtime.streaming_text import tokens_text
 
 
 @dataclass
@@ -349,9 +350,7 @@ async def _compiled(slot: ModelSlot, fmt: OutputFormat | None, req: GenRequest) 
 
 def _text(slot: ModelSlot, prompt: str | list[int]) -> str:
     """The prompt as text (ids as the model writes them), where legacy ``text_offset``s count from."""
-    if isinstance(prompt, str):
-        return prompt
-    return b"".join(slot.target.token_bytes(t) for t in prompt).decode("utf-8", errors="replace")
+    return prompt if isinstance(prompt, str) else tokens_text(slot.target.token_bytes, prompt)
 
 
 def _client(request: Request) -> str:
