@@ -79,8 +79,12 @@ class LlamaPeer:
                  n_gpu_layers: int = 0) -> None:
         self.name = "llama-lookup" if lookup else "llama"
         self.lookup = _CountingLookup(num_pred_tokens) if lookup else None
+        # With a draft model llama-cpp-python keeps logits for every position but sizes its
+        # score table by the ``logits_all`` argument (n_batch rows otherwise): a prompt and
+        # reply past 512 tokens then failed to broadcast. Asked for, the table has n_ctx rows.
         self.llm = _CountingLlama(str(path), n_ctx=n_ctx, n_batch=512, n_threads=threads, n_threads_batch=threads,
-                                  draft_model=self.lookup, n_gpu_layers=n_gpu_layers, verbose=False)
+                                  draft_model=self.lookup, logits_all=lookup, n_gpu_layers=n_gpu_layers,
+                                  verbose=False)
 
     def run(self, prompt: list[int], n: int) -> RunResult:
         """Greedy ``n`` tokens after ``prompt`` (a cached prompt prefix is reused, as

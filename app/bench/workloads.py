@@ -112,6 +112,10 @@ _EDIT_CODE_3 = '''function parseConfig(text) {
 }
 '''
 
+EDIT_CODE = (_EDIT_CODE_1, _EDIT_CODE_2, _EDIT_CODE_3)
+"""The code each ``edit`` prompt gives, in order: what a client predicts its reply to be
+(OpenAI's Predicted Outputs; `tandem bench --predicted`)."""
+
 EDIT = (
     "Rewrite this Python code with descriptive variable names and type hints. Keep the logic "
     "exactly the same and reply with the full rewritten code only.\n\n```python\n" + _EDIT_CODE_1 + "```",

@@ -82,6 +82,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     modes.add_argument("--structured", action="store_true",
                        help="schema-constrained extraction: plain constrained decoding vs forced runs vs speculation "
                             "(with --draft) + forced runs vs llama-cpp-python's grammar decoding")
+    modes.add_argument("--predicted", action="store_true",
+                       help="code edits with the code sent as the prediction (OpenAI's Predicted Outputs): plain vs "
+                            "speculation without and with it vs llama-cpp-python plain and prompt lookup")
     modes.add_argument("--cost-curve", action="store_true",
                        help="the target's verify-cost curve c(k) (exact vs fast llama.cpp) and each drafter's cost per token")
     modes.add_argument("--gpu", action="store_true",
@@ -116,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
         return run_cost_curve(args)
     if args.structured:
         return run_structured_bench(args)
+    if args.predicted:
+        return run_predicted_bench(args)
     # local: the CLI imports every command; this loads only when the command runs
     from tandem.app.bench.report import format_report, markdown_table, plot_report
     from tandem.app.bench.runner import BenchConfig, run_bench
@@ -195,6 +200,43 @@ def run_structured_bench(args: argparse.Namespace) -> int:
     print(f"model {Path(report['target']).name}, drafter {Path(report['draft']).name if report['draft'] else 'none'}, "
           f"{report['threads']} threads, {report['prompts']} prompts x {report['reps']} reps, load average "
           f"{report['load_start'][0]:.1f} -> {report['load_end'][0]:.1f}")
+    print(markdown_table(report))
+    if args.json_file:
+        _write_json(Path(args.json_file), report)
+    return 0
+
+
+def run_predicted_bench(args: argparse.Namespace) -> int:
+    # local: the CLI imports every command; this loads only when the command runs
+    from tandem.app.bench.predicted import (
+        CONFIGS,
+        PEERS,
+        PredictedConfig,
+        markdown_table,
+        run_predicted,
+    )
+    from tandem.app.bench.workloads import EDIT
+    from tandem.runtime.machine import cpu_cores
+
+    prompts = len(EDIT) if args.prompts is None else args.prompts
+    if args.reps < 1 or args.max_tokens < 2 or not 1 <= prompts <= len(EDIT):
+        raise TandemError(f"--reps must be at least 1, --max-tokens at least 2, --prompts 1..{len(EDIT)}.")
+    configs = [c for c in CONFIGS if c not in PEERS or not args.no_peers]
+    if args.configs:
+        unknown = [c for c in args.configs if c not in CONFIGS]
+        if unknown:
+            raise TandemError(f"Unknown configuration {unknown[0]!r}; choose from {', '.join(CONFIGS)}.")
+        configs = ["plain", *[c for c in configs if c in args.configs and c != "plain"]]
+    if args.json_file:
+        _check_writable(Path(args.json_file))
+    cfg = PredictedConfig(resolve_model(args.model), resolve_model(args.draft) if args.draft else None,
+                          threads=args.threads or cpu_cores(), ctx=args.ctx or 2048, max_tokens=args.max_tokens,
+                          prompts=prompts, reps=args.reps, configs=configs,
+                          log=lambda s: print(s, file=sys.stderr, flush=True))
+    report = run_predicted(cfg)
+    print(f"model {Path(report['target']).name}, drafter {Path(report['draft']).name if report['draft'] else 'none'}, "
+          f"{report['threads']} threads, {report['prompts']} prompts x {report['reps']} reps, {report['max_tokens']} "
+          f"tokens, load average {report['load_start'][0]:.1f} -> {report['load_end'][0]:.1f}")
     print(markdown_table(report))
     if args.json_file:
         _write_json(Path(args.json_file), report)

@@ -15,14 +15,17 @@ from dataclasses import dataclass, replace
 
 from tandem.app.server import cache_owner
 from tandem.app.server.loaded_models import Lane, ModelSlot
-from tandem.app.server.openai import GenRequest
+from tandem.app.server.openai import GenRequest, PredictionUse
 from tandem.kernels.sampling import Sampler
 from tandem.models.chat_template import TemplateInputs
 from tandem.runtime.autocomplete import fim
 from tandem.runtime.autocomplete.superposed import SuperposedResult
+from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.chat_fit import FitCancelled
 from tandem.runtime.constrained.strategy import constrained
 from tandem.runtime.generate import DoneEvent, Event, generate
+from tandem.runtime.speculative.drafters.prediction import Prediction
+from tandem.runtime.speculative.factory import SpeculativeStrategy
 
 
 @dataclass
@@ -38,15 +41,17 @@ class Drafts:
 
 
 @dataclass
-class PromptCache:
-    """What a generation job reused of the KV cache, for the reply's ``usage``; written on
-    the worker thread before the job's first item."""
+class JobUsage:
+    """What a generation job reports for the reply's ``usage``, written on the worker
+    thread: the prompt tokens whose KV it reused (before its first item), and what the
+    reply used of the request's prediction (before its last)."""
 
     cached_tokens: int = 0
+    prediction: PredictionUse | None = None
 
 
 def chat_job(slot: ModelSlot, messages: list[dict[str, str]], req: GenRequest, client: str = "",
-             cache: PromptCache | None = None):
+             used: JobUsage | None = None):
     def run(cancel: threading.Event, lane: Lane) -> Generator[Event, None, None]:
         with lane.lock, lane.engaged():
             try:
@@ -54,34 +59,53 @@ def chat_job(slot: ModelSlot, messages: list[dict[str, str]], req: GenRequest, c
                                              inputs=TemplateInputs(variables=req.template_variables))
             except FitCancelled:  # the client went away (or the server stops): nothing to send
                 return
-            yield from generate_events(lane, ids, req, [*stops, *req.stop], cancel, client, cache)
+            yield from generate_events(lane, ids, req, [*stops, *req.stop], cancel, client, used)
 
     return run
 
 
 def completion_job(slot: ModelSlot, ids: list[int], req: GenRequest, client: str = "",
-                   cache: PromptCache | None = None):
+                   used: JobUsage | None = None):
     def run(cancel: threading.Event, lane: Lane) -> Generator[Event, None, None]:
         with lane.lock, lane.engaged():
-            yield from generate_events(lane, ids, req, list(req.stop), cancel, client, cache)
+            yield from generate_events(lane, ids, req, list(req.stop), cancel, client, used)
 
     return run
 
 
 def generate_events(lane: Lane, ids: list[int], req: GenRequest, stops: list[str], cancel: threading.Event,
-                    client: str, cache: PromptCache | None) -> Iterator[Event]:
+                    client: str, used: JobUsage | None) -> Iterator[Event]:
     """The engine's generation (same strategy, same sampler) on a cache that holds only
     ``client``'s own text; the caller holds the lane's lock."""
     cached = cache_owner.take(lane, client, ids)
-    if cache is not None:
-        cache.cached_tokens = cached
+    if used is not None:
+        used.cached_tokens = cached
     try:
-        strategy = lane.strategy if req.grammar is None else constrained(lane.strategy, req.grammar)
-        yield from generate(lane.target, ids, Sampler(req.params), strategy=strategy,
-                            max_tokens=req.max_tokens, stop=stops, cancel=cancel, logprobs=req.logprobs,
-                            stop_at_eog=not req.ignore_eos)
+        prediction = predicted(lane.target, req.prediction, len(ids))
+        strategy = lane.strategy
+        if prediction is not None and isinstance(strategy, SpeculativeStrategy):
+            strategy = strategy.predicting(prediction, len(ids))
+        if req.grammar is not None:
+            strategy = constrained(strategy, req.grammar)
+        for ev in generate(lane.target, ids, Sampler(req.params), strategy=strategy,
+                           max_tokens=req.max_tokens, stop=stops, cancel=cancel, logprobs=req.logprobs,
+                           stop_at_eog=not req.ignore_eos):
+            if isinstance(ev, DoneEvent) and prediction is not None and used is not None:
+                appeared = prediction.appeared(ev.tokens)
+                used.prediction = PredictionUse(appeared, prediction.size - appeared)
+            yield ev
     finally:
         cache_owner.release(lane, client)
+
+
+def predicted(target: Backend, text: str | None, prompt_len: int) -> Prediction | None:
+    """A request's prediction in the target's tokens, as far as the reply can reach (the
+    context left after the prompt): what lies beyond can never be drafted, and indexing
+    it would only cost memory."""
+    if not text:
+        return None
+    tokens = target.tokenize(text)
+    return Prediction(tokens[: max(0, target.n_ctx - prompt_len)], size=len(tokens))
 
 
 def _cut(text: str, stops: list[str]) -> tuple[str, bool]:

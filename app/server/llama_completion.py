@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from tandem.app.server.jobs import PromptCache
+from tandem.app.server.jobs import JobUsage
 from tandem.app.server.logprobs_api import llama_probabilities
 from tandem.app.server.openai import GenRequest
 from tandem.app.server.streams import OpenStreams, ReplyStream, StreamConfig, llama_server_stream
@@ -48,7 +48,7 @@ def done_body(done: DoneEvent, req: GenRequest, model: str, cached: int,
 
 def completion_stream(first: Any, items: AsyncIterator, job: Job, *, req: GenRequest, model: str,
                       config: StreamConfig, streams: OpenStreams,
-                      token_bytes: Callable[[int], bytes], cache: PromptCache,
+                      token_bytes: Callable[[int], bytes], used: JobUsage,
                       return_tokens: bool = False) -> ReplyStream:
     """``return_tokens``: each event also carries its token ids (``tokens``), even an event
     whose tokens hold no whole character yet."""
@@ -66,7 +66,7 @@ def completion_stream(first: Any, items: AsyncIterator, job: Job, *, req: GenReq
     def final(ev: Any) -> dict[str, Any] | None:
         if not isinstance(ev, DoneEvent):
             return None
-        return done_body(ev, req, model, cache.cached_tokens, tokens=[] if return_tokens else None) | {"content": ""}
+        return done_body(ev, req, model, used.cached_tokens, tokens=[] if return_tokens else None) | {"content": ""}
 
     return llama_server_stream(
         first, items, job,

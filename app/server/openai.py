@@ -139,6 +139,8 @@ class GenRequest:
     :mod:`.output_format`."""
     template_variables: dict[str, Any] = field(default_factory=dict)
     """A chat request's ``chat_template_kwargs`` (:func:`.chat_messages.parse_template_variables`)."""
+    prediction: str | None = None
+    """OpenAI's Predicted Outputs: text the reply is expected to be, mostly (:func:`parse_prediction`)."""
 
 
 UNSUPPORTED_UNLESS: dict[str, tuple[Any, ...]] = {
@@ -214,6 +216,35 @@ def parse_common(body: dict, *, max_tokens_default: int = 256, max_tokens_key: s
     )
 
 
+def parse_prediction(body: dict, n: int) -> str | None:
+    """OpenAI's ``prediction`` (``{"type": "content", "content": text or text parts}``):
+    the text the reply is expected to repeat, mostly (a file sent back with an edit). It
+    is drafted from, so it changes how fast the reply comes, never what it says
+    (:mod:`tandem.runtime.speculative.drafters.prediction`). As OpenAI, not with n > 1."""
+    prediction = body.get("prediction")
+    if prediction is None:
+        return None
+    content = prediction.get("content") if isinstance(prediction, dict) and prediction.get("type") == "content" else None
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise ApiError(400, "'prediction' must be {\"type\": \"content\", \"content\": text} (or a list of "
+                       "{\"type\": \"text\", \"text\": ...} parts).", "invalid_value", "prediction")
+    if n > 1:
+        raise ApiError(400, "'prediction' is not available with n > 1.", "unsupported_parameter", "prediction")
+    return content or None
+
+
+@dataclass(frozen=True)
+class PredictionUse:
+    """How much of a request's ``prediction`` the reply used (OpenAI's
+    ``completion_tokens_details``): its tokens that appeared in the reply, and the rest."""
+
+    accepted: int
+    rejected: int
+
+
 def parse_prompt(body: dict) -> str | list[int]:
     """The one prompt of a completion request: text, or token ids (OpenAI and llama-server
     take both), alone or as a list's only item. Token ids are used as given (no BOS added)."""
@@ -263,13 +294,18 @@ def finish_reason(reason: str) -> str:
     return "length" if reason == "length" else "stop"
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None,
+          prediction: PredictionUse | None = None) -> dict[str, Any]:
     """OpenAI's ``usage``; ``cached_tokens``: prompt tokens whose KV was reused (only ever
-    the same client's, see ``cache_owner``)."""
+    the same client's, see ``cache_owner``); ``prediction``: what the reply used of the
+    request's prediction."""
     out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                            "total_tokens": prompt_tokens + completion_tokens}
     if cached_tokens is not None:
         out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    if prediction is not None:
+        out["completion_tokens_details"] = {"accepted_prediction_tokens": prediction.accepted,
+                                            "rejected_prediction_tokens": prediction.rejected}
     return out
 
 

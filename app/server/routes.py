@@ -36,6 +36,7 @@ from tandem.app.server.openai import (
     flag,
     parse_common,
     parse_json,
+    parse_prediction,
     parse_prompt,
     usage,
 )
@@ -157,6 +158,7 @@ class Routes:
         req.logprobs = _logprobs(body, req, chat=True)
         messages = parse_messages(body)
         req.template_variables = parse_template_variables(body)
+        req.prediction = parse_prediction(body, req.n)
         fmt = parse_output_format(body, chat=True)
         tool_req = parse_tools(body)
         if tool_req is not None and tool_req.offered and fmt is not None:
@@ -172,23 +174,24 @@ class Routes:
             call = (OutputFormat("json_schema", call_schema(tool_req.offered), "tools", strict=False)
                     if tool_req.offered else None)
             call_grammar = await _compiled(slot, call, req)
-            cache = jobs.PromptCache()
+            used = jobs.JobUsage()
             return await self.generation(
                 request, slot, req, Shaper(slot.name, chat=True),
-                tool_chat_job(slot, messages, req, tool_req, call_grammar, client, cache), cache, tools=tool_req,
+                tool_chat_job(slot, messages, req, tool_req, call_grammar, client, used), used, tools=tool_req,
                 client=client, hint=_chat_hint(body, messages))
         if req.n > 1:
             return await self.drafts(request, slot, req, Shaper(slot.name, chat=True),
                                      jobs.drafts_job(slot, req, messages=messages, client=client), client=client)
-        cache = jobs.PromptCache()
+        used = jobs.JobUsage()
         return await self.generation(request, slot, req, Shaper(slot.name, chat=True),
-                                     jobs.chat_job(slot, messages, req, client, cache), cache,
+                                     jobs.chat_job(slot, messages, req, client, used), used,
                                      client=client, hint=_chat_hint(body, messages))
 
     async def completions(self, request: Request):
         body = await self.body(request)
         req = parse_common(body, max_tokens_default=16)
         req.logprobs = _logprobs(body, req, chat=False)
+        req.prediction = parse_prediction(body, req.n)
         prompt = parse_prompt(body)
         fmt = parse_output_format(body, chat=False)
         slot = self.model_for(req)
@@ -207,9 +210,9 @@ class Routes:
         if req.n > 1:
             return await self.drafts(request, slot, req, shaper, jobs.drafts_job(slot, req, ids=ids, client=client),
                                      client=client)
-        cache = jobs.PromptCache()
-        return await self.generation(request, slot, req, shaper, jobs.completion_job(slot, ids, req, client, cache),
-                                     cache, text_start=len(_text(slot, prompt)), client=client)
+        used = jobs.JobUsage()
+        return await self.generation(request, slot, req, shaper, jobs.completion_job(slot, ids, req, client, used),
+                                     used, text_start=len(_text(slot, prompt)), client=client)
 
     async def completion(self, request: Request):
         """llama-server's ``/completion`` (see :mod:`.llama_completion`)."""
@@ -225,20 +228,20 @@ class Routes:
         ids = await self.prompt_ids(slot, prompt)
         self.check_fits(slot, ids)
         client = _client(request)
-        cache = jobs.PromptCache()
+        used = jobs.JobUsage()
         job, items, first, watcher = await self.start(request, slot,
-                                                      jobs.completion_job(slot, ids, req, client, cache), client=client)
+                                                      jobs.completion_job(slot, ids, req, client, used), client=client)
         if req.stream:
             watcher.cancel()
             return llama_completion.completion_stream(first, items, job, req=req, model=slot.name,
                                                       config=self.stream_config, streams=self.streams,
-                                                      token_bytes=slot.target.token_bytes, cache=cache,
+                                                      token_bytes=slot.target.token_bytes, used=used,
                                                       return_tokens=return_tokens)
         lps: list | None = [] if req.logprobs is not None else None
         done = await _final(first, items, watcher, lps)
         request.state.stats = done.stats
         probs = None if lps is None else llama_probabilities(lps, slot.target.token_bytes)
-        return JSONResponse(llama_completion.done_body(done, req, slot.name, cache.cached_tokens, probs,
+        return JSONResponse(llama_completion.done_body(done, req, slot.name, used.cached_tokens, probs,
                                                        done.tokens if return_tokens else None))
 
     async def infill(self, request: Request):
@@ -283,7 +286,7 @@ class Routes:
         return JSONResponse(final_body(done))
 
     async def generation(self, request: Request, slot: ModelSlot, req: GenRequest, shaper: Shaper, fn,
-                         cache: jobs.PromptCache, text_start: int = 0, tools: ToolRequest | None = None,
+                         used: jobs.JobUsage, text_start: int = 0, tools: ToolRequest | None = None,
                          client: str = "", hint: str = ""):
         """``text_start``: where the reply's text begins for legacy ``text_offset`` (after the
         prompt, as OpenAI and llama-cpp-python count without ``echo``). ``tools``: the
@@ -298,14 +301,14 @@ class Routes:
                 request.state.stats = stats
 
             return generation_stream(first, items, job, shaper=shaper, token_bytes=slot.target.token_bytes,
-                                     include_usage=req.include_usage, cache=cache, on_stats=on_stats,
+                                     include_usage=req.include_usage, used=used, on_stats=on_stats,
                                      config=self.stream_config, streams=self.streams, text_start=text_start,
                                      tool_calls=ToolCallParser(names) if tools is not None else None)
         lps: list | None = [] if req.logprobs is not None else None
         done = await _final(first, items, watcher, lps)
         st = request.state.stats = done.stats
         body = shaper.full([(done.text, finish_reason(st.finish_reason))],
-                           usage(st.prompt_tokens, st.generated_tokens, cache.cached_tokens),
+                           usage(st.prompt_tokens, st.generated_tokens, used.cached_tokens, used.prediction),
                            {"tandem": {"stats": st.as_dict()}})
         if tools is not None:
             reply = parse_reply(done.text, names)

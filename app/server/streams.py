@@ -23,7 +23,7 @@ from sse_starlette.sse import EventSourceResponse, SendTimeoutError
 from starlette.types import Receive, Scope, Send
 
 from tandem.app.server.api_error import ApiError
-from tandem.app.server.jobs import PromptCache
+from tandem.app.server.jobs import JobUsage
 from tandem.app.server.logprobs_api import shape
 from tandem.app.server.openai import Shaper, finish_reason, usage
 from tandem.app.server.tool_calls import ToolCallParser
@@ -73,7 +73,7 @@ class ReplyStream(EventSourceResponse):
 
 
 def generation_stream(first: Any, items: AsyncIterator, job: Job, *, shaper: Shaper, token_bytes: Callable,
-                      include_usage: bool, cache: PromptCache, on_stats: Callable[[GenerationStats], None],
+                      include_usage: bool, used: JobUsage, on_stats: Callable[[GenerationStats], None],
                       config: StreamConfig, streams: OpenStreams, text_start: int = 0,
                       tool_calls: ToolCallParser | None = None) -> ReplyStream:
     """A chat or text completion's chunks, its finish chunk, the usage chunk (when asked
@@ -107,7 +107,7 @@ def generation_stream(first: Any, items: AsyncIterator, job: Job, *, shaper: Sha
                         finish_reason(ev.stats.finish_reason)
                     yield {"data": json.dumps(shaper.chunk(0, None, reason))}
                     if include_usage:
-                        use = usage(ev.stats.prompt_tokens, ev.stats.generated_tokens, cache.cached_tokens)
+                        use = usage(ev.stats.prompt_tokens, ev.stats.generated_tokens, used.cached_tokens, used.prediction)
                         yield {"data": json.dumps(shaper.usage_chunk(use))}
                     ended = True
             if not ended:  # stopped before its end (the server is shutting down): still a final chunk

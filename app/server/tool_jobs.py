@@ -24,7 +24,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import replace
 from typing import Any
 
-from tandem.app.server.jobs import PromptCache, generate_events
+from tandem.app.server.jobs import JobUsage, generate_events
 from tandem.app.server.loaded_models import Lane, ModelSlot
 from tandem.app.server.openai import GenRequest
 from tandem.app.server.tool_calls import CALL_CLOSE, CALL_OPEN
@@ -37,7 +37,7 @@ MAX_CALLS = 8
 
 
 def tool_chat_job(slot: ModelSlot, messages: list[dict[str, Any]], req: GenRequest, tools: ToolRequest,
-                  call_grammar: Any, client: str = "", cache: PromptCache | None = None):
+                  call_grammar: Any, client: str = "", used: JobUsage | None = None):
     """``call_grammar``: the compiled :func:`call_schema` of the offered tools (``None``
     when none is offered)."""
 
@@ -51,15 +51,15 @@ def tool_chat_job(slot: ModelSlot, messages: list[dict[str, Any]], req: GenReque
                 return
             stops = [*stops, *req.stop]
             if not offered:
-                yield from generate_events(lane, ids, req, stops, cancel, client, cache)
+                yield from generate_events(lane, ids, req, stops, cancel, client, used)
                 return
-            yield from _phases(lane, ids, req, tools, call_grammar, stops, cancel, client, cache)
+            yield from _phases(lane, ids, req, tools, call_grammar, stops, cancel, client, used)
 
     return run
 
 
 def _phases(lane: Lane, prompt: list[int], req: GenRequest, tools: ToolRequest, call_grammar: Any,
-            stops: list[str], cancel: threading.Event, client: str, cache: PromptCache | None) -> Iterator[Event]:
+            stops: list[str], cancel: threading.Event, client: str, used: JobUsage | None) -> Iterator[Event]:
     target = lane.target
     ids = list(prompt)
     texts: list[str] = []
@@ -74,7 +74,7 @@ def _phases(lane: Lane, prompt: list[int], req: GenRequest, tools: ToolRequest, 
             texts.append(CALL_OPEN + "\n")
             yield TokenEvent(CALL_OPEN + "\n", [])
             done = yield from _run(lane, ids, replace(req, max_tokens=left, grammar=call_grammar), [], cancel,
-                                   client, None if phases else cache)
+                                   client, None if phases else used)
             ids += done.tokens + target.tokenize("\n" + CALL_CLOSE, add_bos=False, special=True)
             texts += [done.text, "\n" + CALL_CLOSE]
             yield TokenEvent("\n" + CALL_CLOSE, [])
@@ -84,7 +84,7 @@ def _phases(lane: Lane, prompt: list[int], req: GenRequest, tools: ToolRequest, 
             more = tools.parallel and calls < MAX_CALLS and not tools.forced
         else:  # free text, until the model opens a call
             done = yield from _run(lane, ids, replace(req, max_tokens=left), [*stops, CALL_OPEN], cancel, client,
-                                   None if phases else cache)
+                                   None if phases else used)
             kept, opened = _until_call(target, done.tokens)
             ids += kept
             texts.append(done.text)
@@ -104,10 +104,10 @@ def _phases(lane: Lane, prompt: list[int], req: GenRequest, tools: ToolRequest, 
 
 
 def _run(lane: Lane, ids: list[int], req: GenRequest, stops: list[str], cancel: threading.Event, client: str,
-         cache: PromptCache | None) -> Generator[Event, None, DoneEvent]:
+         used: JobUsage | None) -> Generator[Event, None, DoneEvent]:
     """One phase: its token events passed on, its :class:`DoneEvent` returned."""
     done = None
-    for ev in generate_events(lane, ids, req, stops, cancel, client, cache):
+    for ev in generate_events(lane, ids, req, stops, cancel, client, used):
         if isinstance(ev, DoneEvent):
             done = ev
         else:

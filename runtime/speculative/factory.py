@@ -30,6 +30,7 @@ from tandem.runtime.speculative.drafters.base import Drafter
 from tandem.runtime.speculative.drafters.chain import ChainDrafter
 from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter
 from tandem.runtime.speculative.drafters.model import ModelDrafter, same_vocabulary
+from tandem.runtime.speculative.drafters.prediction import Prediction, PredictionDrafter
 from tandem.runtime.speculative.drafters.suffix import SuffixDrafter, SuffixMemory, global_cache
 from tandem.runtime.speculative.drafters.xvocab.drafter import CrossVocabDrafter
 from tandem.runtime.speculative.drafters.xvocab.translation_cache import vocab_fingerprint
@@ -40,11 +41,14 @@ from tandem.runtime.speculative.policy.base import FixedLength, LengthPolicy
 
 MODES = ("auto", "model", "xvocab", "ngram", "off")
 """Draft modes (``--draft-mode``); see :func:`build_strategy`."""
-MODEL_FREE_SOURCES = frozenset({"suffix", "lookup", "text-lookup"})
+MODEL_FREE_SOURCES = frozenset({"suffix", "lookup", "text-lookup", "prediction"})
 """Draft sources that cost nothing to ask (see AdaptivePolicy.cheap_sources)."""
-MEASURED_SOURCES = frozenset({"text-lookup"})
-"""Model-free sources whose confidence is a measured acceptance rate (see
-AdaptivePolicy.measured_sources)."""
+MEASURED_SOURCES = frozenset({"text-lookup", "prediction"})
+"""Model-free sources judged by their own verdicts alone, trusted from the start (see
+AdaptivePolicy.measured_sources): text lookup's confidence is a measured acceptance rate;
+a prediction is the client's word on the reply, and drafts text other than the reply's
+repeats (pooled with the suffix tree's and lookup's failures on chat prose, it was never
+verified once)."""
 
 
 @dataclass
@@ -94,10 +98,13 @@ class SpeculativeStrategy:
     """
 
     def __init__(self, drafter: Drafter | None, policy: LengthPolicy | None, hook: RoundHook | None = None,
-                 *, predraft: bool = False, on_close: Callable[[], None] | None = None) -> None:
+                 *, predraft: bool = False, on_close: Callable[[], None] | None = None, owns: bool = True) -> None:
         self.drafter = drafter
         self.policy = policy
         self.predraft = predraft
+        self.owns = owns
+        """``close()`` closes the drafter; ``False`` for one request's strategy around a
+        longer-lived one's drafter (:meth:`predicting`)."""
         self._on_close = on_close
         """Saves what the policy learnt for the next strategy (:func:`build_strategy`)."""
         self._run = (speculative(drafter, policy, hook=hook, predraft=predraft)
@@ -124,6 +131,17 @@ class SpeculativeStrategy:
             info["rounds_off"] = policy.rounds_off
         return info
 
+    def predicting(self, prediction: Prediction, reply_start: int) -> SpeculativeStrategy:
+        """This strategy for one reply expected to be mostly ``prediction`` (beginning at
+        context length ``reply_start``): drafted from the prediction first, then by this
+        strategy's drafters, with the same policy, which learns what each source is worth.
+        Plain mode stays plain (its user chose not to speculate). The strategy returned
+        owns nothing: closing it leaves this one's drafter open."""
+        if self.drafter is None or self.policy is None:
+            return self
+        drafter = ChainDrafter([PredictionDrafter(prediction, reply_start), self.drafter])
+        return SpeculativeStrategy(drafter, self.policy, predraft=self.predraft, owns=False)
+
     def prime(self, tokens: Sequence[int]) -> None:
         """Tokens the next request may repeat (see ``Drafter.prime``); nothing in plain mode."""
         if self.drafter is not None:
@@ -133,10 +151,10 @@ class SpeculativeStrategy:
         if self._on_close is not None:
             on_close, self._on_close = self._on_close, None
             on_close()
-        if self.drafter is not None:
+        if self.drafter is not None and self.owns:
             self.drafter.close()
-            self.drafter = None
-            self._run = None
+        self.drafter = None
+        self._run = None
 
 
 
@@ -307,7 +325,7 @@ def build_strategy(
                                   draft_cost_guessed=guessed,
                                   catch_up_cost=learnt.catch_up_cost if learnt else None,
                                   cheap_drafter=model_free, measured_sources=MEASURED_SOURCES,
-                                  cheap_sources=frozenset() if model_free or len(drafters) == 1 else MODEL_FREE_SOURCES)
+                                  cheap_sources=frozenset() if model_free else MODEL_FREE_SOURCES)
         if opts.measure_cost:
             on_close = partial(remember_learnt, target, adaptive, model_drafter,
                                draft_cost_known=bool(learnt_draft and not opts.draft_cost), call_cost=call_cost)

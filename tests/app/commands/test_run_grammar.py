@@ -1,4 +1,4 @@
-"""`tandem run --json-schema FILE` / `--grammar FILE`: replies that follow them, and one
+"""`tandem run --json-schema FILE` / `--grammar FILE`: replies that follow them; `--predict FILE`; and one
 line and a non-zero exit for a file that is missing or does not compile."""
 
 from __future__ import annotations
@@ -58,3 +58,24 @@ def test_run_follows_a_json_schema_and_a_gbnf_grammar(real_models, tmp_path: Pat
     assert out.returncode == 0, out.stderr
     text = json.loads(out.stdout)["text"]
     assert re.fullmatch(r"(yes|no), because [a-z ]+\.?", text), text
+
+
+def test_a_prediction_changes_nothing_in_the_reply_and_a_missing_one_fails_in_one_line(real_models,
+                                                                                      tmp_path: Path) -> None:
+    """`tandem run --predict FILE`: the file is drafted from (the summary names the
+    prediction among the drafters), and the reply is the one without it."""
+    code = "def area(w, h):\n    return w * h\n"
+    predicted = tmp_path / "area.py"
+    predicted.write_text(code)
+    common = ["run", "-m", str(real_models.smollm2), "-n", "40", "--threads", "1", "--json", "--temp", "0",
+              "-p", f"Repeat this code exactly:\n{code}"]
+    without = run_cli(*common)
+    with_it = run_cli(*common, "--predict", str(predicted))
+    assert without.returncode == 0 and with_it.returncode == 0, with_it.stderr
+    assert json.loads(with_it.stdout)["token_ids"] == json.loads(without.stdout)["token_ids"]
+    assert json.loads(with_it.stdout)["speculation"]["drafter"].startswith("prediction+")
+    missing = run_cli("run", "-m", str(tmp_path / "never-opened.gguf"), "-p", "x", "--predict",
+                      str(tmp_path / "nope.py"))
+    assert missing.returncode == 5, missing.stderr  # a PromptError: read before any model is looked up
+    lines = missing.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--predict" in lines[0] and "cannot read" in lines[0], missing.stderr

@@ -52,6 +52,9 @@ CHATS = [
      "temperature": 0.8, "seed": 7},
     {"messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 24, "temperature": 0,
      "logit_bias": {"28": -100, "30": 3}, "presence_penalty": 0.5},
+    {"messages": [{"role": "user", "content": "Repeat this line: the quick brown fox jumps over the lazy dog"}],
+     "max_tokens": 24, "temperature": 0,
+     "prediction": {"type": "content", "content": "The quick brown fox jumps over the lazy cat"}},
 ]
 COMPLETIONS = [
     {"prompt": "def add(a, b):\n    return", "max_tokens": 16, "temperature": 0},
@@ -83,6 +86,7 @@ HOSTILE: list[tuple[str, str, bytes]] = [
     ("POST", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"9999999": 1}}'),
     ("POST", "/tokenize", b'{"content": 5}'),
     ("POST", "/detokenize", b'{"tokens": [-1]}'),
+    ("POST", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "prediction": {"type": 1}}'),
     ("GET", "/v1/nothing-here", b""),
     ("DELETE", "/v1/models", b""),
 ]
