@@ -15,6 +15,7 @@ from tandem.runtime.chat import chat_prompt
 from tandem.runtime.constrained import GrammarSpec, compile_grammar
 from tandem.runtime.constrained.strategy import constrained
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
+from tandem.runtime.speculative.drafters.prediction import Prediction
 from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 
 SCHEMA = {
@@ -150,3 +151,21 @@ def test_a_vocabulary_that_writes_a_leading_space_decodes_under_a_schema(stories
         assert set(json.loads(done.text)) == {"hero"}
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize("kind", ["the reply", "a pretty-printed edit"])
+def test_a_predicted_reply_under_a_schema_changes_no_token(target, grammar, prompt, plain, kind) -> None:
+    """A prediction's drafts are cut to what the grammar allows like any draft's: a client
+    predicting the record (or another layout of it, with another name) gets the reply plain
+    constrained decoding gives, and the right prediction is drafted from."""
+    record = json.loads(plain.text)
+    text = plain.text if kind == "the reply" else json.dumps(record | {"name": "Marie Lopez"}, indent=2)
+    strategy = build_strategy(target, None, SpecOptions(mode="ngram", draft_length=8, measure_cost=False))
+    try:
+        predicted = strategy.predicting(Prediction(target.tokenize(text)), len(prompt))
+        spec = decode(target, prompt, constrained(predicted, grammar))
+    finally:
+        strategy.close()
+    assert spec.tokens == plain.tokens
+    if kind == "the reply":
+        assert spec.stats.accepted_tokens >= len(plain.tokens) / 2  # 18 of 24, in 4 target calls
