@@ -41,6 +41,12 @@ PROBE_STEPS = 8
 PROBE_ROUNDS = 3
 PROBE_STALE_S = 600
 """A probe's lock older than this is from a probe that died: another may start."""
+PLAUSIBLE_RATIO = 3.0
+"""Decoding reads every weight once a token in either configuration, so one cannot decode
+this many times faster than the other: a probe that says so was timed while something
+else held the cores (one cached on a 2-core Zen 5 read "repacked decodes at 0.00x": 3.4 s a
+token), and is not kept; the next run measures again. Prompt processing is not bounded
+(batched kernels, AMX on Intel, can be several times faster repacked)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,15 @@ def decide(exact: dict[str, float], repacked: dict[str, float], threads: int) ->
     if d >= 1.0 and p >= 1.0:
         return KernelChoice(False, f"measured here: {figures}; exact kept (longer verify calls)", threads, measured)
     return KernelChoice(True, f"measured here: {figures}", threads, measured)
+
+
+def plausible(choice: KernelChoice) -> bool:
+    """Whether ``choice`` measured both configurations decoding within
+    :data:`PLAUSIBLE_RATIO` of each other (see there)."""
+    exact, repacked = choice.measured.get("exact", {}), choice.measured.get("repacked", {})
+    if exact.get("decode_s", 0) <= 0 or repacked.get("decode_s", 0) <= 0:
+        return False
+    return 1 / PLAUSIBLE_RATIO <= repacked["decode_s"] / exact["decode_s"] <= PLAUSIBLE_RATIO
 
 
 def probe(model: str | os.PathLike[str], threads: int, *, rounds: int = PROBE_ROUNDS,
@@ -165,7 +180,10 @@ def _child(model: str, threads: int) -> int:
     path = choice_path(model, threads)
     try:
         os.nice(10)  # after the user's run, and behind whatever they do next
-        remember(model, threads, probe(model, threads))
+        choice = probe(model, threads)
+        if not plausible(choice):
+            return 1  # timed beside other work: measured again after the next run
+        remember(model, threads, choice)
         return 0
     except Exception:  # noqa: BLE001 - best effort: measured again next time
         return 1

@@ -35,6 +35,30 @@ def test_repacked_unless_the_weights_as_stored_are_not_slower_at_either() -> Non
     assert not tie.repack and "1.00x" in tie.why  # equal: the longer verify calls win
 
 
+def test_a_probe_timed_beside_other_work_is_not_kept() -> None:
+    """Decoding reads every weight once a token either way: one configuration decoding 3x
+    slower than the other was timed while something else held the cores (a cached probe
+    read "0.00x"). Prompts may differ more (batched kernels)."""
+    sane = {"decode_s": 0.016, "prompt_s": 0.005}
+    contended = {"decode_s": 3.4, "prompt_s": 0.054}
+    assert llama_kernels.plausible(decide(exact=sane, repacked={"decode_s": 0.015, "prompt_s": 0.0052}, threads=2))
+    assert llama_kernels.plausible(decide(exact=sane, repacked={"decode_s": 0.012, "prompt_s": 0.001}, threads=2))
+    assert not llama_kernels.plausible(decide(exact=sane, repacked=contended, threads=2))
+    assert not llama_kernels.plausible(decide(exact=contended, repacked=sane, threads=2))
+    assert not llama_kernels.plausible(KernelChoice(False, "nothing measured", 2))
+
+
+def test_the_background_probe_keeps_only_a_plausible_choice(stories260k: Path, tmp_path: Path, monkeypatch) -> None:
+    model = tmp_path / "m.gguf"
+    shutil.copy(stories260k, model)
+    monkeypatch.setattr(llama_kernels.os, "nice", lambda n: 0)  # the test process stays as it is
+    sane = {"decode_s": 0.016, "prompt_s": 0.005}
+    for repacked, kept in (({"decode_s": 3.4, "prompt_s": 0.054}, False), ({"decode_s": 0.015, "prompt_s": 0.004}, True)):
+        monkeypatch.setattr(llama_kernels, "probe", lambda m, t, r=repacked: decide(sane, r, t))
+        assert llama_kernels._child(str(model), 1) == (0 if kept else 1)
+        assert (cached_choice(model, 1) is not None) == kept
+
+
 def test_probe_measures_both_and_the_choice_is_cached(stories260k: Path, tmp_path: Path) -> None:
     model = tmp_path / "m.gguf"
     shutil.copy(stories260k, model)
