@@ -16,9 +16,9 @@ runs, greedy, in these configurations, back to back and rotated:
 * ``llama`` / ``llama-lookup``: llama-cpp-python plain and with its prompt lookup, on
   the same file, threads and context (the outside peer; it has no predicted outputs).
 
-Tandem's three must give the same tokens (checked and reported). Each speculative run
-starts from a fresh strategy, so no run learns from another, and each prompt is read into
-every engine's cache, untimed, before its runs: the rates are decode rates.
+Tandem's four must give the same tokens (checked and reported). Each speculative run
+starts from a fresh strategy, so no run learns from another; runs alternate as
+:mod:`.alternating` sets out.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tandem.app.bench.alternating import plain_runs, rotated_runs, same_as_plain, vs_plain
 from tandem.app.bench.peers import LlamaPeer
 from tandem.app.bench.workloads import EDIT, EDIT_CODE
 from tandem.kernels.sampling import Sampler, SamplingParams
@@ -81,7 +82,6 @@ def run_predicted(cfg: PredictedConfig) -> dict:
     peers = {name: LlamaPeer(cfg.target, n_ctx=cfg.ctx, threads=cfg.threads, lookup=name == "llama-lookup")
              for name in PEERS if name in cfg.configs}
     greedy = Sampler(SamplingParams.greedy_params())
-    runs: list[PredictedRun] = []
     load_start = list(os.getloadavg())
     try:
         work = [(chat_prompt(target, [{"role": "user", "content": text}])[0], code)
@@ -111,18 +111,9 @@ def run_predicted(cfg: PredictedConfig) -> dict:
             return PredictedRun(name, pi, rep, done.tokens, s.tokens_per_s, s.target_calls, s.accepted_tokens,
                                 s.drafted_tokens)
 
-        for name in cfg.configs:  # warm-up: first touch of each engine's weights
-            one(name, 0, -1, 8)
-        for rep in range(cfg.reps):
-            for pi in range(len(work)):
-                for name in ["plain", *peers]:  # the prompt into each engine's cache, untimed
-                    one(name, pi, -1, 1)
-                shift = (rep * len(work) + pi) % len(cfg.configs)
-                for name in [*cfg.configs[shift:], *cfg.configs[:shift]]:
-                    run = one(name, pi, rep, cfg.max_tokens)
-                    runs.append(run)
-                    cfg.log(f"rep {rep} p{pi} {name:16s} {run.tokens_per_s:7.2f} tok/s  {len(run.tokens):4d} tokens "
-                            f"calls {run.target_calls:4d} acc {run.accepted}/{run.drafted}")
+        runs = rotated_runs(cfg.configs, len(work), cfg.reps, cfg.max_tokens, one, ["plain", *peers], lambda run: cfg.log(
+            f"rep {run.rep} p{run.prompt} {run.config:16s} {run.tokens_per_s:7.2f} tok/s  {len(run.tokens):4d} tokens "
+            f"calls {run.target_calls:4d} acc {run.accepted}/{run.drafted}"))
     finally:
         for peer in peers.values():
             peer.close()
@@ -132,24 +123,20 @@ def run_predicted(cfg: PredictedConfig) -> dict:
 
 def summarize(runs: list[PredictedRun], cfg: PredictedConfig, load_start: list[float],
               prediction_tokens: list[int]) -> dict:
-    plain = {(r.prompt, r.rep): r for r in runs if r.config == "plain"}
+    plain = plain_runs(runs)
     rows = {}
     for name in cfg.configs:
         mine = [r for r in runs if r.config == name]
-        ratios = [r.tokens_per_s / plain[(r.prompt, r.rep)].tokens_per_s for r in mine
-                  if (r.prompt, r.rep) in plain and plain[(r.prompt, r.rep)].tokens_per_s > 0]
         if not mine:
             continue
         rows[name] = {
             "tokens_per_s": statistics.median(r.tokens_per_s for r in mine),
-            "vs_plain": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
-            if ratios else None,
+            "vs_plain": vs_plain(mine, plain),
             "tokens": statistics.median(len(r.tokens) for r in mine),
             "target_calls": statistics.median(r.target_calls for r in mine),
             "accepted": statistics.median(r.accepted for r in mine),
             "drafted": statistics.median(r.drafted for r in mine),
-            "identical_to_plain": all(r.tokens == plain[(r.prompt, r.rep)].tokens for r in mine
-                                      if (r.prompt, r.rep) in plain) if name not in PEERS else None,
+            "identical_to_plain": same_as_plain(mine, plain) if name not in PEERS else None,
         }
     return {"target": str(cfg.target), "draft": str(cfg.draft) if cfg.draft else None, "threads": cfg.threads,
             "prompts": len({r.prompt for r in runs}), "reps": cfg.reps, "max_tokens": cfg.max_tokens,

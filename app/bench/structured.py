@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tandem.app.bench.alternating import plain_runs, rotated_runs, same_as_plain, vs_plain
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.chat import chat_prompt
@@ -185,7 +186,6 @@ def run_structured(cfg: StructuredConfig) -> dict:
             if "llama-grammar" in cfg.configs else None)
     strategy = engine.strategy
     lookup = engine.fresh_strategy(mode="ngram")
-    runs: list[StructuredRun] = []
     load_start = list(os.getloadavg())
     try:
         work = []
@@ -206,22 +206,11 @@ def run_structured(cfg: StructuredConfig) -> dict:
             return StructuredRun(name, pi, rep, done.tokens, done.text, len(done.tokens) / s.total_s, s.target_calls,
                                  s.forced_tokens, s.accepted_tokens, s.drafted_tokens)
 
-        for name in cfg.configs:  # warm-up: first touch of each engine's weights
-            one(name, 0, -1, 8)
-        for rep in range(cfg.reps):
-            for pi in range(len(work)):
-                # the prompt read into each engine's cache untimed: the first timed run of a
-                # prompt would otherwise pay its prefill, and the rotation puts each
-                # configuration first an unequal number of times
-                for name in sorted({"plain" if n != "llama-grammar" else n for n in cfg.configs}):
-                    one(name, pi, -1, 1)
-                shift = (rep * len(work) + pi) % len(cfg.configs)
-                for name in [*cfg.configs[shift:], *cfg.configs[:shift]]:
-                    run = one(name, pi, rep, cfg.max_tokens)
-                    runs.append(run)
-                    cfg.log(f"rep {rep} p{pi} {name:14s} {run.tokens_per_s:7.2f} tok/s  {len(run.tokens):4d} tokens "
-                            f"calls {run.target_calls:4d} forced {run.forced_tokens:3d} "
-                            f"acc {run.accepted}/{run.drafted}")
+        # one reader per engine: Tandem's configurations share the target
+        readers = sorted({"plain" if n != "llama-grammar" else n for n in cfg.configs})
+        runs = rotated_runs(cfg.configs, len(work), cfg.reps, cfg.max_tokens, one, readers, lambda run: cfg.log(
+            f"rep {run.rep} p{run.prompt} {run.config:14s} {run.tokens_per_s:7.2f} tok/s  {len(run.tokens):4d} tokens "
+            f"calls {run.target_calls:4d} forced {run.forced_tokens:3d} acc {run.accepted}/{run.drafted}"))
     finally:
         lookup.close()
         if peer is not None:
@@ -231,23 +220,19 @@ def run_structured(cfg: StructuredConfig) -> dict:
 
 
 def summarize(runs: list[StructuredRun], cfg: StructuredConfig, load_start: list[float]) -> dict:
-    plain = {(r.prompt, r.rep): r for r in runs if r.config == "plain"}
+    plain = plain_runs(runs)
     rows = {}
     for name in cfg.configs:
         mine = [r for r in runs if r.config == name]
         if not mine:
             continue
-        ratios = [r.tokens_per_s / plain[(r.prompt, r.rep)].tokens_per_s for r in mine
-                  if (r.prompt, r.rep) in plain and plain[(r.prompt, r.rep)].tokens_per_s > 0]
         rows[name] = {
             "tokens_per_s": statistics.median(r.tokens_per_s for r in mine),
-            "vs_plain": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
-            if ratios else None,
+            "vs_plain": vs_plain(mine, plain),
             "tokens": statistics.median(len(r.tokens) for r in mine),
             "target_calls": statistics.median(r.target_calls for r in mine),
             "forced_tokens": statistics.median(r.forced_tokens for r in mine),
-            "identical_to_plain": all(r.tokens == plain[(r.prompt, r.rep)].tokens for r in mine
-                                      if (r.prompt, r.rep) in plain) if name != "llama-grammar" else None,
+            "identical_to_plain": same_as_plain(mine, plain) if name != "llama-grammar" else None,
             "valid_json": all(_is_json(r.text) for r in mine),
         }
     return {"target": str(cfg.target), "draft": str(cfg.draft) if cfg.draft else None, "threads": cfg.threads,

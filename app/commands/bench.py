@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from tandem.app.bench.workloads import DEFAULT_WORKLOADS, WORKLOADS
@@ -171,6 +172,19 @@ def _check_writable(path: Path) -> None:
         raise TandemError(f"Cannot write {path}: the folder {path.parent} does not exist.")
 
 
+def _plain_and(known: Sequence[str], peers: Sequence[str], args: argparse.Namespace) -> list[str]:
+    """The configurations a comparison against ``plain`` runs: ``--configs`` (each one of
+    ``known``, else an error naming it) or all of them, ``plain`` first, without the
+    llama-cpp-python ``peers`` under ``--no-peers``."""
+    configs = [c for c in known if c not in peers or not args.no_peers]
+    if args.configs:
+        unknown = [c for c in args.configs if c not in known]
+        if unknown:
+            raise TandemError(f"Unknown configuration {unknown[0]!r}; choose from {', '.join(known)}.")
+        configs = ["plain", *[c for c in configs if c in args.configs and c != "plain"]]
+    return configs
+
+
 def run_structured_bench(args: argparse.Namespace) -> int:
     # local: the CLI imports every command; this loads only when the command runs
     from tandem.app.bench.structured import (
@@ -185,12 +199,7 @@ def run_structured_bench(args: argparse.Namespace) -> int:
     prompts = len(PROMPTS) if args.prompts is None else args.prompts
     if args.reps < 1 or not 1 <= prompts <= len(PROMPTS):
         raise TandemError(f"--reps must be at least 1, --prompts 1..{len(PROMPTS)}.")
-    configs = [c for c in CONFIGS if c != "llama-grammar" or not args.no_peers]
-    if args.configs:
-        unknown = [c for c in args.configs if c not in CONFIGS]
-        if unknown:
-            raise TandemError(f"Unknown configuration {unknown[0]!r}; choose from {', '.join(CONFIGS)}.")
-        configs = ["plain", *[c for c in configs if c in args.configs and c != "plain"]]
+    configs = _plain_and(CONFIGS, ("llama-grammar",), args)
     if args.json_file:
         _check_writable(Path(args.json_file))
     cfg = StructuredConfig(resolve_model(args.model), resolve_model(args.draft) if args.draft else None,
@@ -221,12 +230,7 @@ def run_predicted_bench(args: argparse.Namespace) -> int:
     prompts = len(EDIT) if args.prompts is None else args.prompts
     if args.reps < 1 or args.max_tokens < 2 or not 1 <= prompts <= len(EDIT):
         raise TandemError(f"--reps must be at least 1, --max-tokens at least 2, --prompts 1..{len(EDIT)}.")
-    configs = [c for c in CONFIGS if c not in PEERS or not args.no_peers]
-    if args.configs:
-        unknown = [c for c in args.configs if c not in CONFIGS]
-        if unknown:
-            raise TandemError(f"Unknown configuration {unknown[0]!r}; choose from {', '.join(CONFIGS)}.")
-        configs = ["plain", *[c for c in configs if c in args.configs and c != "plain"]]
+    configs = _plain_and(CONFIGS, PEERS, args)
     if args.json_file:
         _check_writable(Path(args.json_file))
     cfg = PredictedConfig(resolve_model(args.model), resolve_model(args.draft) if args.draft else None,
