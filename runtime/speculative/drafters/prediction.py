@@ -80,7 +80,7 @@ class Prediction:
                 return Place(end, max(place.furthest, end)), range(end - n, end)
         return Place(None, place.furthest), range(0)
 
-    def walk(self, reply: Sequence[int], place: Place | None = None, done: int = 0) -> Place:
+    def walk(self, reply: Sequence[int], done: int = 0, *, place: Place | None = None) -> Place:
         """``place`` (the start by default, after ``reply[:done]``) moved on over ``reply[done:]``."""
         place = self.start() if place is None else place
         for i in range(done, len(reply)):
@@ -124,12 +124,17 @@ class PredictionDrafter(ModelFreeDrafter):
         self._place = prediction.start()
         self._walked = 0
         """Reply tokens committed and walked so far."""
+        self._latest: list[int] = []
+        """The last :attr:`Prediction.max_ngram` of them: all that walking on reads of them
+        (a round copies only its new tokens, never the whole reply)."""
         self.follows, self.departures = PRIOR_FOLLOWS
         """Tokens the reply took from where it stood in the prediction, and tokens where it
         did not (prior included)."""
 
-    def _reply(self, context: Sequence[int]) -> list[int]:
-        return list(context[self.reply_start:])
+    def _unwalked(self, context: Sequence[int]) -> tuple[list[int], int]:
+        """The reply's latest walked tokens followed by those not walked yet, and where the
+        latter begin."""
+        return [*self._latest, *context[self.reply_start + self._walked:]], len(self._latest)
 
     def follow_rate(self) -> float:
         """The chance that the reply, standing in the prediction, goes on with its next token."""
@@ -139,21 +144,22 @@ class PredictionDrafter(ModelFreeDrafter):
         if max_tokens <= 0:
             return Draft([], None, self.name)
         # A context past the committed one (a pre-draft) is walked on a copy of the place.
-        place = self.prediction.walk(self._reply(context), self._place, self._walked)
+        place = self.prediction.walk(*self._unwalked(context), place=self._place)
         tokens = self.prediction.draft(place, max_tokens)
         return Draft(tokens, None, self.name, [self.follow_rate()] * len(tokens))
 
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
-        reply = self._reply(context)
+        tail, done = self._unwalked(context)
         prediction = self.prediction
-        for i in range(self._walked, len(reply)):
+        for i in range(done, len(tail)):
             before = self._place
-            self._place, matched = prediction.step(before, prediction.recent(reply, i))
+            self._place, matched = prediction.step(before, prediction.recent(tail, i))
             if before.at is not None and before.at < len(prediction.tokens):  # it stood somewhere: did it follow?
                 followed = matched == range(before.at, before.at + 1)
                 self.follows += followed
                 self.departures += not followed
-        self._walked = len(reply)
+        self._walked += len(tail) - done
+        self._latest = tail[-prediction.max_ngram:]
 
     def close(self) -> None:
         """Nothing held beyond the request."""
