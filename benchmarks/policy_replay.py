@@ -11,8 +11,12 @@ its target calls cost on that curve, in one-token calls (plain decoding: 1.00; a
 (``benchmarks/heldout_prompts.py``): a constant tuned to the bench's 12 prompts shows
 its loss there. Greedy output is checked identical across variants.
 
+``--predicted``: the edit prompts only, each sent with its code as the prediction
+(OpenAI's Predicted Outputs, as `tandem bench --predicted` sends it): the prediction
+drafts first, then the model-free sources, under the same policy.
+
     .venv/bin/python -m benchmarks.policy_replay MODEL.gguf [--promise 1.10,1.15] [--repack]
-        [--curve 1,1.94,2.29,2.94,3.13,3.82,4.67,5.52,6.37] [-n 64] [--threads 2]
+        [--curve 1,1.94,2.29,2.94,3.13,3.82,4.67,5.52,6.37] [-n 64] [--threads 2] [--predicted]
 
 ``--curve``: c(0..8); default the curve this machine learnt for the target (``tandem
 bench`` or any adaptive run saves it). Timed figures remain ``tandem bench``'s.
@@ -21,12 +25,13 @@ bench`` or any adaptive run saves it). Timed figures remain ``tandem bench``'s.
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 from pathlib import Path
 
 from benchmarks.heldout_prompts import HELD_OUT
-from tandem.app.bench.workloads import REAL_WORKLOADS, workload
+from tandem.app.bench.workloads import REAL_WORKLOADS
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.backends.llama import LlamaCppBackend
 from tandem.runtime.backends.llama_config import LlamaConfig
@@ -34,7 +39,12 @@ from tandem.runtime.chat import chat_prompt
 from tandem.runtime.generate import generate
 from tandem.runtime.speculative.cost import CostCurve, OnlineCost
 from tandem.runtime.speculative.cost_cache import cached_cost_curve
-from tandem.runtime.speculative.factory import SpeculativeStrategy, model_free_drafter
+from tandem.runtime.speculative.drafters.prediction import Prediction
+from tandem.runtime.speculative.factory import (
+    MEASURED_SOURCES,
+    SpeculativeStrategy,
+    model_free_drafter,
+)
 from tandem.runtime.speculative.policy.adaptive import AdaptiveConfig, AdaptivePolicy
 
 
@@ -52,13 +62,16 @@ class RecordingPolicy(AdaptivePolicy):
 
 
 def replay(target: LlamaCppBackend, prompt: list[int], curve: CostCurve, promise: float,
-           n: int) -> tuple[list[int], float, list[tuple[int, int, int]]]:
-    """One reply: its tokens, its modeled speedup and its rounds."""
+           n: int, prediction: Prediction | None = None) -> tuple[list[int], float, list[tuple[int, int, int]]]:
+    """One reply (drafted from ``prediction`` first, when given): its tokens, its modeled
+    speedup and its rounds."""
     cost = OnlineCost(curve, chunk=target.exact_batch, measure_t1=False, learn=False)
-    policy = RecordingPolicy(cost, AdaptiveConfig(probe_promise=promise), cheap_drafter=True)
+    policy = RecordingPolicy(cost, AdaptiveConfig(probe_promise=promise), cheap_drafter=True,
+                             measured_sources=MEASURED_SOURCES)
     strategy = SpeculativeStrategy(model_free_drafter(target, memory="request"), policy)
+    decoding = strategy if prediction is None else strategy.predicting(prediction, len(prompt))
     try:
-        *_, done = generate(target, prompt, Sampler(SamplingParams.greedy_params()), strategy=strategy,
+        *_, done = generate(target, prompt, Sampler(SamplingParams.greedy_params()), strategy=decoding,
                             max_tokens=n, stop_at_eog=False)  # the last event: the reply and its stats
     finally:
         strategy.close()
@@ -66,14 +79,20 @@ def replay(target: LlamaCppBackend, prompt: list[int], curve: CostCurve, promise
     return list(done.tokens), len(done.tokens) / spent, policy.rounds
 
 
-def prompts(target: LlamaCppBackend) -> list[tuple[str, str, list[int]]]:
-    """(workload, label, prompt ids): the bench's prompts (b0..) and the held-out ones (h0..)."""
+def prompts(names: tuple[str, ...] = tuple(REAL_WORKLOADS)) -> list[tuple[str, str, str]]:
+    """(workload, label, user message): the bench's prompts (b0..) and the held-out ones (h0..)."""
     out = []
-    for name in REAL_WORKLOADS:
-        out += [(name, f"b{i}", p) for i, p in enumerate(workload(target, name, 3).prompts)]
-        out += [(name, f"h{i}", chat_prompt(target, [{"role": "user", "content": text}])[0])
-                for i, text in enumerate(HELD_OUT[name])]
+    for name in names:
+        out += [(name, f"b{i}", text) for i, text in enumerate(REAL_WORKLOADS[name][:3])]
+        out += [(name, f"h{i}", text) for i, text in enumerate(HELD_OUT[name])]
     return out
+
+
+def fenced_code(text: str) -> str | None:
+    """The body of the first fenced code block in ``text``: what an editor asking for that
+    code back changed would send as the prediction."""
+    found = re.search(r"```[^\n]*\n(.*?)```", text, re.S)
+    return found.group(1) if found else None
 
 
 def main() -> None:
@@ -84,6 +103,7 @@ def main() -> None:
     ap.add_argument("--repack", action="store_true", help="repacked weights (verify chunks of 3)")
     ap.add_argument("-n", type=int, default=64, help="tokens per reply")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--predicted", action="store_true", help="edit prompts only, each with its code as the prediction")
     args = ap.parse_args()
     promises = [float(x) for x in args.promise.split(",")]
     target = LlamaCppBackend(args.model, LlamaConfig(n_ctx=1024, n_threads=args.threads, repack=args.repack))
@@ -93,10 +113,13 @@ def main() -> None:
         sys.exit("No verify-cost curve is cached for this model here: pass --curve, or run `tandem bench` first.")
     print(f"c(k) = {', '.join(f'{c:.2f}' for c in curve.c)}, verify chunks of {target.exact_batch}, {args.n} tokens")
     speedups: dict[float, dict[str, list[float]]] = {p: {"b": [], "h": []} for p in promises}
-    for name, label, prompt in prompts(target):
+    for name, label, text in prompts(("edit",) if args.predicted else tuple(REAL_WORKLOADS)):
+        prompt = chat_prompt(target, [{"role": "user", "content": text}])[0]
+        code = fenced_code(text) if args.predicted else None
+        prediction = Prediction(target.tokenize(code)) if code else None
         outputs, cells = set(), []
         for promise in promises:
-            tokens, speedup, rounds = replay(target, prompt, curve, promise, args.n)
+            tokens, speedup, rounds = replay(target, prompt, curve, promise, args.n, prediction)
             outputs.add(tuple(tokens))
             speedups[promise][label[0]].append(speedup)
             cells.append(f"{promise:.2f}: {speedup:.3f} [{' '.join(f'{a}/{d}' for d, a, _ in rounds if d)}]")
