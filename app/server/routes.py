@@ -1,11 +1,9 @@
 """The generation routes: ``/v1/chat/completions``, ``/v1/completions`` and ``/infill``.
 
 Requests wait in their model's queue (:mod:`.worker`: /infill first, a superseded
-/infill cancelled, then arrival order over the model's parallel slots). A handler waits for a job's
-*first* item before answering, so a prompt that does not fit still gets a proper 4xx
-even on a streaming request. A client that goes away cancels its job: a watcher task
-listens for ``http.disconnect`` (whole replies), and a stream's end (:mod:`.streams`)
-sets the job's cancel event. Each job is tagged with its client (peer address plus
+/infill cancelled, then arrival order over the model's parallel slots); :mod:`.queued`
+takes a job from submission to its answer (its first item, so a prompt that does not fit
+still gets a 4xx on a streaming request; a client's disconnect cancels it). Each job is tagged with its client (peer address plus
 ``Authorization``), so a cached prompt prefix serves only the client that left it
 (:mod:`.cache_owner`).
 """
@@ -14,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
-from tandem.app.server import infill_api, jobs, llama_completion
+from tandem.app.server import infill_api, jobs, llama_completion, queued
 from tandem.app.server.api_error import ApiError
 from tandem.app.server.cache_owner import client_identity
 from tandem.app.server.chat_messages import parse_messages, parse_template_variables
@@ -44,7 +41,6 @@ from tandem.app.server.output_format import OutputFormat, compile_format, parse_
 from tandem.app.server.streams import (
     OpenStreams,
     StreamConfig,
-    chain,
     drafts_stream,
     generation_stream,
     infill_stream,
@@ -52,10 +48,8 @@ from tandem.app.server.streams import (
 from tandem.app.server.tool_calls import ToolCallParser, parse_reply
 from tandem.app.server.tool_jobs import tool_chat_job
 from tandem.app.server.tools import ToolRequest, call_schema, parse_tools
-from tandem.app.server.worker import INFILL, Job, QueueFull
-from tandem.errors import PromptError, TandemError
+from tandem.app.server.worker import INFILL
 from tandem.runtime.autocomplete.infill import InfillDone
-from tandem.runtime.generate import DoneEvent, TokenEvent
 from tandem.runtime.streaming_text import tokens_text
 
 
@@ -111,45 +105,6 @@ class Routes:
         if len(ids) >= slot.target.n_ctx:
             raise ApiError(400, f"The prompt is {len(ids)} tokens; this model's context holds {slot.target.n_ctx}.",
                            "context_length_exceeded", "prompt")
-
-    async def start(self, request: Request, slot: ModelSlot, fn, *, kind: str = "chat",
-                    client: str = "", hint: str = "") -> tuple[Job, AsyncIterator, Any, asyncio.Task]:
-        """Queue a job and wait for its first item (so errors still become 4xx). ``client``
-        and ``hint``: which lane it goes to (:mod:`.worker`)."""
-        if slot.worker.stopping:
-            raise _shutting_down()
-        try:
-            job = slot.worker.submit(fn, kind=kind, client=client, hint=hint)
-        except QueueFull as exc:
-            raise ApiError(503, f"Server busy: {exc}. Retry shortly.", "overloaded", type_="server_error") from None
-        watcher = asyncio.create_task(_watch_disconnect(request, job))
-        items = job.items()
-        try:
-            first = await items.__anext__()
-        except StopAsyncIteration:
-            if slot.worker.stopping:  # skipped in the queue by the shutdown
-                watcher.cancel()
-                raise _shutting_down() from None
-            if job.superseded:
-                watcher.cancel()
-                raise _superseded() from None
-            first = None
-        except PromptError as exc:
-            watcher.cancel()
-            raise ApiError(400, str(exc), "context_length_exceeded") from None
-        except TandemError as exc:
-            watcher.cancel()
-            raise ApiError(400, str(exc), "invalid_request") from None
-        except Exception as exc:
-            job.cancel.set()
-            watcher.cancel()
-            raise ApiError(500, f"The model failed on this request ({type(exc).__name__}).", "internal_error",
-                           type_="server_error") from None
-        except BaseException:
-            job.cancel.set()
-            watcher.cancel()
-            raise
-        return job, items, first, watcher
 
     # -- routes ---------------------------------------------------------------------
     async def chat(self, request: Request):
@@ -229,7 +184,7 @@ class Routes:
         self.check_fits(slot, ids)
         client = _client(request)
         used = jobs.JobUsage()
-        job, items, first, watcher = await self.start(request, slot,
+        job, items, first, watcher = await queued.start(request, slot,
                                                       jobs.completion_job(slot, ids, req, client, used), client=client)
         if req.stream:
             watcher.cancel()
@@ -238,7 +193,7 @@ class Routes:
                                                       token_bytes=slot.target.token_bytes, used=used,
                                                       return_tokens=return_tokens)
         lps: list | None = [] if req.logprobs is not None else None
-        done = await _final(first, items, watcher, lps)
+        done = await queued.final(first, items, watcher, job, logprobs=lps)
         request.state.stats = done.stats
         probs = None if lps is None else llama_probabilities(lps, slot.target.token_bytes)
         return JSONResponse(llama_completion.done_body(done, req, slot.name, used.cached_tokens, probs,
@@ -255,15 +210,15 @@ class Routes:
         fmt = infill_api.fim_format(slot.target)
         client = _client(request)
         if req.gen.n > 1:
-            job, items, first, watcher = await self.start(request, slot,
+            job, items, first, watcher = await queued.start(request, slot,
                                                           jobs.drafts_job(slot, req.gen, ids=ids, client=client),
                                                           kind=INFILL, client=client)
             watcher.cancel()
-            d: jobs.Drafts = _drafts_or_cancelled(first)
+            d: jobs.Drafts = queued.drafts_or_cancelled(first)
             return JSONResponse({"content": d.texts[0][0] if d.texts else "", "stop": True, "model": slot.name,
                                  "drafts": [t for t, _ in d.texts], "tokens_evaluated": len(ids),
                                  "tokens_predicted": d.completion_tokens, "fim": fmt is not None})
-        job, items, first, watcher = await self.start(request, slot,
+        job, items, first, watcher = await queued.start(request, slot,
                                                       infill_api.infill_job(slot, ids, req, client, self.cache_reuse),
                                                       kind=INFILL, client=client)
 
@@ -274,15 +229,7 @@ class Routes:
             watcher.cancel()
             return infill_stream(first, items, job, model=slot.name, final_body=final_body,
                                  config=self.stream_config, streams=self.streams)
-        try:
-            done = None
-            async for ev in chain(first, items):
-                if isinstance(ev, InfillDone):
-                    done = ev
-        finally:
-            watcher.cancel()
-        if done is None:
-            raise _superseded() if job.superseded else ApiError(499, "Request cancelled.", "cancelled")
+        done = await queued.final(first, items, watcher, job, last=InfillDone)
         return JSONResponse(final_body(done))
 
     async def generation(self, request: Request, slot: ModelSlot, req: GenRequest, shaper: Shaper, fn,
@@ -293,7 +240,7 @@ class Routes:
         request offered tools, so the reply's calls become ``tool_calls``. ``client`` and
         ``hint``: which lane it goes to (:mod:`.worker`)."""
         names = frozenset(t.name for t in tools.offered) if tools is not None else frozenset()
-        job, items, first, watcher = await self.start(request, slot, fn, client=client, hint=hint)
+        job, items, first, watcher = await queued.start(request, slot, fn, client=client, hint=hint)
         if req.stream:
             watcher.cancel()
 
@@ -305,7 +252,7 @@ class Routes:
                                      config=self.stream_config, streams=self.streams, text_start=text_start,
                                      tool_calls=ToolCallParser(names) if tools is not None else None)
         lps: list | None = [] if req.logprobs is not None else None
-        done = await _final(first, items, watcher, lps)
+        done = await queued.final(first, items, watcher, job, logprobs=lps)
         st = request.state.stats = done.stats
         body = shaper.full([(done.text, finish_reason(st.finish_reason))],
                            usage(st.prompt_tokens, st.generated_tokens, used.cached_tokens, used.prediction),
@@ -323,9 +270,9 @@ class Routes:
 
     async def drafts(self, request: Request, slot: ModelSlot, req: GenRequest, shaper: Shaper, fn,
                      client: str = ""):
-        job, items, first, watcher = await self.start(request, slot, fn, client=client)
+        job, items, first, watcher = await queued.start(request, slot, fn, client=client)
         watcher.cancel()
-        d = _drafts_or_cancelled(first)
+        d = queued.drafts_or_cancelled(first)
         use = usage(d.prompt_tokens, d.completion_tokens)
         extra = {"tandem": {"sampled": True} if d.result is None else {"superposed": {
             "forward_passes": d.result.forward_passes, "steps": d.result.steps, "elapsed_s": d.result.elapsed_s}}}
@@ -358,47 +305,6 @@ def _text(slot: ModelSlot, prompt: str | list[int]) -> str:
 
 def _client(request: Request) -> str:
     return client_identity(request.client.host if request.client else None, request.headers.get("authorization"))
-
-
-def _shutting_down() -> ApiError:
-    return ApiError(503, "The server is shutting down; retry against its next start.", "shutting_down",
-                    type_="server_error")
-
-
-def _superseded() -> ApiError:
-    return ApiError(499, "Cancelled: the same client sent a newer /infill.", "superseded")
-
-
-def _drafts_or_cancelled(first: Any) -> jobs.Drafts:
-    if not isinstance(first, jobs.Drafts):
-        raise ApiError(499, "Request cancelled.", "cancelled")
-    return first
-
-
-async def _final(first, items, watcher, logprobs: list | None = None) -> DoneEvent:
-    """Drain a job to its DoneEvent (non-streaming replies); 499 if it was cancelled.
-    The tokens' logprobs, when asked for, are gathered into ``logprobs``."""
-    try:
-        done = None
-        async for ev in chain(first, items):
-            if isinstance(ev, DoneEvent):
-                done = ev
-            elif logprobs is not None and isinstance(ev, TokenEvent) and ev.logprobs:
-                logprobs.extend(ev.logprobs)
-    finally:
-        watcher.cancel()
-    if done is None:
-        raise ApiError(499, "Request cancelled.", "cancelled")
-    return done
-
-
-async def _watch_disconnect(request: Request, job: Job) -> None:
-    """Cancel the job when the client disconnects before its answer is ready."""
-    while not job.cancel.is_set():
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            job.cancel.set()
-            return
 
 
 def _logprobs(body: dict, req: GenRequest, *, chat: bool) -> int | None:
