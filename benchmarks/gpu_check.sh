@@ -138,8 +138,8 @@ print(json.loads(out)["target"]["n_gpu_layers"])' "$big" 2>/dev/null || echo 12)
         --prompt 480 --steps 24 --rounds 3
     # ... and the verify-cost curve c(k) with the weights as stored (Tandem's exact calls of up to 7 tokens)
     # against the fast configuration, and the 0.5B drafter's cost: what the 8-thread model of drafts uses
-    step cpu_costs_8t 60 env PYTHONPATH="$CPU_PYTHONPATH" "${CLI[@]}" bench --cost-curve -m "$T" --draft "$D" --threads 8
-    step cpu_costs_16t 60 env PYTHONPATH="$CPU_PYTHONPATH" "${CLI[@]}" bench --cost-curve -m "$T" --threads 16
+    step cpu_costs_8t 60 env PYTHONPATH="$CPU_PYTHONPATH" "${CLI[@]}" bench --cost-curve -m "$T" --draft "$D" --threads 8 --reps 5
+    step cpu_costs_16t 60 env PYTHONPATH="$CPU_PYTHONPATH" "${CLI[@]}" bench --cost-curve -m "$T" --threads 16 --reps 5
     if moe=$(wait_shape qwen3-30b-a3b); then
         step plan_moe 60 "${CLI[@]}" plan -m "$moe" --moe-offload --vram 8GiB --ctx 256
         step moe 100 python3 -m benchmarks.gpu_moe "$moe" --vram 8GiB --out "$LOGS" --tokens 16 --rounds 3
