@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tandem.app.bench.workloads import DEFAULT_WORKLOADS, WORKLOADS
@@ -185,6 +185,18 @@ def _plain_and(known: Sequence[str], peers: Sequence[str], args: argparse.Namesp
     return configs
 
 
+def _print_comparison(report: dict, markdown_table: Callable[[dict], str], args: argparse.Namespace) -> None:
+    """A comparison against ``plain`` (:mod:`tandem.app.bench.alternating`'s reports): what
+    ran, on what load, its table, and the whole report under ``--json``."""
+    draft = Path(report["draft"]).name if report["draft"] else "none"
+    print(f"model {Path(report['target']).name}, drafter {draft}, {report['threads']} threads, "
+          f"{report['prompts']} prompts x {report['reps']} reps, {report['max_tokens']} tokens, "
+          f"load average {report['load_start'][0]:.1f} -> {report['load_end'][0]:.1f}")
+    print(markdown_table(report))
+    if args.json_file:
+        _write_json(Path(args.json_file), report)
+
+
 def run_structured_bench(args: argparse.Namespace) -> int:
     # local: the CLI imports every command; this loads only when the command runs
     from tandem.app.bench.structured import (
@@ -205,13 +217,7 @@ def run_structured_bench(args: argparse.Namespace) -> int:
     cfg = StructuredConfig(resolve_model(args.model), resolve_model(args.draft) if args.draft else None,
                            threads=args.threads or cpu_cores(), ctx=args.ctx or 1024, prompts=prompts,
                            reps=args.reps, configs=configs, log=lambda s: print(s, file=sys.stderr, flush=True))
-    report = run_structured(cfg)
-    print(f"model {Path(report['target']).name}, drafter {Path(report['draft']).name if report['draft'] else 'none'}, "
-          f"{report['threads']} threads, {report['prompts']} prompts x {report['reps']} reps, load average "
-          f"{report['load_start'][0]:.1f} -> {report['load_end'][0]:.1f}")
-    print(markdown_table(report))
-    if args.json_file:
-        _write_json(Path(args.json_file), report)
+    _print_comparison(run_structured(cfg), markdown_table, args)
     return 0
 
 
@@ -237,13 +243,7 @@ def run_predicted_bench(args: argparse.Namespace) -> int:
                           threads=args.threads or cpu_cores(), ctx=args.ctx or 2048, max_tokens=args.max_tokens,
                           prompts=prompts, reps=args.reps, configs=configs,
                           log=lambda s: print(s, file=sys.stderr, flush=True))
-    report = run_predicted(cfg)
-    print(f"model {Path(report['target']).name}, drafter {Path(report['draft']).name if report['draft'] else 'none'}, "
-          f"{report['threads']} threads, {report['prompts']} prompts x {report['reps']} reps, {report['max_tokens']} "
-          f"tokens, load average {report['load_start'][0]:.1f} -> {report['load_end'][0]:.1f}")
-    print(markdown_table(report))
-    if args.json_file:
-        _write_json(Path(args.json_file), report)
+    _print_comparison(run_predicted(cfg), markdown_table, args)
     return 0
 
 
