@@ -249,20 +249,26 @@ def chunk_bounds(n: int, step: int, min_last: int = 1, align: int = 1) -> list[t
 
 def chunked_logits(n: int, step: int, n_vocab: int, logits_for: Sequence[int] | None,
                    run: Callable[[int, int, list[int]], Sequence[np.ndarray]], *, min_last: int = 1,
-                   align: int = 1) -> np.ndarray:
+                   align: int = 1, fresh: bool = False) -> np.ndarray:
     """The chunking every backend's ``evaluate`` shares: ``n`` new positions go through
     ``run(start, stop, rows)`` in the chunks of :func:`chunk_bounds`, where ``run``
     evaluates positions ``start:stop`` and returns the logits of ``rows`` (chunk-relative,
     in that order). Returns the rows ``logits_for`` asks for (default: the last position),
     in its order, copied out before the next chunk runs (a backend may reuse its logits
-    buffer)."""
+    buffer). ``fresh``: ``run`` returns one array of its own (nothing reuses it), which a
+    call of one chunk returns as it is, uncopied."""
     if logits_for is None and n <= step:  # a decode step: one chunk, its last row
+        row = run(0, n, [n - 1])
+        if fresh:
+            return np.asarray(row)
         out = np.empty((1, n_vocab), dtype=np.float32)
-        out[0] = run(0, n, [n - 1])[0]
+        out[0] = row[0]
         return out
     wanted = [n - 1] if logits_for is None else list(logits_for)
     if any(not 0 <= i < n for i in wanted):
         raise ValueError(f"logits_for indices must lie in [0, {n})")
+    if fresh and n <= step:
+        return np.asarray(run(0, n, wanted))
     out = np.empty((len(wanted), n_vocab), dtype=np.float32)
     for start, stop in chunk_bounds(n, step, min_last, align):
         picks = [(r, i - start) for r, i in enumerate(wanted) if start <= i < stop]

@@ -101,7 +101,7 @@ class SequenceView:
                   embeds: np.ndarray | None) -> np.ndarray:
         check_room(len(self._tokens), n, self.n_ctx)
 
-        def run(start: int, stop: int, rows: list[int]) -> list[np.ndarray]:
+        def run(start: int, stop: int, rows: list[int]) -> np.ndarray:
             req = Request(self.seq, len(self._tokens), None if ids is None else ids[start:stop],
                           None if embeds is None else embeds[start:stop], rows)
             out = self.batcher.decode(req)
@@ -111,7 +111,7 @@ class SequenceView:
         step, min_last, align = ((PREFILL_CHUNK, CHUNK_MIN, CHUNK_ALIGN) if self.batcher.chunks_prompts(self.seq)
                                  else (self.base.n_batch, 1, 1))
         return self.base.checked_logits(chunked_logits(n, step, self.n_vocab, logits_for, run,
-                                                       min_last=min_last, align=align))
+                                                       min_last=min_last, align=align, fresh=True))
 
     def truncate(self, n: int) -> None:
         n = max(0, n)

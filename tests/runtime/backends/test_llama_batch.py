@@ -357,3 +357,27 @@ def test_a_held_batcher_decodes_only_urgent_steps(real_models):
         thread.join(120)
         batcher.close()
         base.close()
+
+
+def test_a_slots_logits_rows_come_in_the_order_asked_and_merged_steps_keep_them_apart(real_models):
+    """Rows asked out of order or twice come back as asked, and two slots' steps merged
+    into one decode each get their own rows: every row as the one-sequence context gives it."""
+    with LlamaCppBackend(real_models.smollm2, CONFIG) as alone:
+        ids = alone.tokenize(PROMPTS[0], add_bos=True)
+        other = alone.tokenize(PROMPTS[3], add_bos=True)
+        want = alone.evaluate(ids, logits_for=[2, 0, 2, len(ids) - 1])
+        alone.truncate(0)
+        want_other = alone.evaluate(other, logits_for=range(len(other)))
+    base = LlamaCppBackend(real_models.smollm2, replace(CONFIG, n_seq=2))
+    batcher = open_views(base)
+    a, b = batcher.views
+    try:
+        got = a.evaluate(ids, logits_for=[2, 0, 2, len(ids) - 1])
+        assert got.shape == want.shape and np.array_equal(got, want)
+        a.truncate(0)
+        outs = _in_parallel(batcher.views, [lambda v: v.evaluate(ids, logits_for=[2, 0, 2, len(ids) - 1]),
+                                            lambda v: v.evaluate(other, logits_for=range(len(other)))])
+        assert np.array_equal(outs[0], want) and np.array_equal(outs[1], want_other)
+    finally:
+        batcher.close()
+        base.close()
