@@ -29,6 +29,7 @@ from tandem.runtime.backends.llama_config import (
     load_progress,
     model_params,
 )
+from tandem.runtime.backends.llama_outputs import OutputRows, flagged
 from tandem.runtime.backends.llama_vocab import (
     NO_FD_REDIRECT,
     LlamaVocab,
@@ -92,6 +93,7 @@ class LlamaCppBackend(TokenizerDelegate, TokenCache):
         self.tokenizer = LlamaVocab(self._model_handle, path=self.path)
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self._n_vocab = self.tokenizer.n_vocab
+        self._outputs = OutputRows(self._ctx, self._n_vocab)
         self._n_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx))
         self.n_seq = int(llama_cpp.llama_n_seq_max(self._ctx))
         # llama-cpp-python caps n_batch at the requested n_ctx; chunk by what the context took.
@@ -151,20 +153,21 @@ class LlamaCppBackend(TokenizerDelegate, TokenCache):
             n_past = len(self._tokens)
             batch.n_tokens = count
             fill(batch, start, count)
+            positions = flagged(rows)
             for i in range(count):
                 batch.pos[i] = n_past + i
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = False
-            for i in rows:
+            for i in positions:
                 batch.logits[i] = True
             rc = self._llama_decode(self._ctx, batch)
             if rc != 0:
                 self.truncate(n_past)
                 raise TandemError(f"llama.cpp failed to evaluate a batch (llama_decode returned {rc}).")
             self._tokens.extend(ids[start:stop])
-            return [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, i), shape=(self._n_vocab,))
-                    for i in rows]
+            block = self._outputs.block(len(positions))
+            return block if positions == rows else block[[positions.index(i) for i in rows]]
 
         return self.checked_logits(chunked_logits(n, self._n_batch, self._n_vocab, logits_for, run))
 

@@ -64,6 +64,7 @@ import numpy as np
 
 from tandem.errors import TandemError
 from tandem.runtime.backends.llama import LlamaCppBackend
+from tandem.runtime.backends.llama_outputs import OutputRows, flagged, in_asked_order
 from tandem.runtime.backends.protocol import Backend
 
 
@@ -122,6 +123,7 @@ class SequenceBatcher:
         self._ctx_lock = threading.Lock()
         """One llama.cpp call on the context at a time (decodes, KV edits)."""
         self._batch = llama_cpp.llama_batch_init(base.n_batch, 0, 1)
+        self._outputs = OutputRows(base.context, base.n_vocab)
         self._embd_batch = None
         self.views: list[Backend] = []
         """Its sequences as backends, one each (the :class:`~tandem.runtime.backends.sequence_view.SequenceView`
@@ -221,18 +223,14 @@ class SequenceBatcher:
                 r.done = True
 
     def _hand_out(self, group: list[Request]) -> None:
-        """Each request's logits rows, copied out of the decode's output block (one
-        block for the decode, rows in batch order, then one copy per request: per-row
-        views and copies were a fifth of the host's time per step)."""
-        flagged = [sorted(set(r.rows)) for r in group]
-        n_out, n_vocab = sum(len(f) for f in flagged), self.base.n_vocab
-        block = (np.ctypeslib.as_array(llama_cpp.llama_get_logits(self.base.context), shape=(n_out, n_vocab))
-                 if n_out else np.empty((0, n_vocab), dtype=np.float32))
+        """Each request's logits rows, one copy each out of the decode's output block (each
+        row was once viewed and copied on its own, then copied again by the slot)."""
+        positions = [flagged(r.rows) for r in group]
+        block = self._outputs.block(sum(len(p) for p in positions))
         at = 0
-        for r, rows in zip(group, flagged, strict=True):
-            mine = block[at:at + len(rows)]
-            r.out = mine.copy() if rows == r.rows else mine[[rows.index(i) for i in r.rows]]
-            at += len(rows)
+        for r, mine in zip(group, positions, strict=True):
+            r.out = in_asked_order(block[at:at + len(mine)], mine, r.rows)
+            at += len(mine)
 
     # -- engagement: which slots the next decode waits for ----------------------------------
     def engage(self, seq: int, urgent: bool = False) -> None:

@@ -365,7 +365,10 @@ def test_a_slots_logits_rows_come_in_the_order_asked_and_merged_steps_keep_them_
     with LlamaCppBackend(real_models.smollm2, CONFIG) as alone:
         ids = alone.tokenize(PROMPTS[0], add_bos=True)
         other = alone.tokenize(PROMPTS[3], add_bos=True)
+        every = alone.evaluate(ids, logits_for=range(len(ids)))
+        alone.truncate(0)
         want = alone.evaluate(ids, logits_for=[2, 0, 2, len(ids) - 1])
+        assert np.array_equal(want, every[[2, 0, 2, len(ids) - 1]])  # one context alone, asked out of order
         alone.truncate(0)
         want_other = alone.evaluate(other, logits_for=range(len(other)))
     base = LlamaCppBackend(real_models.smollm2, replace(CONFIG, n_seq=2))
