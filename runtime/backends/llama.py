@@ -29,7 +29,7 @@ from tandem.runtime.backends.llama_config import (
     load_progress,
     model_params,
 )
-from tandem.runtime.backends.llama_outputs import OutputRows, flagged
+from tandem.runtime.backends.llama_outputs import OutputRows, flagged, in_asked_order
 from tandem.runtime.backends.llama_vocab import (
     NO_FD_REDIRECT,
     LlamaVocab,
@@ -166,8 +166,8 @@ class LlamaCppBackend(TokenizerDelegate, TokenCache):
                 self.truncate(n_past)
                 raise TandemError(f"llama.cpp failed to evaluate a batch (llama_decode returned {rc}).")
             self._tokens.extend(ids[start:stop])
-            block = self._outputs.block(len(positions))
-            return block if positions == rows else block[[positions.index(i) for i in rows]]
+            # views into llama.cpp's buffer: chunked_logits copies them before the next chunk
+            return in_asked_order(self._outputs.block(len(positions)), positions, rows, copy=False)
 
         return self.checked_logits(chunked_logits(n, self._n_batch, self._n_vocab, logits_for, run))
 

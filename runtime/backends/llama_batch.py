@@ -231,7 +231,7 @@ class SequenceBatcher:
         block = self._outputs.block(sum(len(p) for p in positions))
         at = 0
         for r, mine in zip(group, positions, strict=True):
-            r.out = in_asked_order(block[at:at + len(mine)], mine, r.rows)
+            r.out = in_asked_order(block[at:at + len(mine)], mine, r.rows, copy=True)
             at += len(mine)
 
     # -- engagement: which slots the next decode waits for ----------------------------------

@@ -47,9 +47,10 @@ def flagged(rows: Sequence[int]) -> list[int]:
     return sorted(set(rows))
 
 
-def in_asked_order(block: np.ndarray, positions: list[int], rows: Sequence[int]) -> np.ndarray:
-    """A copy of ``block``'s rows (one per entry of ``positions``, :func:`flagged`) in the
-    order ``rows`` asks for them."""
+def in_asked_order(block: np.ndarray, positions: list[int], rows: Sequence[int], *, copy: bool) -> np.ndarray:
+    """``block``'s rows (one per entry of ``positions``, :func:`flagged`) in the order
+    ``rows`` asks for them: a copy, or with ``copy`` off the block itself where it is
+    already in that order."""
     if positions == list(rows):
-        return block.copy()
+        return block.copy() if copy else block
     return block[[positions.index(i) for i in rows]]
