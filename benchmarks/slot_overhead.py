@@ -9,9 +9,14 @@ building the batch and copying rows out, and the threads' hand-offs. On a CPU th
 few percent of a step; on a GPU, whose 4-row step of the 0.5B takes about 2 ms, it decides
 how far N slots get towards their ceiling N / c(N) (BENCHMARKS "Parallel slots").
 Plain decoding's speed does not depend on what the weights are, so the GPU kit's
-random-weight models of the real shapes give real figures here.
+random-weight models of the real shapes give real figures here. ``--speculative``: each
+slot drafts model-free (suffix tree and prompt lookup, adaptive lengths), as `tandem
+serve` runs a slot without a drafter model; the host then also pays each round's drafting
+and pricing (how much speculation gains depends on the weights, so on random ones only the
+host's time is meaningful).
 
     python -m benchmarks.slot_overhead MODEL.gguf [--slots 4] [--tokens 64] [--rounds 2] [--threads T] [--ngl -1]
+        [--speculative]
 """
 
 from __future__ import annotations
@@ -21,14 +26,15 @@ import json
 import statistics
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 
 from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.backends.llama import LlamaCppBackend
 from tandem.runtime.backends.llama_batch import SequenceBatcher
 from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.backends.sequence_view import open_views
-from tandem.runtime.generate import DoneEvent, generate
+from tandem.runtime.generate import DoneEvent, autoregressive, generate
+from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 
 PROMPTS = ("def fibonacci(n):", "The capital of France is", "import numpy as np\n", "Once upon a time",
            "SELECT name FROM users WHERE", "class Stack:\n", "// parse a config file\n", "Dear team,")
@@ -41,6 +47,8 @@ class SlotRun:
     wall_s: float
     decode_s: float
     decodes: int
+    replies: list[list[int]] = field(default_factory=list, repr=False)
+    """Each slot's tokens (greedy: the same with or without drafting)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -51,9 +59,10 @@ class SlotRun:
         return (self.wall_s - self.decode_s) / self.decodes * 1e3
 
 
-def run_slots(batcher: SequenceBatcher, slots: int, tokens: int) -> SlotRun:
+def run_slots(batcher: SequenceBatcher, slots: int, tokens: int, speculative: bool = False) -> SlotRun:
     """``slots`` greedy replies of ``tokens`` tokens at once, one per slot of ``batcher``
-    (from the first); their prompts are prefilled first, so only decoding is timed."""
+    (from the first), plain or (``speculative``) drafted model-free; their prompts are
+    prefilled first, so only decoding is timed."""
     base = batcher.base
     decode_s = [0.0]
     decode = base.decode_batch
@@ -78,13 +87,17 @@ def run_slots(batcher: SequenceBatcher, slots: int, tokens: int) -> SlotRun:
             view.truncate(0)
             ids = view.tokenize(PROMPTS[i % len(PROMPTS)], add_bos=True)
             view.evaluate(ids[:-1])  # the prompt, before the clock starts
+            strategy = (build_strategy(view, None, SpecOptions(mode="ngram", measure_cost=False,
+                                                               suffix_memory="request")) if speculative else None)
             ready.wait()
             go.wait()
             with view.engaged():
                 for ev in generate(view, ids, Sampler(SamplingParams(temperature=0.0)), max_tokens=tokens,
-                                   stop_at_eog=False):
+                                   stop_at_eog=False, strategy=strategy or autoregressive):
                     if isinstance(ev, DoneEvent):
                         replies[i] = ev
+            if strategy is not None:
+                strategy.close()
         except BaseException as exc:
             errors.append(exc)
             ready.abort()
@@ -108,7 +121,8 @@ def run_slots(batcher: SequenceBatcher, slots: int, tokens: int) -> SlotRun:
     if errors:
         raise errors[0]
     done = [r for r in replies if r is not None]
-    return SlotRun(slots, sum(len(r.tokens) for r in done), wall, decode_s[0], batcher.stats.decodes - decodes0)
+    return SlotRun(slots, sum(len(r.tokens) for r in done), wall, decode_s[0], batcher.stats.decodes - decodes0,
+                   [list(r.tokens) for r in done])
 
 
 def main() -> None:
@@ -119,19 +133,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--ngl", type=int, default=0, help="llama.cpp GPU layers (-1: all)")
+    ap.add_argument("--speculative", action="store_true", help="each slot drafts model-free")
     args = ap.parse_args()
     base = LlamaCppBackend(args.model, LlamaConfig(n_ctx=256 * args.slots, n_threads=args.threads,
                                                    n_gpu_layers=args.ngl, n_seq=args.slots))
     batcher = open_views(base)
     try:
         runs: dict[int, list[SlotRun]] = {1: [], args.slots: []}
-        run_slots(batcher, args.slots, 8)  # warm-up: the first decodes of each shape
+        run_slots(batcher, args.slots, 8, args.speculative)  # warm-up: the first decodes of each shape
         for _ in range(args.rounds):
             for n in runs:  # alternating, so load drift hits both alike
-                r = run_slots(batcher, n, args.tokens)
+                r = run_slots(batcher, n, args.tokens, args.speculative)
                 runs[n].append(r)
-                print(json.dumps(asdict(r) | {"tokens_per_s": round(r.tokens_per_s, 2),
-                                              "host_ms_per_decode": round(r.host_ms_per_decode, 3)}), flush=True)
+                print(json.dumps({"slots": r.slots, "tokens": r.tokens, "wall_s": round(r.wall_s, 4),
+                                  "decode_s": round(r.decode_s, 4), "decodes": r.decodes,
+                                  "tokens_per_s": round(r.tokens_per_s, 2),
+                                  "host_ms_per_decode": round(r.host_ms_per_decode, 3)}), flush=True)
     finally:
         batcher.close()
         base.close()
