@@ -146,6 +146,8 @@ print(json.loads(out)["target"]["n_gpu_layers"])' "$big" 2>/dev/null || echo 12)
     fi
     # issue 28: 4 parallel slots against one on the GPU, and the host's time per step beside llama_decode
     step slot_overhead 90 python3 -m benchmarks.slot_overhead "$D" --ngl -1 --slots 4 --tokens 128 --rounds 3
+    step slot_overhead_spec 90 python3 -m benchmarks.slot_overhead "$D" --ngl -1 --slots 4 --tokens 128 --rounds 3 \
+        --speculative
     # issue 28: 4 parallel slots against one worker on the GPU (plain decoding: no drafts to accept)
     step server_load 120 python3 -m benchmarks.server_load --model "$T" --threads 8 --parallel 4 --clients 4 \
         --seconds 10 --idle-infills 4 --rounds 1
