@@ -73,9 +73,13 @@ def superseded() -> ApiError:
     return ApiError(499, "Cancelled: the same client sent a newer /infill.", "superseded")
 
 
+def cancelled() -> ApiError:
+    return ApiError(499, "Request cancelled.", "cancelled")
+
+
 def drafts_or_cancelled(first: Any) -> jobs.Drafts:
     if not isinstance(first, jobs.Drafts):
-        raise ApiError(499, "Request cancelled.", "cancelled")
+        raise cancelled()
     return first
 
 
@@ -93,7 +97,7 @@ async def final(first: Any, items: AsyncIterator, watcher: asyncio.Task, job: Jo
     finally:
         watcher.cancel()
     if done is None:
-        raise superseded() if job.superseded else ApiError(499, "Request cancelled.", "cancelled")
+        raise superseded() if job.superseded else cancelled()
     return done
 
 

@@ -257,12 +257,9 @@ def chunked_logits(n: int, step: int, n_vocab: int, logits_for: Sequence[int] | 
     in its order, copied out before the next chunk runs (a backend may reuse its logits
     buffer). ``fresh``: ``run`` returns one array of its own (nothing reuses it), which a
     call of one chunk returns as it is, uncopied."""
-    if logits_for is None and n <= step:  # a decode step: one chunk, its last row
-        row = run(0, n, [n - 1])
-        if fresh:
-            return np.asarray(row)
+    if logits_for is None and n <= step and not fresh:  # a decode step: one chunk, its last row
         out = np.empty((1, n_vocab), dtype=np.float32)
-        out[0] = row[0]
+        out[0] = run(0, n, [n - 1])[0]
         return out
     wanted = [n - 1] if logits_for is None else list(logits_for)
     if any(not 0 <= i < n for i in wanted):
