@@ -35,6 +35,10 @@ class PromptError(TandemError):
     exit_code = 5
 
 
+class EmptyPrompt(PromptError):
+    """A prompt with nothing in it (a client's mistake, not a context too small)."""
+
+
 class BudgetError(TandemError):
     """The requested memory budget cannot hold what was asked for."""
 

@@ -58,6 +58,16 @@ class _Version(argparse.Action):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one sub-command; Ctrl+C at any point (the sub-commands are still being imported
+    for the first 0.3 s) is one line and status 130, never a traceback."""
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        print("\ntandem: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -74,9 +84,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A path that forgot to ask `require` first still gets the one line naming the extra.
         print(f"tandem: error: {missing_message(f'tandem {args.command}', EXTRA_OF[exc.name.partition('.')[0]], exc.name)}", file=sys.stderr)
         return MissingExtra.exit_code
-    except KeyboardInterrupt:
-        print("\ntandem: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:
         return 0
     except OSError as exc:  # a read-only or missing data folder, a full disk: one line, no traceback

@@ -162,9 +162,11 @@ def expected_tokens(acceptance: float | Sequence[float] | np.ndarray, k: int) ->
 def expected_tokens_upto(acceptance: Sequence[float] | np.ndarray, n: int) -> list[float]:
     """:func:`expected_tokens` for every length ``k = 0..n`` at once, per-position rates
     (positions past ``acceptance`` add nothing): an adaptive policy prices every length
-    every round, and one pass costs what a single length did."""
-    reach = np.cumprod(np.asarray(acceptance, dtype=np.float64)[:n]).tolist()
+    of every draft each round, so this is one pass in plain floats (numpy's per-call
+    overhead on 32 numbers was most of its cost)."""
     out = [1.0]
-    for k in range(1, n + 1):
-        out.append(out[-1] + (reach[k - 1] if k <= len(reach) else 0.0))
-    return out
+    reach = 1.0  # P(the first j drafts accepted)
+    for a in np.asarray(acceptance, dtype=np.float64)[:n].tolist():
+        reach *= a
+        out.append(out[-1] + reach)
+    return out + [out[-1]] * (n + 1 - len(out))

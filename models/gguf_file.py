@@ -213,8 +213,10 @@ def _read(path: Path, size: int) -> GGUFInfo:
 
     try:
         with open(path, "rb") as f:
-            if size < 24 or f.read(4) != MAGIC:
+            if f.read(4) != MAGIC:
                 raise ModelFormatError(f"{path} is not a GGUF model file (no GGUF magic bytes at its start).")
+            if size < 24:  # the magic, then less than a header
+                raise ModelFormatError(f"{path} is truncated: {size} bytes, less than a GGUF header (24).")
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             view = memoryview(mm)
             try:

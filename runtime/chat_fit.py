@@ -211,12 +211,7 @@ class ChatFitter:
         last = len(droppable)
         k = _first_fitting(fits, guess, last)
         if k is None:
-            size = len(exact(last)[0])
-            raise PromptError(
-                f"The conversation is about {total} tokens in {len(msgs)} messages; even its last message "
-                f"{'and the system prompt ' if len(msgs) > last + 1 else ''}alone is {size} tokens, and with room "
-                f"for the reply the context ({self.target.n_ctx}) holds {room}. Shorten it or raise the context size."
-            )
+            raise PromptError(too_big(len(msgs), last, total, len(exact(last)[0]), room, self.target.n_ctx))
         if block > 0 and k > 0:
             k = _block_end(k, [costs[i] for i in droppable], block)
         ids, stops = exact(k)
@@ -286,3 +281,17 @@ def _block_end(k: int, costs: list[int], block: int) -> int:
             return j
         total += costs[j]
     return len(costs)
+
+
+def too_big(messages: int, droppable: int, total: int, kept: int, room: int, n_ctx: int) -> str:
+    """Why a conversation cannot fit, however many turns are left out: ``kept`` tokens
+    remain with every ``droppable`` message out (``total``: the whole one, estimated)."""
+    limit = f"with room for the reply the context ({n_ctx}) holds {room}. Shorten it or raise the context size."
+    if droppable == 0:  # nothing could be left out: the conversation is what it is
+        what = "The message is" if messages == 1 else f"The conversation ({messages} messages) is"
+        return f"{what} {kept} tokens, and {limit}"
+    rest = ("its last message and the system prompt alone come" if messages > droppable + 1
+            else "its last message alone comes")
+    return (f"The conversation is about {max(total, kept)} tokens in {messages} messages; even {rest} to {kept} "
+            f"tokens, and {limit}")
+

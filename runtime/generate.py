@@ -17,7 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-from tandem.errors import PromptError
+from tandem.errors import EmptyPrompt, PromptError
 from tandem.kernels.sampling import Sampler
 from tandem.runtime.backends.protocol import Backend, common_prefix_len, prefill
 from tandem.runtime.logprobs import TokenLogprob, token_logprobs
@@ -120,9 +120,14 @@ class DoneEvent:
 Event = TokenEvent | DoneEvent
 
 
+NO_LIMIT = 1 << 20
+"""A token limit that is none: a reply then runs until the model ends it or the context is
+full (:func:`generate` caps every limit at the context's room)."""
+
+
 def check_prompt(target: Backend, prompt: Sequence[int]) -> None:
     if not prompt:
-        raise PromptError("The prompt is empty: give some text to continue.")
+        raise EmptyPrompt("The prompt is empty: give some text to continue.")
     if len(prompt) >= target.n_ctx:
         raise PromptError(
             f"The prompt is {len(prompt)} tokens but the context holds {target.n_ctx}: "

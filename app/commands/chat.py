@@ -6,6 +6,7 @@ import argparse
 
 from tandem.app.commands.engine_flags import add_engine_flags, spec_from_args
 from tandem.app.commands.run import add_sampling_args, sampling_from_args
+from tandem.errors import TandemError
 from tandem.models.store import resolve_model
 
 
@@ -33,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
     # local: the CLI imports every command; this loads only when the command runs
     from tandem.app.tui.session import ChatSettings
 
+    if args.max_tokens < 1:
+        raise TandemError(f"-n/--max-tokens must be at least 1, got {args.max_tokens}.")
     model = resolve_model(args.model) if args.model else None
     # The engine settings of the command line; the chat app sets target and drafter per chat.
     spec = spec_from_args(args, model=model or Path())

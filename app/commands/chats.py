@@ -1,10 +1,12 @@
 """`tandem chats`: the chat app's saved chats from the command line, for scripts and grep.
 
-``tandem chats`` lists them (newest first), ``tandem chats show ID`` prints one as
-Markdown (the chat app's export), ``tandem chats search WORDS`` finds the messages that
-hold every word; ``--json`` gives each as JSON instead. Titles and messages are the
-model's and anybody's text: printed, they lose their escape sequences and control
-characters (JSON, ASCII-only, escapes them), so nothing in a chat can drive the terminal.
+``tandem chats`` (or ``tandem chats list``) lists them (newest first), ``tandem chats
+show ID`` prints one as Markdown (the chat app's export), ``tandem chats search WORDS``
+finds the messages that hold every word; ``--json`` gives each as JSON instead. Titles
+and messages are the model's and anybody's text: printed, they lose their escape
+sequences and control characters (JSON, ASCII-only, escapes them), so nothing in a chat
+can drive the terminal. A search hit's matched words are ``[bracketed]`` on screen; in
+JSON its snippet is plain text and ``highlights`` gives their offsets in it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tandem.app.history.database import History, default_path
-from tandem.app.history.full_text import HIT_END, HIT_START
+from tandem.app.history.full_text import HIT_END, HIT_START, SearchHit, unmark
 from tandem.app.terminal_text import strip_controls
 from tandem.errors import TandemError
 
@@ -34,12 +36,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("chats", help="list, show and search the chat app's saved chats")
     _options(p)
     what = p.add_subparsers(dest="what", metavar="ACTION")
+    listing = what.add_parser("list", help="the saved chats, most recently used first (the default)")
     show = what.add_parser("show", help="one chat as Markdown")
     show.add_argument("chat_id", type=int, metavar="ID")
     search = what.add_parser("search", help="messages holding every word (the last one as a prefix)")
     search.add_argument("words", nargs="+")
     search.add_argument("-n", "--limit", type=int, default=20)
-    for action in (show, search):
+    for action in (listing, show, search):
         _options(action, after_action=True)
     p.set_defaults(func=run)
 
@@ -86,10 +89,18 @@ def _show(history: History, chat_id: int, as_json: bool) -> int:
     return 0
 
 
+def hit_json(hit: SearchHit) -> dict:
+    """A search hit for ``--json``: the snippet as plain text and the matched words as
+    ``highlights``, ``[start, end)`` character offsets into it, rather than the raw
+    control-character marks that only the screen's highlighting understands."""
+    snippet, spans = unmark(hit.snippet)
+    return {**asdict(hit), "snippet": snippet, "highlights": [list(span) for span in spans]}
+
+
 def _search(history: History, query: str, limit: int, as_json: bool) -> int:
     hits = history.search(query, limit=max(1, limit))
     if as_json:
-        print(json.dumps([asdict(h) for h in hits], indent=2))
+        print(json.dumps([hit_json(h) for h in hits], indent=2))
         return 0
     for h in hits:
         snippet = strip_controls(h.snippet.replace(HIT_START, "[").replace(HIT_END, "]")).replace("\n", " ")

@@ -9,6 +9,7 @@ goes through :func:`spec_from_args` to :func:`tandem.runtime.engine.builder.open
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from tandem.app.commands.rpc_server import rpc_servers
@@ -16,6 +17,7 @@ from tandem.errors import TandemError
 from tandem.models.store import resolve_model
 from tandem.runtime.engine.spec import ENGINES, LLAMA_KV_TYPES, EngineSpec
 from tandem.runtime.kv.config import PRESETS
+from tandem.runtime.machine import cpu_cores
 from tandem.runtime.moe.config import EVICTIONS, MoeOffloadSpec
 from tandem.runtime.planning.placement import DEVICE_CHOICES
 from tandem.runtime.planning.plan import OFFLOAD_CHOICES
@@ -30,10 +32,10 @@ def add_engine_flags(p: argparse.ArgumentParser, *, ctx_default: int | None = No
     --draft-mode --draft-max --draft-len --fast-verify --suffix-memory --placement``) and the engine and
     memory techniques (``--engine --device --kv-type --offload --kv-compress --moe-offload ...``)."""
     g = p.add_argument_group("model and memory")
-    g.add_argument("--ctx", type=int, default=ctx_default,
+    g.add_argument("-c", "--ctx", type=int, default=ctx_default,
                    help="context length (default: " + (f"{ctx_default}" if ctx_default else
                                                         "the model's, at most 4096, shrunk to fit the budget") + ")")
-    g.add_argument("--threads", type=int, default=None, help="CPU threads (default: every core)")
+    g.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: every core)")
     g.add_argument("--budget", default=None, help="host memory the process may use, e.g. 6GiB (default: 85%% of "
                    "available RAM); the memory planner fits target + drafter under it (see `tandem plan`)")
     g.add_argument("--vram", default=None, help="GPU memory it may use, e.g. 4GiB (default: 92%% of free)")
@@ -122,6 +124,16 @@ def spec_from_args(args: argparse.Namespace, *, model: str | Path | None = None)
         value = vars(args)[name]
         if value is not None and value < 1:
             raise TandemError(f"--{name.replace('_', '-')} must be at least 1, got {value}.")
+    if args.draft and args.draft_mode in ("ngram", "off"):
+        print(f"tandem: --draft {args.draft} is not used with --draft-mode {args.draft_mode} "
+              f"({'model-free drafting only' if args.draft_mode == 'ngram' else 'no drafting'}).", file=sys.stderr)
+    threads = args.threads
+    if threads is not None and threads > (cores := cpu_cores()):
+        # llama.cpp's threads meet at a barrier every layer: one more than the cores waits
+        # for a core to come free at every one (--threads 1000 on 2 cores: 1001 threads)
+        print(f"tandem: --threads {threads} is more than the {cores} cores this process may run on: using {cores}.",
+              file=sys.stderr)
+        threads = cores
     return EngineSpec(
         target=resolve_model(str(model if model is not None else args.model)),
         drafter=resolve_model(args.draft) if args.draft else None,
@@ -137,7 +149,7 @@ def spec_from_args(args: argparse.Namespace, *, model: str | Path | None = None)
         kv_type=args.kv_type,
         kv_compress=PRESETS[args.kv_compress].config if args.kv_compress != "none" else None,
         moe_offload=moe_spec(args),
-        threads=args.threads,
+        threads=threads,
         n_ctx=args.ctx,
         fast_verify=args.fast_verify,
         repack=args.repack,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from tandem.models.store import pull
+from tandem.app.progress import Progress
+from tandem.models.store import download, prepare_pull
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,6 +17,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    path = pull(args.repo, args.file)
+    """Reach and list the hub behind a progress line (a slow or silent network shows as
+    seconds counting, on a terminal), then download under the hub client's own bar: two
+    lines redrawn in turn on one terminal line would garble each other."""
+    with Progress(f"pulling {args.repo}") as progress:
+        source = prepare_pull(args.repo, args.file, notify=progress.stage)
+    path = download(source)
+    if source.unreachable is not None:
+        print(f"tandem: the hub cannot be reached ({source.unreachable}); "
+              "using the cached copy, unchecked for updates", file=sys.stderr)
     print(f"{args.repo}/{path.name} is ready: {path}")
     return 0

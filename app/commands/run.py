@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from tandem.runtime.constrained import GrammarError, GrammarSpec, compile_gramma
 from tandem.runtime.constrained.grammar import definition
 from tandem.runtime.constrained.strategy import constrained
 from tandem.runtime.engine.builder import open_engine
-from tandem.runtime.generate import DoneEvent, GenerationStats, generate
+from tandem.runtime.generate import NO_LIMIT, DoneEvent, GenerationStats, generate
 from tandem.runtime.speculative.drafters.prediction import Prediction
 
 
@@ -37,7 +38,25 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
+SAMPLING_RANGES: dict[str, tuple[float, float, str]] = {
+    "temp": (0.0, math.inf, "0 or more (0: greedy)"),
+    "top_k": (0, math.inf, "0 or more (0: off)"),
+    "top_p": (0.0, 1.0, "between 0 and 1"),
+    "min_p": (0.0, 1.0, "between 0 and 1"),
+    "repeat_penalty": (1e-9, math.inf, "above 0 (1: off)"),
+    "presence_penalty": (-math.inf, math.inf, "a number"),
+    "frequency_penalty": (-math.inf, math.inf, "a number"),
+    "repeat_last_n": (-1, math.inf, "-1 or more (0 and -1: all)"),
+}
+"""Each sampling flag's range: a value outside it is one error line (``--temp nan`` printed
+numpy warnings and an empty reply, ``--repeat-penalty 0`` divided by zero)."""
+
+
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
+    for name, (low, high, what) in SAMPLING_RANGES.items():
+        value = vars(args)[name]
+        if not math.isfinite(value) or not low <= value <= high:
+            raise TandemError(f"--{name.replace('_', '-')} must be {what}, got {value}.")
     return SamplingParams(
         temperature=args.temp,
         top_k=args.top_k,
@@ -47,15 +66,28 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
         presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty,
         repeat_last_n=max(0, args.repeat_last_n),
-        seed=args.seed,
+        seed=None if args.seed is None or args.seed < 0 else args.seed,  # -1: a random seed, as in llama.cpp
     )
+
+
+def token_limit(n: int) -> int:
+    """``-n``: -1 means up to the context's end (as llama.cpp's and Ollama's)."""
+    if n < -1:
+        raise TandemError(f"-n/--max-tokens must be -1 (no limit) or more, got {n}.")
+    return NO_LIMIT if n == -1 else n
+
+
+def as_text(raw: str) -> str:
+    """A prompt from the command line or standard input as text: bytes that are not UTF-8
+    (Python keeps them as lone surrogates, which no tokenizer can encode) become U+FFFD."""
+    return raw.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="generate text from a prompt")
     p.add_argument("-m", "--model", required=True, help="GGUF file or a name from `tandem models`")
     p.add_argument("-p", "--prompt", default=None, help="prompt text (default: read standard input)")
-    p.add_argument("-n", "--max-tokens", type=int, default=128)
+    p.add_argument("-n", "--max-tokens", type=int, default=128, help="reply length limit (default 128; -1: none)")
     p.add_argument("--raw", action="store_true",
                    help="continue the prompt as plain text (default: a user turn in the model's chat template, "
                         "when it has one)")
@@ -90,8 +122,21 @@ def run_summary(stats: GenerationStats, speculation: dict | None = None) -> list
         lines.append(f"tandem: drafter {drafter or '?'}: {accept}, {stats.tokens_per_call:.2f} tokens per "
                      f"target call ({stats.target_calls} calls)")
     if stats.forced_tokens:
-        lines.append(f"tandem: grammar: {stats.forced_tokens} tokens forced, committed without asking the model")
+        lines.append(f"tandem: grammar: {tokens(stats.forced_tokens)} forced, committed without asking the model")
     return lines
+
+
+def tokens(n: int) -> str:
+    return f"{n} token" if n == 1 else f"{n} tokens"
+
+
+def cut_short(stats: GenerationStats, shaped: bool) -> str | None:
+    """Said on stderr when a reply held to a schema or grammar was cut by ``-n``: it is then
+    not valid under it, and a script reading stdout must know."""
+    if shaped and stats.finish_reason == "length":
+        return (f"tandem: the reply was cut at -n {stats.generated_tokens} before the grammar was complete: "
+                "it is not valid under it (raise -n, or -1 for no limit).")
+    return None
 
 
 def run_prompt(target: Backend, prompt: str, *, raw: bool) -> tuple[list[int], list[str]]:
@@ -136,7 +181,11 @@ def grammar_from_args(args: argparse.Namespace) -> GrammarSpec | None:
 def run(args: argparse.Namespace) -> int:
     spec = grammar_from_args(args)
     predicted = read_text_file("--predict", args.predict, PromptError) if args.predict else ""
-    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    sampling = sampling_from_args(args)
+    max_tokens = token_limit(args.max_tokens)
+    if args.prompt is None and sys.stdin.isatty():
+        print("tandem: type the prompt, then Ctrl-D (or pass it with -p)", file=sys.stderr)
+    prompt = as_text(args.prompt if args.prompt is not None else sys.stdin.read())
     with Progress(f"loading {args.model}", enabled=False if args.quiet else None) as progress:
         engine = open_engine(spec_from_args(args), notify=progress.stage, on_load=progress.fraction)
     with engine:
@@ -144,11 +193,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"tandem: {note}", file=sys.stderr)
         target, strategy = engine.target, engine.strategy
         ids, template_stops = run_prompt(target, prompt, raw=args.raw)
-        sampler = Sampler(sampling_from_args(args))
+        sampler = Sampler(sampling)
         if predicted:
             strategy = strategy.predicting(Prediction(target.tokenize(predicted)), len(ids))
         decoding = strategy if spec is None else constrained(strategy, compile_grammar(spec, target))
-        events = generate(target, ids, sampler, strategy=decoding, max_tokens=args.max_tokens,
+        events = generate(target, ids, sampler, strategy=decoding, max_tokens=max_tokens,
                           stop=[*template_stops, *args.stop])
         cleaner = StreamCleaner()  # model text may hold escape sequences: never pass them to the terminal
         for event in events:
@@ -165,6 +214,8 @@ def run(args: argparse.Namespace) -> int:
                     if not args.quiet:
                         for line in run_summary(event.stats, strategy.describe()):
                             print(line, file=sys.stderr)
+                if (warning := cut_short(event.stats, spec is not None)) is not None:
+                    print(warning, file=sys.stderr)
             elif not args.json:
                 sys.stdout.write(cleaner.feed(event.text))
                 sys.stdout.flush()

@@ -36,6 +36,9 @@ COMPLETE = "complete"
 INTERRUPTED = "interrupted"
 STATUSES = (COMPLETE, INTERRUPTED)
 ROLES = ("system", "user", "assistant")
+BUSY_TIMEOUT_S = 10.0
+"""How long opening or writing waits for another Tandem's lock before it fails with
+"database is locked" (two chats, or a chat and ``tandem chats``, share one file)."""
 
 
 @dataclass
@@ -85,6 +88,23 @@ def _json_dict(raw: Any) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+def is_busy(exc: sqlite3.Error) -> bool:
+    """Another connection holds the lock (``SQLITE_BUSY`` and its extended codes): worth
+    waiting for, unlike every other error."""
+    return (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF == sqlite3.SQLITE_BUSY
+
+
+def pending_migrations(version: int, path: Path) -> range:
+    """The steps of :data:`MIGRATIONS` a file at schema ``version`` still needs. A file
+    from a newer Tandem is refused: this one cannot know what its schema means."""
+    if version > SCHEMA_VERSION:
+        raise TandemError(
+            f"The chat history at {path} was written by a newer Tandem "
+            f"(schema {version}, this one knows {SCHEMA_VERSION}): upgrade Tandem."
+        )
+    return range(version, SCHEMA_VERSION)
+
+
 def _chat(row: sqlite3.Row) -> ChatRecord:
     return ChatRecord(
         id=row["id"], title=str(row["title"] or ""), system_prompt=str(row["system_prompt"] or ""),
@@ -115,7 +135,7 @@ class History:
         self._lock = threading.RLock()
         try:
             self._db = sqlite3.connect(
-                self.path, isolation_level=None, check_same_thread=False, timeout=10.0
+                self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_S
             )
         except sqlite3.DatabaseError as exc:
             raise self._open_error(exc) from None
@@ -125,9 +145,8 @@ class History:
             damage = [r[0] for r in self._db.execute("PRAGMA quick_check").fetchall()
                       if r[0] != "ok" and not r[0].startswith(("CHECK constraint failed", "NULL value in"))]
             if damage:
-                self._db.close()
                 raise HistoryDamaged(f"The chat history at {self.path} is damaged ({damage[0].splitlines()[-1]}).")
-            self._db.execute("PRAGMA journal_mode=WAL")
+            self._use_wal()
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._migrate()
@@ -135,6 +154,9 @@ class History:
         except sqlite3.DatabaseError as exc:
             self._db.close()
             raise self._open_error(exc) from None
+        except BaseException:  # damaged, from a newer Tandem, interrupted: no open handle left behind
+            self._db.close()
+            raise
 
     def _open_error(self, exc: sqlite3.DatabaseError) -> TandemError:
         """What to tell the user when the file cannot be opened (it is left alone)."""
@@ -155,17 +177,47 @@ class History:
                 raise
             self._db.execute("COMMIT")
 
+    def _use_wal(self) -> None:
+        """Put the file in WAL mode, trying again while another opener holds the lock.
+
+        Why a loop and not the busy timeout: switching a new file to WAL needs it to
+        itself, and when two openers ask at once SQLite fails one of them at once
+        ("database is locked") rather than let both wait on each other. Once the
+        other's switch is done, this one finds WAL already on and has nothing to do.
+        """
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        pause = 0.001
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if not is_busy(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
+
+    def _schema_version(self) -> int:
+        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
     def _migrate(self) -> None:
-        version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise TandemError(
-                f"The chat history at {self.path} was written by a newer Tandem "
-                f"(schema {version}, this one knows {SCHEMA_VERSION}): upgrade Tandem."
-            )
-        for step in range(version, SCHEMA_VERSION):
-            with self._tx() as db:
+        """Bring the file up to :data:`SCHEMA_VERSION`, every missing step in one write
+        transaction that also reads the version it starts from.
+
+        Why the version is read again under the write lock: two Tandems opening a new
+        file at once both read version 0 first, and the second would re-run the steps
+        the first had just committed ("table chats already exists"). ``BEGIN IMMEDIATE``
+        serializes the openers and shows each the file as the one before left it. A
+        locked file waits out the busy timeout, then fails as any write would.
+        """
+        if not pending_migrations(self._schema_version(), self.path):
+            return  # versions only go up, so an up-to-date read needs no lock to be sure
+        with self._tx() as db:
+            steps = pending_migrations(self._schema_version(), self.path)
+            for step in steps:
                 MIGRATIONS[step](db)
-                db.execute(f"PRAGMA user_version={step + 1}")
+            if steps:
+                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def _reindex_unfinished(self) -> None:
         """Index replies whose writer died mid-stream: streamed fragments are indexed when

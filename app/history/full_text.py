@@ -25,6 +25,33 @@ class SearchHit:
     created_at: float
 
 
+def unmark(snippet: str) -> tuple[str, list[tuple[int, int]]]:
+    """A snippet as plain text, and where its matched words lie in it: ``(start, end)``
+    offsets in characters, end excluded.
+
+    Why: :data:`HIT_START` and :data:`HIT_END` are control characters, fine for a screen
+    that turns them into highlighting but noise to a script, which wants text it can
+    print or compare as is and offsets to highlight with however it likes (inserted
+    ``**`` could not be told apart from the Markdown that chat text is full of).
+    """
+    plain: list[str] = []
+    spans: list[tuple[int, int]] = []
+    at, start = 0, None
+    for piece in re.split(f"([{HIT_START}{HIT_END}])", snippet):
+        if piece == HIT_START:
+            start = at if start is None else start
+        elif piece == HIT_END:
+            if start is not None and at > start:
+                spans.append((start, at))
+            start = None
+        else:
+            plain.append(piece)
+            at += len(piece)
+    if start is not None and at > start:  # never from FTS5, but a mark left open still ends
+        spans.append((start, at))
+    return "".join(plain), spans
+
+
 def fts_query(text: str) -> str:
     """An FTS5 query for what a user typed: every word must occur, the last one as a
     prefix. Words are quoted, so FTS5 syntax (``AND``, ``"``, ``*``, ``:``) in the text

@@ -1,9 +1,10 @@
 """The chat history's SQLite schema and its migrations, one function per version.
 
 ``MIGRATIONS[i]`` upgrades a database at version ``i`` (``PRAGMA user_version``) to
-``i + 1``; :class:`tandem.app.history.database.History` runs the missing ones in a transaction
-each when it opens a file. Append new versions, never edit old ones: files in the
-field were written by them.
+``i + 1``; :class:`tandem.app.history.database.History` runs the missing ones when it opens
+a file, all in one write transaction that also reads the version they start from (so a
+file is never left between versions, and two openers never run a step twice). Append
+new versions, never edit old ones: files in the field were written by them.
 """
 
 from __future__ import annotations

@@ -129,7 +129,7 @@ def _api(handler):
         try:
             response = await handler(request)
         except ApiError as exc:
-            response = JSONResponse(exc.body(), status_code=exc.status)
+            response = JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
         log = request.app.state.server.request_log
         if log is None:
             return response

@@ -42,11 +42,13 @@ def parse_messages(body: dict) -> list[dict[str, Any]]:
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer", "tool"):
             raise ApiError(400, f"messages[{i}] needs a role of system, user, assistant or tool.",
                            "invalid_value", "messages")
-        content = m.get("content", "")
+        content = m.get("content")
         if isinstance(content, list):  # content parts: keep the text ones
             content = _text_parts(content, i)
-        elif content is None:  # an assistant turn that only called tools
+        elif content is None and m["role"] == "assistant":  # an assistant turn that only called tools
             content = ""
+        elif content is None:  # as OpenAI: only an assistant's turn may come without it
+            raise ApiError(400, f"messages[{i}] ({m['role']}) needs its 'content'.", "invalid_value", "messages")
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{i}].content must be a string.", "invalid_value", "messages")
         role = "system" if m["role"] == "developer" else m["role"]

@@ -43,6 +43,7 @@ from tandem.runtime.autocomplete.fim import (
 )
 from tandem.runtime.autocomplete.infill import InfillChunk, InfillDone, InfillLimits, run_infill
 from tandem.runtime.backends.protocol import Backend, common_prefix_len
+from tandem.runtime.generate import NO_LIMIT
 from tandem.runtime.speculative.factory import SpeculativeStrategy
 
 MAX_EXTRA_CHUNKS = 256
@@ -102,8 +103,14 @@ def _string_list(body: dict, key: str) -> list[str] | None:
     return value
 
 
+INFILL_N_PREDICT = 128
+"""A suggestion's token limit when the editor sets none (or -1)."""
+
+
 def parse_infill(body: dict) -> InfillRequest:
-    gen = parse_common(body, max_tokens_default=128, max_tokens_key="n_predict")
+    gen = parse_common(body, max_tokens_default=INFILL_N_PREDICT, max_tokens_key="n_predict")
+    if gen.max_tokens == NO_LIMIT:  # -1: the prompt is fitted around the room a suggestion leaves
+        gen.max_tokens = INFILL_N_PREDICT
     if "temperature" not in body:
         gen.params.temperature = 0.0  # completions in an editor: deterministic by default
     if gen.ignore_eos:  # an infill ends where the model ends it (its own limits)

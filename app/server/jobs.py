@@ -55,7 +55,7 @@ def chat_job(slot: ModelSlot, messages: list[dict[str, str]], req: GenRequest, c
     def run(cancel: threading.Event, lane: Lane) -> Generator[Event, None, None]:
         with lane.lock, lane.engaged():
             try:
-                ids, stops = slot.engine.fit(messages, req.max_tokens, cancel=cancel,
+                ids, stops = slot.engine.fit(messages, req.reply_room, cancel=cancel,
                                              inputs=TemplateInputs(variables=req.template_variables))
             except FitCancelled:  # the client went away (or the server stops): nothing to send
                 return
@@ -126,7 +126,7 @@ def drafts_job(slot: ModelSlot, req: GenRequest, *, ids: list[int] | None = None
             prompt = ids
             if messages is not None:
                 try:
-                    prompt, template_stops = slot.engine.fit(messages, req.max_tokens, cancel=cancel,
+                    prompt, template_stops = slot.engine.fit(messages, req.reply_room, cancel=cancel,
                                                              inputs=TemplateInputs(variables=req.template_variables))
                 except FitCancelled:
                     return

@@ -41,7 +41,7 @@ def done_body(done: DoneEvent, req: GenRequest, model: str, cached: int,
     return extra | {"index": 0, "content": done.text, "id_slot": 0, "stop": True, "model": model,
             "tokens_predicted": st.generated_tokens, "tokens_evaluated": st.prompt_tokens, "tokens_cached": cached,
             "stop_type": stop_type(st), "stopping_word": st.stop_string,
-            "generation_settings": {"n_predict": req.max_tokens, "temperature": req.params.temperature,
+            "generation_settings": {"n_predict": req.n_predict, "temperature": req.params.temperature,
                                     "seed": req.params.seed, "stop": req.stop},
             "timings": timings.as_dict(), "tandem": {"stats": st.as_dict()}}
 

@@ -77,7 +77,7 @@ def props(slot: ModelSlot) -> dict:
     special = slot.target.special
     model_file = slot.target.compute_settings().model_file
     params: dict[str, Any] = {
-        "n_predict": defaults.max_tokens, "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p,
+        "n_predict": defaults.n_predict, "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p,
         "min_p": p.min_p, "repeat_penalty": p.repetition_penalty, "repeat_last_n": p.repeat_last_n,
         "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
         "speculative": slot.speculative,

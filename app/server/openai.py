@@ -17,6 +17,7 @@ from typing import Any
 from tandem.app.server.api_error import ApiError
 from tandem.app.server.logit_bias import parse_logit_bias
 from tandem.kernels.sampling import SamplingParams
+from tandem.runtime.generate import NO_LIMIT
 
 MAX_N = 8
 """Most drafts one request may ask for (superposed decoding keeps k small by design)."""
@@ -119,12 +120,18 @@ def _stops(body: dict) -> list[str]:
     raise ApiError(400, "'stop' must be a string or a list of at most 16 strings.", "invalid_value", "stop")
 
 
+REPLY_ROOM = 256
+"""Tokens a chat without a token limit is fitted to leave for the reply."""
+
+
 @dataclass
 class GenRequest:
     """What every generation endpoint needs, already validated."""
 
     model: str | None
     max_tokens: int
+    """The most tokens the reply may run (:data:`NO_LIMIT`: until the model ends it or the
+    context is full)."""
     params: SamplingParams
     stop: list[str]
     n: int
@@ -141,6 +148,18 @@ class GenRequest:
     """A chat request's ``chat_template_kwargs`` (:func:`.chat_messages.parse_template_variables`)."""
     prediction: str | None = None
     """OpenAI's Predicted Outputs: text the reply is expected to be, mostly (:func:`parse_prediction`)."""
+
+    @property
+    def reply_room(self) -> int:
+        """Tokens a chat is fitted to leave free for the reply: its limit, or without one
+        :data:`REPLY_ROOM` (reserving half the context for a reply that may be short would
+        leave out half the chat)."""
+        return REPLY_ROOM if self.max_tokens == NO_LIMIT else self.max_tokens
+
+    @property
+    def n_predict(self) -> int:
+        """The limit as llama-server reports it (-1: none)."""
+        return -1 if self.max_tokens == NO_LIMIT else self.max_tokens
 
 
 UNSUPPORTED_UNLESS: dict[str, tuple[Any, ...]] = {
@@ -183,14 +202,18 @@ def parse_model(body: dict) -> str | None:
     return model
 
 
-def parse_common(body: dict, *, max_tokens_default: int = 256, max_tokens_key: str = "max_tokens") -> GenRequest:
+def parse_common(body: dict, *, max_tokens_default: int = NO_LIMIT, max_tokens_key: str = "max_tokens") -> GenRequest:
+    """The fields every generation endpoint shares. Without a token limit (or with -1, as
+    llama-server's ``n_predict`` and Ollama's ``num_predict`` say it), a reply runs until
+    the model ends it or the context is full, as OpenAI's do: ``max_tokens_default`` is
+    for the endpoints whose API has its own (legacy completions 16, ``/infill``)."""
     refuse_unsupported(body)
     model = parse_model(body)
-    max_tokens = _num(body, max_tokens_key, None, -1, 1 << 20, integer=True)
+    max_tokens = _num(body, max_tokens_key, None, -1, NO_LIMIT, integer=True)
     if max_tokens is None:
-        max_tokens = _num(body, "max_completion_tokens", max_tokens_default, 0, 1 << 20, integer=True)
+        max_tokens = _num(body, "max_completion_tokens", max_tokens_default, -1, NO_LIMIT, integer=True)
     if max_tokens < 0:
-        max_tokens = max_tokens_default
+        max_tokens = NO_LIMIT
     stream = flag(body, "stream")
     opts = body.get("stream_options") or {}
     seed = _num(body, "seed", None, -(2**63), 2**63 - 1, integer=True)

@@ -16,11 +16,11 @@ from typing import Any
 from starlette.requests import Request
 
 from tandem.app.server import jobs
-from tandem.app.server.api_error import ApiError
+from tandem.app.server.api_error import ApiError, cancelled, shutting_down, superseded
 from tandem.app.server.loaded_models import ModelSlot
 from tandem.app.server.streams import chain
 from tandem.app.server.worker import Job, QueueFull
-from tandem.errors import PromptError, TandemError
+from tandem.errors import EmptyPrompt, PromptError, TandemError
 from tandem.runtime.generate import DoneEvent, TokenEvent
 
 
@@ -33,7 +33,8 @@ async def start(request: Request, slot: ModelSlot, fn, *, kind: str = "chat",
     try:
         job = slot.worker.submit(fn, kind=kind, client=client, hint=hint)
     except QueueFull as exc:
-        raise ApiError(503, f"Server busy: {exc}. Retry shortly.", "overloaded", type_="server_error") from None
+        raise ApiError(503, f"Server busy: {exc}. Retry shortly.", "overloaded", type_="server_error",
+                       retry_after_s=1) from None
     watcher = asyncio.create_task(_watch_disconnect(request, job))
     items = job.items()
     try:
@@ -46,6 +47,9 @@ async def start(request: Request, slot: ModelSlot, fn, *, kind: str = "chat",
             watcher.cancel()
             raise superseded() from None
         first = None
+    except EmptyPrompt as exc:
+        watcher.cancel()
+        raise ApiError(400, str(exc), "invalid_value", "prompt") from None
     except PromptError as exc:
         watcher.cancel()
         raise ApiError(400, str(exc), "context_length_exceeded") from None
@@ -64,17 +68,10 @@ async def start(request: Request, slot: ModelSlot, fn, *, kind: str = "chat",
     return job, items, first, watcher
 
 
-def shutting_down() -> ApiError:
-    return ApiError(503, "The server is shutting down; retry against its next start.", "shutting_down",
-                    type_="server_error")
-
-
-def superseded() -> ApiError:
-    return ApiError(499, "Cancelled: the same client sent a newer /infill.", "superseded")
-
-
-def cancelled() -> ApiError:
-    return ApiError(499, "Request cancelled.", "cancelled")
+def stopped(job: Job) -> ApiError:
+    """Why ``job`` ended before its reply did: a reply cut short is never answered as if it
+    were whole (a client would take the cut text, with finish_reason "stop", for the answer)."""
+    return superseded() if job.superseded else shutting_down() if job.shut_down else cancelled()
 
 
 def drafts_or_cancelled(first: Any) -> jobs.Drafts:
@@ -85,7 +82,8 @@ def drafts_or_cancelled(first: Any) -> jobs.Drafts:
 
 async def final(first: Any, items: AsyncIterator, watcher: asyncio.Task, job: Job, *, logprobs: list | None = None,
                 last: type = DoneEvent) -> Any:
-    """Drain a job to its last event, a ``last`` (a whole reply); 499 if it was cancelled.
+    """Drain a job to its last event, a ``last`` (a whole reply); an error if it was stopped
+    before its end (:func:`stopped`).
     The tokens' logprobs, when asked for, are gathered into ``logprobs``."""
     try:
         done = None
@@ -96,8 +94,8 @@ async def final(first: Any, items: AsyncIterator, watcher: asyncio.Task, job: Jo
                 logprobs.extend(ev.logprobs)
     finally:
         watcher.cancel()
-    if done is None:
-        raise superseded() if job.superseded else cancelled()
+    if done is None or (isinstance(done, DoneEvent) and done.stats.finish_reason == "cancelled"):
+        raise stopped(job)
     return done
 
 

@@ -172,7 +172,7 @@ class Routes:
     async def completion(self, request: Request):
         """llama-server's ``/completion`` (see :mod:`.llama_completion`)."""
         body = await self.body(request)
-        req = parse_common(body, max_tokens_default=256, max_tokens_key="n_predict")
+        req = parse_common(body, max_tokens_key="n_predict")
         req.logprobs = parse_n_probs(body)
         prompt = parse_prompt(body)
         fmt = parse_output_format(body, chat=False)
@@ -263,7 +263,8 @@ class Routes:
             choice["message"]["content"] = reply.content
             if reply.calls:
                 choice["message"]["tool_calls"] = reply.calls
-                choice["finish_reason"] = "tool_calls"
+                if st.finish_reason != "length":  # a call cut by max_tokens keeps "length", as OpenAI's
+                    choice["finish_reason"] = "tool_calls"
         if lps is not None:
             body["choices"][0]["logprobs"] = shape(lps, slot.target.token_bytes, chat=shaper.chat, offset=text_start)
         return JSONResponse(body)

@@ -22,7 +22,7 @@ import anyio
 from sse_starlette.sse import EventSourceResponse, SendTimeoutError
 from starlette.types import Receive, Scope, Send
 
-from tandem.app.server.api_error import ApiError
+from tandem.app.server.api_error import ApiError, cancelled, shutting_down
 from tandem.app.server.jobs import JobUsage
 from tandem.app.server.logprobs_api import shape
 from tandem.app.server.openai import Shaper, finish_reason, usage
@@ -103,17 +103,18 @@ def generation_stream(first: Any, items: AsyncIterator, job: Job, *, shaper: Sha
                     yield {"data": json.dumps(chunk)}
                 elif isinstance(ev, DoneEvent):
                     on_stats(ev.stats)
-                    reason = "tool_calls" if tool_calls is not None and tool_calls.calls else \
-                        finish_reason(ev.stats.finish_reason)
+                    if ev.stats.finish_reason == "cancelled":
+                        break  # not the reply's end: said below
+                    called = tool_calls is not None and tool_calls.calls and ev.stats.finish_reason != "length"
+                    reason = "tool_calls" if called else finish_reason(ev.stats.finish_reason)
                     yield {"data": json.dumps(shaper.chunk(0, None, reason))}
                     if include_usage:
                         use = usage(ev.stats.prompt_tokens, ev.stats.generated_tokens, used.cached_tokens, used.prediction)
                         yield {"data": json.dumps(shaper.usage_chunk(use))}
                     ended = True
-            if not ended:  # stopped before its end (the server is shutting down): still a final chunk
-                final = shaper.chunk(0, None, "stop")
-                final["tandem"] = {"stopped": "server shutting down" if shutdown.is_set() else "cancelled"}
-                yield {"data": json.dumps(final)}
+            if not ended:  # stopped before its end: an error, so the text is not taken for a whole reply
+                why = shutting_down() if shutdown.is_set() or job.shut_down else cancelled()
+                yield {"data": json.dumps(why.body())}
             yield {"data": "[DONE]"}
         except Exception as exc:  # the response has started: the error goes in the stream
             yield {"data": json.dumps(stream_error(exc))}

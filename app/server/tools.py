@@ -126,12 +126,41 @@ def _choice(choice: Any, names: list[str]) -> tuple[Literal["auto", "none", "req
 
 def call_schema(tools: tuple[Tool, ...]) -> dict[str, Any]:
     """The JSON schema of one call's object, ``{"name": ..., "arguments": {...}}``: the
-    name one of ``tools``' and the arguments that tool's schema. ``name`` comes first, so
-    a constrained reply says which tool before its arguments (and streams that way)."""
+    name one of ``tools``' and the arguments that tool's schema (:func:`own_resource`, so
+    its ``$ref``s resolve inside it). ``name`` comes first, so a constrained reply says
+    which tool before its arguments (and streams that way)."""
     variants = [{"type": "object",
-                 "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+                 "properties": {"name": {"const": t.name}, "arguments": own_resource(t.parameters, t.name)},
                  "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
     return variants[0] if len(variants) == 1 else {"anyOf": variants}
+
+
+def own_resource(schema: dict[str, Any], name: str) -> dict[str, Any]:
+    """A tool's parameters schema made a schema resource of its own (JSON Schema's
+    ``$id``) when it holds a ``$ref``, so it keeps its meaning nested in the call's schema.
+
+    A ``$ref`` resolves against the nearest enclosing ``$id``, else the document's root:
+    nested under ``arguments`` with none, ``#/$defs/Address`` (Pydantic's nested models)
+    would point into the call's schema, which has no ``$defs``, and ``#`` at the call
+    itself. With its own ``$id`` every local reference (``$defs``, ``definitions``, any
+    JSON pointer, ``#``, anchors) resolves inside the tool's schema, as it did when the
+    client wrote it, and two tools that define the same name differently never clash.
+    The compiler resolves ``$id`` as the spec does (tests/app/server/test_tool_schemas.py
+    holds it to that). A schema without a reference stays as it is, and so does one
+    that names its own ``$id`` (its references already resolve against it)."""
+    if "$id" in schema or not _has_ref(schema):
+        return schema
+    return {"$id": f"urn:tandem:tool:{name}", **schema}
+
+
+def _has_ref(value: Any) -> bool:
+    """Whether a ``$ref`` key appears anywhere in ``value`` (one in data, say a property
+    named ``$ref``, counts too: an ``$id`` it needlessly adds changes nothing)."""
+    if isinstance(value, dict):
+        return "$ref" in value or any(_has_ref(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_ref(v) for v in value)
+    return False
 
 
 # -- messages -------------------------------------------------------------------------

@@ -70,6 +70,8 @@ class Job:
     order: int = 0
     superseded: bool = False
     """Cancelled because the same client sent a newer /infill."""
+    shut_down: bool = False
+    """Cancelled because the server is shutting down."""
     hint: str = ""
     """The request as text that the hint of a request continuing it starts with (a chat's
     tools and messages without the closing brackets): of the client's own lanes, the one
@@ -301,14 +303,16 @@ class ModelWorker(Generic[L]):
 
     def stop_all(self) -> None:
         """Server shutdown: stop every job. A generation sees its cancel event at the next
-        step and ends with its final event (``finish_reason`` cancelled), so the client
-        still gets a whole reply with what was generated; queued jobs are skipped."""
+        step and ends (``finish_reason`` cancelled): its client gets a 503, or its stream
+        an error event after the text it already has; queued jobs are skipped."""
         self.stopping = True
         with self._lock:
             for lt in self._lanes:
                 if lt.job is not None:
+                    lt.job.shut_down = True
                     lt.job.cancel.set()
             for job in self._queue:
+                job.shut_down = True
                 job.cancel.set()
             queued, self._queue = self._queue, []
             self._update_hold()

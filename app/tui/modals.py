@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -107,10 +108,20 @@ def parse_settings(system_prompt: str, raw: dict[str, str], base: ChatSettings) 
             values[name] = kind(text)
         except ValueError:
             raise ValueError(f"{label.split(' (')[0]}: {text!r} is not a valid {kind.__name__}") from None
+        if kind is float and not math.isfinite(values[name]):  # type: ignore[arg-type]
+            raise ValueError(f"{label.split(' (')[0]}: {text!r} is not a number")
+    if values["seed"] is not None and int(values["seed"]) < 0:  # type: ignore[call-overload]
+        values["seed"] = None  # -1: a random seed, as in llama.cpp (a negative seed failed every reply)
     if float(values["temperature"]) < 0:  # type: ignore[arg-type]
         raise ValueError("Temperature cannot be negative")
     if not 0 < float(values["top_p"]) <= 1:  # type: ignore[arg-type]
         raise ValueError("Top-p must be in (0, 1]")
+    if not 0 <= float(values["min_p"]) <= 1:  # type: ignore[arg-type]
+        raise ValueError("Min-p must be in [0, 1]")
+    if int(values["top_k"]) < 0:  # type: ignore[call-overload]
+        raise ValueError("Top-k cannot be negative (0 = off)")
+    if float(values["repetition_penalty"]) <= 0:  # type: ignore[arg-type]
+        raise ValueError("Repetition penalty must be above 0 (1 = off)")
     for name, label in (("presence_penalty", "Presence penalty"), ("frequency_penalty", "Frequency penalty")):
         if not -2 <= float(values[name]) <= 2:  # type: ignore[arg-type]
             raise ValueError(f"{label} must be in [-2, 2] (0 = off)")

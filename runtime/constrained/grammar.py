@@ -38,7 +38,13 @@ from llguidance import LLMatcher, LLTokenizer
 
 from tandem.errors import TandemError
 from tandem.runtime.backends.protocol import Backend
-from tandem.runtime.constrained.json_numbers import leading_digits
+from tandem.runtime.constrained.json_numbers import (
+    MAX_DIGITS,
+    MAX_OVERRUN,
+    digit_tokens,
+    leading_digits,
+    unbounded_multiples,
+)
 from tandem.runtime.speculative.drafters.xvocab.vocab_pair import adds_space_prefix
 
 GrammarKind = Literal["json_schema", "json_object", "gbnf", "regex", "lark"]
@@ -89,6 +95,9 @@ class Grammar:
     leading_digits: np.ndarray | None = field(default=None, repr=False, compare=False)
     """JSON grammars: per token, the digits it begins with, to bound a number's parts
     (:mod:`.json_numbers`); ``None`` for the others (a GBNF grammar says its own)."""
+    digit_tokens: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    """JSON grammars: one token per decimal digit, to search a number's way to its end
+    where the schema lets it end no sooner than past the bound (:mod:`.json_numbers`)."""
 
     def matcher(self) -> LLMatcher:
         m = LLMatcher(self.tokenizer, self.definition, log_level=0)
@@ -124,9 +133,12 @@ def definition(spec: GrammarSpec) -> str:
             source = {} if source else {"not": {}}
         if not isinstance(source, dict):
             raise GrammarError("A JSON schema must be a JSON object.")
+        schema, unbounded = unbounded_multiples(closed_objects(source))
+        if unbounded and spec.strict:
+            raise GrammarError(_unbounded_message(unbounded[0]))
         options = {**JSON_OPTIONS, "lenient": not spec.strict}
         try:
-            return LLMatcher.grammar_from_json_schema(closed_objects(source), defaults=options)
+            return LLMatcher.grammar_from_json_schema(schema, defaults=options)
         except (ValueError, TypeError) as exc:
             raise GrammarError(f"The JSON schema cannot be used: {_clean(str(exc))}") from None
     if not isinstance(source, str) or not source.strip():
@@ -135,6 +147,13 @@ def definition(spec: GrammarSpec) -> str:
         return llguidance.grammar_from(spec.kind, source)
     except (ValueError, TypeError, KeyError) as exc:
         raise GrammarError(f"The {_what(spec)} cannot be used: {_clean(str(exc))}") from None
+
+
+def _unbounded_message(value: float) -> str:
+    return (f"The JSON schema cannot be used: multipleOf {value} cannot be enforced with Tandem's bound on a "
+            f"number's digits ({MAX_DIGITS} a part), as a multiple of it can need more than {MAX_OVERRUN} digits past "
+            f"the bound to end; use a multipleOf whose numerator in lowest terms is at most {10**MAX_OVERRUN}, "
+            "or strict: false to ignore it.")
 
 
 _COMPOSED = ("anyOf", "oneOf", "items", "prefixItems", "additionalProperties")
@@ -219,6 +238,11 @@ class Vocab:
         """Per token, the digits its bytes begin with (for JSON's :data:`MAX_DIGITS`)."""
         return leading_digits(self.pieces)
 
+    @functools.cached_property
+    def digit_tokens(self) -> tuple[int, ...]:
+        """One token per decimal digit (the steps of a number's way out of the bound)."""
+        return digit_tokens(self.pieces)
+
 
 _vocabs: weakref.WeakKeyDictionary[Backend, Vocab] = weakref.WeakKeyDictionary()
 _vocabs_lock = threading.Lock()
@@ -247,6 +271,7 @@ def compile_grammar(spec: GrammarSpec, target: Backend) -> Grammar:
         raise GrammarError(f"The {_what(spec)} cannot be used: {_clean(message)}")
     json_like = spec.kind in ("json_schema", "json_object")
     grammar = Grammar(spec, text, vocab.tokenizer, target.n_vocab, tuple(sorted(target.special.eog)),
-                      vocab.pieces, vocab.leading_digits if json_like else None)
+                      vocab.pieces, vocab.leading_digits if json_like else None,
+                      vocab.digit_tokens if json_like else ())
     grammar.matcher()  # limits that only show on this vocabulary
     return grammar

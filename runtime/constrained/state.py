@@ -17,7 +17,7 @@ from llguidance import LLMatcher
 
 from tandem.runtime.backends.protocol import common_prefix_len
 from tandem.runtime.constrained.grammar import Grammar, GrammarError
-from tandem.runtime.constrained.json_numbers import JsonLex, digit_room
+from tandem.runtime.constrained.json_numbers import MAX_OVERRUN, JsonLex, digit_room
 
 
 class GrammarState:
@@ -35,6 +35,10 @@ class GrammarState:
         self._lex: list[JsonLex] = [JsonLex()]
         """JSON grammars: where the text stands after each prefix of :attr:`tokens`
         (``_lex[i]``: after ``tokens[:i]``), for the bound on a number's digits."""
+        lead = grammar.leading_digits
+        self._part_ends = None if lead is None else lead == 0
+        """JSON grammars: the tokens that begin with no digit (after a number's part: its
+        end, a separator, or its next part)."""
 
     # -- where we are -------------------------------------------------------------------
     @property
@@ -52,8 +56,7 @@ class GrammarState:
         alone once the grammar is complete, so a row is never empty). Read-only; kept
         until the state moves."""
         if self._allowed is None:
-            self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-            row = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.n_vocab].view(bool)
+            row = self._grammar_row()
             if not row.any():
                 row[list(self.grammar.eog)] = True
             row = self._digits_bounded(row)
@@ -61,15 +64,58 @@ class GrammarState:
             self._allowed = row
         return self._allowed
 
+    def _grammar_row(self) -> np.ndarray:
+        """llguidance's mask where the matcher stands, as a boolean row (a new array)."""
+        self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        return np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.n_vocab].view(bool)
+
     def _digits_bounded(self, row: np.ndarray) -> np.ndarray:
         """``row`` less the tokens that would take a JSON number's part past
-        :data:`~.json_numbers.MAX_DIGITS` digits, unless none would be left."""
+        :data:`~.json_numbers.MAX_DIGITS` digits. Where that leaves none, the schema lets
+        the part end no sooner (``multipleOf``, a bound that needs more digits): then only
+        the way out (:meth:`_way_out`), as giving the model back every digit let it write
+        them forever. ``row`` itself only where no way out is found."""
         lead = self.grammar.leading_digits
         room = None if lead is None else digit_room(self._lex[-1], lead)
         if room is None:
             return row
         bounded = row & room
-        return bounded if bounded.any() else row
+        if bounded.any():
+            return bounded
+        way_out = self._way_out(row)
+        return row if way_out is None else way_out
+
+    def _way_out(self, row: np.ndarray) -> np.ndarray | None:
+        """The digit tokens that begin the shortest runs of digits after which the grammar
+        lets the number's part end, searched breadth first over the grammar's digit tokens
+        up to :data:`~.json_numbers.MAX_OVERRUN` digits (``None``: no run that short). The
+        matcher is moved along each run and back; the state itself does not move."""
+        digits, ends = self.grammar.digit_tokens, self._part_ends
+        runs = [(d,) for d in digits if row[d]]
+        for _ in range(MAX_OVERRUN):
+            firsts: set[int] = set()
+            longer: list[tuple[int, ...]] = []
+            for run in runs:
+                here = self._grammar_row_after(run)
+                if (here & ends).any():
+                    firsts.add(run[0])
+                elif not firsts:
+                    longer.extend((*run, d) for d in digits if here[d])
+            if firsts:
+                way_out = np.zeros(self.n_vocab, dtype=bool)
+                way_out[list(firsts)] = True
+                return way_out
+            runs = longer
+        return None
+
+    def _grammar_row_after(self, run: tuple[int, ...]) -> np.ndarray:
+        """llguidance's mask after ``run`` (legal tokens), the matcher brought back."""
+        if not self._matcher.consume_tokens(list(run)):
+            raise GrammarError(f"A number's way out could not be followed: {_first_line(self._matcher.get_error())}")
+        row = self._grammar_row()
+        if not self._matcher.rollback(len(run)):
+            raise GrammarError(f"The grammar state could not be rolled back: {_first_line(self._matcher.get_error())}")
+        return row
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """``logits`` with every illegal token at -inf (a new array): softmax over it is

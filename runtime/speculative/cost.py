@@ -127,20 +127,31 @@ class OnlineCost:
         self._v = np.zeros(n)
         self._w = np.zeros(n)
         self._since_t1 = 0
-        self._scale: float | None = None
+        self._scale = 1.0
         self._untimed = [k for k in self.first_sizes if 0 < k < n]
-        self._calls: list[float | None] = [None] * n
-        """:meth:`call` per size since the last observation (the policy prices every
-        length every round; each call is a few Python steps)."""
+        self._prices: list[float] | None = None
+        """:meth:`call` of every learnt size, made once after each observation: the policy
+        prices every length of every source each round, and pricing them size by size
+        (each scanning the others for the prior's scale) was most of a speculative
+        round's host time, 0.2 ms of a 2 ms GPU step (``benchmarks/host_overhead.py``)."""
+        self._prior_at: CostCurve | None = None
+        self._prior_c: list[float] = []
+        """``prior(k)`` for every learnt size, while the prior is ``_prior_at``."""
+        self._seen_twice: list[int] = []
+        """The sizes (k > 0) called at least twice: they are priced as learnt."""
+        self.version = 0
+        """Counts the observations: what is priced from this cost can be kept until it moves."""
 
     def observe(self, k: int, seconds: float) -> None:
         """One verify call over ``k + 1`` tokens took ``seconds``."""
         if k >= len(self._v) or seconds <= 0 or not self.learn:
             return
-        self._scale = None
-        self._calls = [None] * len(self._calls)
+        self._prices = None
+        self.version += 1
         self._recent[k].append(seconds)
         self._w[k] += 1
+        if k > 0 and self._w[k] == 2:
+            self._seen_twice.append(k)
         self._v[k] = statistics.median(self._recent[k])  # np.median: 0.3 ms a call, every token
         self._since_t1 = 0 if k == 0 else self._since_t1 + 1
         if k in self._untimed and self._w[0] >= 2:
@@ -176,39 +187,35 @@ class OnlineCost:
         seen = [self._v[k] / self.prior(k) for k in range(len(self._v)) if self._w[k] >= 2]
         return statistics.median(seen) if seen else self.prior.t1_s
 
-    def _learnt(self, k: int) -> float | None:
-        t1 = self.t1_s
-        if 0 < k < len(self._w) and self._w[k] >= 2 and t1 > 0:
-            return max(1.0, float(self._v[k] / t1))
-        return None
-
     def call(self, k: int) -> float:
         """Cost of one call over ``k + 1`` tokens, in one-token calls: learnt where this
-        size was seen, else the prior scaled by how far off it was on the sizes seen."""
-        if k < len(self._calls):
-            cached = self._calls[k]
-            if cached is None:
-                cached = self._calls[k] = self._call(k)
-            return cached
-        return self._call(k)
+        size was seen (at least twice), else the prior scaled by how far off it was on
+        the sizes seen (the median ratio of their excess over one step); never above
+        ``k + 1`` (a batch is never dearer than its tokens one by one)."""
+        prices, scale = self._priced()
+        if k < len(prices):
+            return prices[k]
+        return min(1.0 + (self.prior(k) - 1.0) * scale, k + 1.0)
 
-    def _call(self, k: int) -> float:
-        if k == 0:
-            return 1.0
-        learnt = self._learnt(k)
-        if learnt is not None:
-            return min(learnt, k + 1.0)  # a batch is never dearer than its tokens one by one
-        return min(1.0 + (self.prior(k) - 1.0) * self._prior_scale(), k + 1.0)
+    def calls_upto(self, n: int) -> list[float]:
+        """:meth:`call` for ``k = 0..n``."""
+        prices = self._priced()[0]
+        return prices[:n + 1] if n < len(prices) else [self.call(k) for k in range(n + 1)]
 
-    def _prior_scale(self) -> float:
-        """How far off the prior was on the sizes seen (median ratio of their excess
-        over one step), recomputed only after a new observation: the policy prices every
-        length each round, and this scan over all sizes was a millisecond a round."""
-        if self._scale is None:
-            scales = [(x - 1.0) / (self.prior(j) - 1.0) for j in range(1, len(self._w))
-                      if (x := self._learnt(j)) is not None and self.prior(j) > 1.0]
+    def _priced(self) -> tuple[list[float], float]:
+        """Every learnt size's price and the prior's scale, made after an observation."""
+        if self._prices is None:
+            n = len(self._w)
+            if self._prior_at is not self.prior:
+                self._prior_at, self._prior_c = self.prior, [self.prior(k) for k in range(n)]
+            prior = self._prior_c
+            t1 = self.t1_s
+            learnt = {k: max(1.0, float(self._v[k]) / t1) for k in self._seen_twice} if t1 > 0 else {}
+            scales = [(x - 1.0) / (prior[k] - 1.0) for k, x in learnt.items() if prior[k] > 1.0]
             self._scale = statistics.median(scales) if scales else 1.0
-        return self._scale
+            self._prices = [1.0] + [min(learnt[k] if k in learnt else 1.0 + (prior[k] - 1.0) * self._scale, k + 1.0)
+                                    for k in range(1, n)]
+        return self._prices, self._scale
 
     def __call__(self, k: int) -> float:
         """Cost of verifying ``k`` drafts (``k + 1`` tokens), chunked as verification is."""
@@ -228,11 +235,14 @@ class OnlineCost:
         ``step`` tokens costs, over the chunk starts ``s = 0, step, ... <= k``,
         P(first ``s`` drafts accepted) · c(that chunk's size - 1); every chunk but the
         last is full, so a running sum over the earlier starts carries from ``k`` to ``k + 1``."""
-        a = np.asarray(a, dtype=np.float64)[:n]
-        reach = [1.0, *np.cumprod(a).tolist()]  # P(first j drafts accepted)
-        reach += [reach[-1]] * (n + 1 - len(reach))  # positions past ``a`` keep the last
         step = self.chunk or n + 1
-        calls = [self.call(j) for j in range(min(n, step - 1) + 1)]
+        calls = self.calls_upto(min(n, step - 1))
+        if step > n:  # one chunk: k drafts cost c(k), reached or not
+            return calls
+        reach = [1.0]  # P(first j drafts accepted)
+        for x in np.asarray(a, dtype=np.float64)[:n].tolist():
+            reach.append(reach[-1] * x)
+        reach += [reach[-1]] * (n + 1 - len(reach))  # positions past ``a`` keep the last
         full = calls[-1]  # a full chunk's cost (used only once k reaches a second chunk)
         out = []
         before = 0.0  # sum of reach over the starts of the full chunks before k's last chunk

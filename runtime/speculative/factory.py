@@ -139,7 +139,9 @@ class SpeculativeStrategy:
         owns nothing: closing it leaves this one's drafter open."""
         if self.drafter is None or self.policy is None:
             return self
-        drafter = ChainDrafter([PredictionDrafter(prediction, reply_start), self.drafter])
+        predicted = PredictionDrafter(prediction, reply_start)
+        self.policy.renew(predicted.name)
+        drafter = ChainDrafter([predicted, self.drafter])
         return SpeculativeStrategy(drafter, self.policy, predraft=self.predraft, owns=False)
 
     def prime(self, tokens: Sequence[int]) -> None:

@@ -132,6 +132,33 @@ def test_run_chat_serve_share_the_engine_flags_and_defaults(stories260k: Path) -
     assert (specs["serve"].budget, specs["serve"].draft_mode, specs["serve"].kv_type) == ("1GiB", "ngram", "q8_0")
 
 
+def test_more_threads_than_cores_are_the_cores_with_a_notice(stories260k: Path, capsys) -> None:
+    """--threads 1000 on a 2-core box started 1001 threads (a kernel probe ran so for
+    minutes in the background): the engine gets the cores it may run on, and says so."""
+    from tandem.app.cli import build_parser
+    from tandem.app.commands.engine_flags import spec_from_args
+    from tandem.runtime.machine import cpu_cores
+
+    parser = build_parser()
+    spec = spec_from_args(parser.parse_args(["run", "-m", str(stories260k), "--threads", "1000"]))
+    assert spec.threads == cpu_cores()
+    assert f"--threads 1000 is more than the {cpu_cores()} cores" in capsys.readouterr().err
+    assert spec_from_args(parser.parse_args(["run", "-m", str(stories260k), "--threads", "1"])).threads == 1
+    assert capsys.readouterr().err == ""
+
+
+def test_a_drafter_the_mode_leaves_unused_is_said(stories260k: Path, capsys) -> None:
+    from tandem.app.cli import build_parser
+    from tandem.app.commands.engine_flags import spec_from_args
+
+    parser = build_parser()
+    spec_from_args(parser.parse_args(["run", "-m", str(stories260k), "--draft", str(stories260k),
+                                      "--draft-mode", "ngram"]))
+    assert "is not used with --draft-mode ngram (model-free drafting only)" in capsys.readouterr().err
+    spec_from_args(parser.parse_args(["run", "-m", str(stories260k), "--draft", str(stories260k)]))
+    assert capsys.readouterr().err == ""
+
+
 def test_plan_lists_every_technique_with_its_quality_cost(stories260k: Path, stories_moe: Path) -> None:
     r = tandem("plan", "-m", str(stories260k), "--ctx", "512", "--json")
     assert r.returncode == 0, r.stderr
@@ -172,3 +199,16 @@ def test_chats_lists_shows_and_searches_the_saved_chats(isolated_home: Path) -> 
     assert json.loads(tandem("chats", "--json", "search", "cats").stdout)[0]["chat_id"] == second.id
     assert tandem("chats", "search", "nothing-like-it").returncode == 1
     assert_clean_error(tandem("chats", "show", "999"), "No chat 999")
+
+
+def test_ctrl_c_while_the_commands_load_is_one_line(monkeypatch, capsys) -> None:
+    """Ctrl+C in the first 0.3 s of `tandem serve` (the sub-commands still importing)
+    printed a KeyboardInterrupt traceback."""
+    from tandem.app import cli
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["serve"]) == 130
+    assert capsys.readouterr().err == "\ntandem: interrupted\n"

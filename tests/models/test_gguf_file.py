@@ -67,6 +67,15 @@ def test_truncated_copies_fail_cleanly(tmp_path: Path, stories260k: Path, fracti
         inspect_gguf(cut)
 
 
+@pytest.mark.parametrize("head", [b"GGUF", b"GGUF\x03\x00\x00\x00", b"GGUF\x03\x00\x00\x00" + bytes(15)])
+def test_a_file_cut_inside_its_header_is_called_truncated(tmp_path: Path, head: bytes) -> None:
+    """(It was "not a GGUF model file (no GGUF magic bytes at its start)", magic and all.)"""
+    cut = tmp_path / "magic_only.gguf"
+    cut.write_bytes(head)
+    with pytest.raises(ModelFormatError, match="is truncated"):
+        inspect_gguf(cut)
+
+
 def test_random_corruption_never_escapes_as_another_exception(tmp_path: Path, stories260k: Path) -> None:
     """Flip bytes in the header region: the reader either accepts or raises TandemError."""
     data = bytearray(stories260k.read_bytes())

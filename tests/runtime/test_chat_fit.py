@@ -141,11 +141,26 @@ def test_a_conversation_that_cannot_fit_is_refused_with_its_size(real_models) ->
             ChatEngine(b).fit(chat, 64)
         text = str(err.value)
         assert "501 messages" in text
-        size = int(text.split("alone is ")[1].split(" tokens")[0])
+        size = int(text.split("alone comes to ")[1].split(" tokens")[0])
         assert size > 2000
         assert counter.calls <= 40  # one chunk per distinct text, not one render per drop
     finally:
         b.close()
+
+
+def test_why_a_conversation_cannot_fit_says_what_it_is() -> None:
+    """One message too big is its own size (it was "about 3004 tokens in 1 messages; even
+    its last message alone is 3031"); a conversation never looks smaller than its last
+    message."""
+    from tandem.runtime.chat_fit import too_big
+
+    one = too_big(1, 0, 3004, 3031, 256, 512)
+    assert one.startswith("The message is 3031 tokens, and with room for the reply the context (512) holds 256.")
+    assert "about" not in one and "messages" not in one
+    assert too_big(2, 0, 40, 45, 256, 512).startswith("The conversation (2 messages) is 45 tokens")
+    many = too_big(9, 7, 3004, 3031, 256, 512)
+    assert "about 3031 tokens in 9 messages; even its last message and the system prompt alone come to 3031" in many
+    assert "its last message alone comes to 900 tokens" in too_big(8, 7, 4000, 900, 256, 512)
 
 
 def test_fitting_stops_when_cancelled(real_models) -> None:

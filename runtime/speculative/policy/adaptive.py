@@ -65,6 +65,22 @@ codegen (4 of 10 drafts accepted) before this bound."""
 
 
 
+def best_index(rates: Sequence[float]) -> int:
+    """The first length of the highest rate (``np.argmax`` of a short list costs more
+    than the list: it is made into an array first)."""
+    return max(range(len(rates)), key=rates.__getitem__)
+
+
+@dataclass(frozen=True)
+class _Outlook:
+    free_ceiling: float
+    """:meth:`AdaptivePolicy.free_ceiling`."""
+    probe_pays: bool
+    """:meth:`AdaptivePolicy.probe_can_pay`."""
+    model_ceiling: float
+    """:meth:`AdaptivePolicy.ceiling`."""
+
+
 @dataclass
 class AdaptivePolicy:
     """Expected-throughput maximiser over c(k), acceptance and drafter cost, per source.
@@ -118,6 +134,9 @@ class AdaptivePolicy:
         self.rounds_off = 0
         self.probes = 0
         self.calibration = Calibration(self.is_free, self.measured_sources, self.config.decay)
+        self._outlook_cost: CostCurve | OnlineCost | None = None
+        self._outlook_at: tuple[int, float, float] | None = None
+        self._outlook_now = _Outlook(0.0, False, 0.0)
         self._last_conf: np.ndarray | None = None
         """The confidences of the model-free draft :meth:`trim` let through, for its verdict."""
         self.model_budget: int | None = None
@@ -169,7 +188,7 @@ class AdaptivePolicy:
 
     def _best(self) -> tuple[int, float]:
         rates = self.rates(self.acceptance(), self.draft_cost, self.config.max_len)
-        k = int(np.argmax(rates))
+        k = best_index(rates)
         return k, rates[k]
 
     def best_length(self) -> int:
@@ -179,19 +198,37 @@ class AdaptivePolicy:
     def free_ceiling(self) -> float:
         """The best rate a model-free draft could reach if it were never wrong (it costs
         nothing to ask): how far the target's verify cost lets any draft pay."""
-        chunk = self.cost.chunk if isinstance(self.cost, OnlineCost) else None
-        return self._never_wrong_rate(min(self.config.free_max_len, 2 * (chunk or self.config.max_len)), 0.0)
+        return self._outlook().free_ceiling
+
+    def _outlook(self) -> _Outlook:
+        """What never-wrong drafts could reach on the costs as they stand: asked of every
+        model-free draft and every round the model drafter is off, priced again only once
+        the costs moved."""
+        key = (self.cost.version, self.overhead, self.draft_cost)
+        if self._outlook_cost is not self.cost or self._outlook_at != key:
+            self._outlook_cost = self.cost
+            cfg = self.config
+            longest = min(cfg.free_max_len, 2 * (self.cost.chunk or cfg.max_len))
+            n = max(longest, cfg.probe_len, cfg.max_len)
+            verify = self.cost.expected_verify_upto(np.ones(n), n)
+            free = self._never_wrong_rates(verify, max(longest, cfg.probe_len), 0.0)
+            model = self._never_wrong_rates(verify, cfg.max_len, self.draft_cost)
+            self._outlook_at = key
+            self._outlook_now = _Outlook(max(free[1:longest + 1]), free[cfg.probe_len] >= cfg.min_gain, max(model[1:]))
+        return self._outlook_now
 
     def ceiling(self) -> float:
         """The best rate the model drafter could reach if it were never wrong. Below
         :data:`PROBE_CEILING` it is not even probed (a compute-bound target, whose c(k)
         grows ~linearly, next to a drafter a third of its cost cannot pay at all): a probe
         would also pay the drafter's catch-up on every token since it last ran."""
-        return self._never_wrong_rate(self.config.max_len, self.draft_cost)
+        return self._outlook().model_ceiling
 
-    def _never_wrong_rate(self, longest: int, draft_cost: float) -> float:
-        """The best rate over draft lengths 1..``longest`` if every drafted token were accepted."""
-        return max(self.rates(np.ones(longest), draft_cost, longest)[1:])
+    def _never_wrong_rates(self, verify: list[float], longest: int, draft_cost: float) -> list[float]:
+        """:meth:`rates` of lengths 0..``longest`` if every drafted token were accepted (a
+        round of k drafts then yields k + 1 tokens), from ``verify``: the cost of verifying
+        each length when every draft is accepted."""
+        return [1.0] + [(k + 1.0) / (verify[k] + draft_cost * k + self.overhead) for k in range(1, longest + 1)]
 
     # -- per round --------------------------------------------------------------------
     def _off(self, n: int) -> int:
@@ -266,7 +303,7 @@ class AdaptivePolicy:
             a = self._free_stats(source).rates()[:n]
             n = len(a)
         rates = self.rates(a, 0.0, n)
-        m = int(np.argmax(rates))
+        m = best_index(rates)
         pays = m > 0 and rates[m] >= self.config.min_gain
         probe_pays = self.probe_can_pay()
         unproven = not self.calibration.proven(source)
@@ -291,8 +328,7 @@ class AdaptivePolicy:
         decoding when it is right. On one Zen 5 core the 1.5B verifies 3 tokens for 3.0
         steps: probes there only ever cost, and a fresh strategy paid two failed ones per
         reply (6 % of 64 tokens) to learn that a source was not to be trusted."""
-        n = self.config.probe_len
-        return self.rate(n, np.ones(n), 0.0) >= self.config.min_gain
+        return self._outlook().probe_pays
 
     def _acceptance(self, n: int) -> Acceptance:
         cfg = self.config
@@ -345,6 +381,14 @@ class AdaptivePolicy:
             return True
         saved = max(0, remaining) * (1.0 - 1.0 / max(self._model_rate, 1.0))
         return saved > backlog * self.catch_up_per_token()
+
+    def renew(self, source: str) -> None:
+        """A prediction's verdicts belong to its reply: carried over, a few wrong ones (the
+        client's edit changed every line) made the next reply's right prediction look
+        hopeless, and a draft never verified never earns trust back (a server slot after
+        80 requests drafted nothing from a prediction it followed for 22 of 28 tokens)."""
+        self.calibration.forget(source)
+        self._free.pop(source, None)
 
     def observe_catch_up(self, source: str, tokens: int, seconds: float) -> None:
         t1 = self.cost.t1_s

@@ -42,6 +42,11 @@ class LengthPolicy(Protocol):
         """Learn from a catch-up: ``source`` evaluated ``tokens`` backlog tokens in ``seconds``."""
         ...
 
+    def renew(self, source: str) -> None:
+        """Forget what was learnt of ``source``: from now on it drafts other text (a
+        prediction: each reply's is another client's word on another reply)."""
+        ...
+
     def observe(
         self, drafted: int, accepted: int, draft_s: float, verify_s: float, round_s: float, source: str = "",
         *, timed: bool = True, evaluated: int | None = None,
@@ -78,6 +83,9 @@ class FixedLength:
         return True
 
     def observe_catch_up(self, source: str, tokens: int, seconds: float) -> None:
+        return None
+
+    def renew(self, source: str) -> None:
         return None
 
     def observe(

@@ -84,7 +84,7 @@ class Calibration:
         failed probes a reply, 4 % of 64 tokens at 2 threads."""
         acc, conf = self.verdicts(source)
         prior = TRUST_AFTER if source in self.measured else 1.0  # pseudo-tokens at face value
-        return float(np.clip((acc + prior) / (conf + prior), 0.0, 1.5))
+        return min(max((acc + prior) / (conf + prior), 0.0), 1.5)
 
     def verdicts(self, source: str) -> tuple[float, float]:
         """(accepted, confidence tested) behind ``source``'s factor: its own, or the
@@ -109,6 +109,10 @@ class Calibration:
         rates = np.clip(confidence, 0.0, 0.999) ** (1.0 if source in self.measured else UNPROVEN_POWER)
         rates[:1] = np.minimum(rates[:1], UNPROVEN_FIRST)
         return rates
+
+    def forget(self, source: str) -> None:
+        """``source``'s verdicts no longer count (it drafts other text now)."""
+        self._verdicts.pop(source, None)
 
     def record(self, confidence: np.ndarray, drafted: int, accepted: int, source: str) -> None:
         """The verdict on a draft of these confidences: the tokens tested (the accepted

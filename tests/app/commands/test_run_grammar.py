@@ -79,3 +79,19 @@ def test_a_prediction_changes_nothing_in_the_reply_and_a_missing_one_fails_in_on
     assert missing.returncode == 5, missing.stderr  # a PromptError: read before any model is looked up
     lines = missing.stderr.strip().splitlines()
     assert len(lines) == 1 and "--predict" in lines[0] and "cannot read" in lines[0], missing.stderr
+
+
+def test_a_shaped_reply_cut_by_the_token_limit_is_said(real_models, tmp_path: Path) -> None:
+    """Cut by -n, a reply under a schema is not valid under it: a script reading stdout got
+    broken JSON with no word of why."""
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"name": {"type": "string"}},
+                                  "required": ["name"]}))
+    out = run_cli("run", "-m", str(real_models.smollm2), "-n", "3", "--threads", "1", "-q",
+                  "-p", "A person as JSON.", "--json-schema", str(schema))
+    assert out.returncode == 0, out.stderr
+    assert "tandem: the reply was cut at -n 3 before the grammar was complete" in out.stderr
+    whole = run_cli("run", "-m", str(real_models.smollm2), "-n", "64", "--threads", "1", "-q",
+                    "-p", "A person as JSON.", "--json-schema", str(schema))
+    assert whole.returncode == 0 and "cut at" not in whole.stderr, whole.stderr
+    assert "name" in json.loads(whole.stdout)

@@ -102,8 +102,30 @@ def test_props_says_context_slots_defaults_and_template(server) -> None:
     assert props["model_alias"] == "smol" and props["model_path"].endswith(".gguf")
     assert props["chat_template"] == slot.target.chat_template() and "im_start" in props["chat_template"]
     assert props["modalities"] == {"vision": False, "audio": False}
-    # the defaults are what a request that sets nothing gets: greedy here would differ
-    assert settings["params"]["temperature"] == 1.0 and settings["params"]["n_predict"] == 256
+    # the defaults are what a request that sets nothing gets: greedy here would differ, and
+    # no token limit (-1: until the model ends the reply or the context is full)
+    assert settings["params"]["temperature"] == 1.0 and settings["params"]["n_predict"] == -1
+
+
+def test_an_empty_prompt_is_named_as_such(server) -> None:
+    """(It was refused as "context_length_exceeded".)"""
+    url, _ = server
+    r = _post(url, "/v1/completions", {"prompt": ""})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_value", r.text
+    assert r.json()["error"]["param"] == "prompt" and "empty" in r.json()["error"]["message"]
+
+
+def test_a_reply_without_a_token_limit_runs_to_the_context_end(server) -> None:
+    """Without ``max_tokens`` (or with -1) a reply is not cut at some default (it was at
+    256): it ends where the model ends it, or where the context is full."""
+    url, slot = server
+    done = _post(url, "/completion", {"prompt": "Once", "n_predict": -1, "ignore_eos": True,
+                                      "temperature": 0}).json()
+    assert done["stop_type"] == "limit" and done["generation_settings"]["n_predict"] == -1
+    assert done["tokens_evaluated"] + done["tokens_predicted"] == slot.target.n_ctx
+    chat = _post(url, "/v1/chat/completions", {"messages": CHAT, "ignore_eos": True, "temperature": 0}).json()
+    assert chat["choices"][0]["finish_reason"] == "length"
+    assert chat["usage"]["prompt_tokens"] + chat["usage"]["completion_tokens"] == slot.target.n_ctx
 
 
 def test_paths_without_v1_and_model_retrieve(server, stories260k) -> None:

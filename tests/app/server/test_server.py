@@ -125,6 +125,7 @@ def test_infill_llama_cpp_style(server) -> None:
         ("/v1/chat/completions", b"[1, 2]", 400, "invalid_json"),
         ("/v1/completions", json.dumps({"model": "nope", "prompt": "x"}).encode(), 404, "model_not_found"),
         ("/v1/chat/completions", json.dumps({"messages": []}).encode(), 400, "invalid_value"),
+        ("/v1/chat/completions", json.dumps({"messages": [{"role": "user"}]}).encode(), 400, "invalid_value"),
         ("/v1/completions", json.dumps({"prompt": "x", "temperature": "hot"}).encode(), 400, "invalid_value"),
         ("/v1/completions", json.dumps({"prompt": "x", "n": 99}).encode(), 400, "invalid_value"),
         ("/v1/completions", json.dumps({"prompt": "x " * 3000}).encode(), 400, "context_length_exceeded"),

@@ -232,6 +232,7 @@ def test_queue_limit_gives_json_503(server, slot) -> None:
     finally:
         gate.set()
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "overloaded"
+    assert refused.headers["retry-after"] == "1"  # clients retry after it
     assert ok.status_code == 200
 
 
@@ -379,15 +380,17 @@ def _sigterm_mid_stream(model, path: str, body: dict) -> list:
     return events
 
 
-def test_sigterm_ends_a_stream_with_a_final_event(real_models) -> None:
-    """SIGTERM mid-stream: the client still gets a finish_reason chunk and [DONE]."""
+def test_sigterm_ends_a_stream_with_an_error_event(real_models) -> None:
+    """SIGTERM mid-stream: the client gets an error event and [DONE] at once, not a
+    finish_reason that would pass the cut text off as the whole reply."""
     events = _sigterm_mid_stream(real_models.smollm2, "/v1/chat/completions", {
         "messages": [{"role": "user", "content": "Count from 1 to 1000, one number per line."}],
         "max_tokens": 1900, "stream": True, "temperature": 0})
     assert events[-1] == "[DONE]"
-    final = [e for e in events[:-1] if e["choices"] and e["choices"][0]["finish_reason"]]
-    assert len(final) == 1
-    assert sum(1 for e in events[:-1] if e["choices"] and e["choices"][0]["delta"].get("content")) < 1800
+    assert events[-2] == {"error": {"message": "The server is shutting down; retry against its next start.",
+                                    "type": "server_error", "param": None, "code": "shutting_down"}}
+    assert not [e for e in events[:-2] if e["choices"] and e["choices"][0]["finish_reason"]]
+    assert sum(1 for e in events[:-1] if "choices" in e and e["choices"][0]["delta"].get("content")) < 1800
 
 
 def test_sigterm_ends_an_infill_stream_with_a_last_event(real_models) -> None:
@@ -399,8 +402,9 @@ def test_sigterm_ends_an_infill_stream_with_a_last_event(real_models) -> None:
 
 
 def test_sigterm_answers_a_waiting_non_streaming_request(real_models) -> None:
-    """A whole-reply request in flight at SIGTERM is answered at once with what was
-    generated so far, not cut off after the graceful-shutdown timeout."""
+    """A whole-reply request in flight at SIGTERM is answered at once, not cut off after
+    the graceful-shutdown timeout, and with a 503: its reply was cut short (a 200 with the
+    text so far said finish_reason "stop")."""
     with _tandem_serve(real_models.smollm2) as (port, proc):
         result: dict = {}
 
@@ -425,10 +429,8 @@ def test_sigterm_answers_a_waiting_non_streaming_request(real_models) -> None:
         proc.terminate()
         t.join(60)
     r = result["r"]
-    assert r.status_code == 200, r.text
-    body = r.json()
-    assert body["usage"]["completion_tokens"] < 1900
-    assert body["tandem"]["stats"]["finish_reason"] == "cancelled"  # stopped by the shutdown, then answered
+    assert r.status_code == 503, r.text
+    assert r.json()["error"]["code"] == "shutting_down"
 
 
 def test_requests_queued_at_shutdown_get_503(own_slot) -> None:

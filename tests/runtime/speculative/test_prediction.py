@@ -14,6 +14,7 @@ from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.backends.llama import LlamaCppBackend
 from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
+from tandem.runtime.speculative.cost import CostCurve, OnlineCost
 from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter
 from tandem.runtime.speculative.drafters.prediction import Prediction, PredictionDrafter
 from tandem.runtime.speculative.factory import SpecOptions, SpeculativeStrategy, build_strategy
@@ -185,3 +186,27 @@ def test_the_adaptive_strategy_speculates_from_a_prediction_and_keeps_its_drafte
     strategy.close()
     off = build_strategy(target, None, SpecOptions(mode="off"))
     assert off.predicting(Prediction(plain.tokens), len(prompt)) is off  # plain stays plain
+
+
+def test_wrong_predictions_before_do_not_silence_a_right_one(stories_target) -> None:
+    """A server slot keeps its strategy from request to request: replies whose predictions
+    were noise taught its policy that "prediction" drafts fail, and a later right
+    prediction was then never verified (drafted 0 of 28 tokens after 80 requests). Each
+    reply's prediction is judged afresh (verify costs given, not timed: a toy's timed calls
+    on a loaded box could price any draft out)."""
+    target = stories_target
+    rng = np.random.default_rng(1)
+    strategy = build_strategy(target, None, SpecOptions(measure_cost=False, suffix_memory="request"))
+    strategy.policy.cost = OnlineCost(CostCurve.linear(0.5), measure_t1=False, learn=False)
+    prompt = target.tokenize("The little dog", add_bos=True)
+    plain = _decode(target, prompt, autoregressive, {"temperature": 0.0})
+    for _ in range(6):
+        noise = [int(t) for t in rng.integers(3, target.n_vocab, len(plain.tokens))]
+        wrong = strategy.predicting(Prediction(noise), len(prompt))
+        assert _decode(target, prompt, wrong, {"temperature": 0.0}).tokens == plain.tokens
+        wrong.close()
+    right = strategy.predicting(Prediction(plain.tokens), len(prompt))
+    done = _decode(target, prompt, right, {"temperature": 0.0})
+    assert done.tokens == plain.tokens and done.stats.accepted_tokens > 0.85 * len(plain.tokens)  # 61 of 96 before
+    right.close()
+    strategy.close()
