@@ -68,12 +68,6 @@ async def start(request: Request, slot: ModelSlot, fn, *, kind: str = "chat",
     return job, items, first, watcher
 
 
-def stopped(job: Job) -> ApiError:
-    """Why ``job`` ended before its reply did: a reply cut short is never answered as if it
-    were whole (a client would take the cut text, with finish_reason "stop", for the answer)."""
-    return superseded() if job.superseded else shutting_down() if job.shut_down else cancelled()
-
-
 def drafts_or_cancelled(first: Any) -> jobs.Drafts:
     if not isinstance(first, jobs.Drafts):
         raise cancelled()
@@ -83,7 +77,7 @@ def drafts_or_cancelled(first: Any) -> jobs.Drafts:
 async def final(first: Any, items: AsyncIterator, watcher: asyncio.Task, job: Job, *, logprobs: list | None = None,
                 last: type = DoneEvent) -> Any:
     """Drain a job to its last event, a ``last`` (a whole reply); an error if it was stopped
-    before its end (:func:`stopped`).
+    before its end (:meth:`~.worker.Job.stop_error`).
     The tokens' logprobs, when asked for, are gathered into ``logprobs``."""
     try:
         done = None
@@ -95,7 +89,7 @@ async def final(first: Any, items: AsyncIterator, watcher: asyncio.Task, job: Jo
     finally:
         watcher.cancel()
     if done is None or (isinstance(done, DoneEvent) and done.stats.finish_reason == "cancelled"):
-        raise stopped(job)
+        raise job.stop_error()
     return done
 
 

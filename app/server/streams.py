@@ -22,7 +22,7 @@ import anyio
 from sse_starlette.sse import EventSourceResponse, SendTimeoutError
 from starlette.types import Receive, Scope, Send
 
-from tandem.app.server.api_error import ApiError, cancelled, shutting_down
+from tandem.app.server.api_error import ApiError
 from tandem.app.server.jobs import JobUsage
 from tandem.app.server.logprobs_api import shape
 from tandem.app.server.openai import Shaper, finish_reason, usage
@@ -113,8 +113,7 @@ def generation_stream(first: Any, items: AsyncIterator, job: Job, *, shaper: Sha
                         yield {"data": json.dumps(shaper.usage_chunk(use))}
                     ended = True
             if not ended:  # stopped before its end: an error, so the text is not taken for a whole reply
-                why = shutting_down() if shutdown.is_set() or job.shut_down else cancelled()
-                yield {"data": json.dumps(why.body())}
+                yield {"data": json.dumps(job.stop_error().body())}
             yield {"data": "[DONE]"}
         except Exception as exc:  # the response has started: the error goes in the stream
             yield {"data": json.dumps(stream_error(exc))}
@@ -187,8 +186,9 @@ def drafts_stream(shaper: Shaper, texts: list[tuple[str, str]], use: dict[str, A
 
 
 async def cancel_on(event: anyio.Event, job: Job) -> None:
-    """Stop ``job`` when the server shuts down, so its stream ends with a final event."""
+    """Stop ``job`` when the server shuts down, so its stream ends with a last event."""
     await event.wait()
+    job.shut_down = True
     job.cancel.set()
 
 

@@ -38,6 +38,8 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from tandem.app.server.api_error import ApiError, cancelled, shutting_down, superseded
+
 L = TypeVar("L")
 
 JobFn = Callable[[threading.Event, Any], Generator[Any, None, None]]
@@ -78,6 +80,12 @@ class Job:
     whose last hint shares the longest start is taken, and a request that continues one
     still running waits for its lane. Completions give none: an editor's next keystroke
     continues its previous prompt but must not wait for it."""
+
+    def stop_error(self) -> ApiError:
+        """Why this job ended before its reply did: a reply cut short is never answered as if
+        it were whole (a client would take the cut text, with finish_reason "stop", for the
+        answer)."""
+        return superseded() if self.superseded else shutting_down() if self.shut_down else cancelled()
 
     def emit(self, item: Any) -> None:
         try:

@@ -137,8 +137,6 @@ class OnlineCost:
         self._prior_at: CostCurve | None = None
         self._prior_c: list[float] = []
         """``prior(k)`` for every learnt size, while the prior is ``_prior_at``."""
-        self._seen_twice: list[int] = []
-        """The sizes (k > 0) called at least twice: they are priced as learnt."""
         self.version = 0
         """Counts the observations: what is priced from this cost can be kept until it moves."""
 
@@ -150,8 +148,6 @@ class OnlineCost:
         self.version += 1
         self._recent[k].append(seconds)
         self._w[k] += 1
-        if k > 0 and self._w[k] == 2:
-            self._seen_twice.append(k)
         self._v[k] = statistics.median(self._recent[k])  # np.median: 0.3 ms a call, every token
         self._since_t1 = 0 if k == 0 else self._since_t1 + 1
         if k in self._untimed and self._w[0] >= 2:
@@ -210,7 +206,9 @@ class OnlineCost:
                 self._prior_at, self._prior_c = self.prior, [self.prior(k) for k in range(n)]
             prior = self._prior_c
             t1 = self.t1_s
-            learnt = {k: max(1.0, float(self._v[k]) / t1) for k in self._seen_twice} if t1 > 0 else {}
+            times = self._v.tolist()
+            learnt = {k: max(1.0, times[k] / t1) for k, seen in enumerate(self._w.tolist())
+                      if k > 0 and seen >= 2} if t1 > 0 else {}  # sizes called twice are priced as learnt
             scales = [(x - 1.0) / (prior[k] - 1.0) for k, x in learnt.items() if prior[k] > 1.0]
             self._scale = statistics.median(scales) if scales else 1.0
             self._prices = [1.0] + [min(learnt[k] if k in learnt else 1.0 + (prior[k] - 1.0) * self._scale, k + 1.0)
