@@ -26,7 +26,8 @@ from tandem.runtime.speculative.drafters.chain import ChainDrafter
 from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter
 from tandem.runtime.speculative.drafters.suffix import SuffixDrafter
 from tandem.runtime.speculative.loop import speculative
-from tandem.runtime.speculative.policy.adaptive import AdaptiveConfig, AdaptivePolicy
+from tandem.runtime.speculative.policy.adaptive import AdaptivePolicy
+from tandem.runtime.speculative.policy.adaptive_config import AdaptiveConfig
 
 V = 512
 """The stub's vocabulary."""

@@ -45,7 +45,8 @@ from tandem.runtime.speculative.factory import (
     SpeculativeStrategy,
     model_free_drafter,
 )
-from tandem.runtime.speculative.policy.adaptive import AdaptiveConfig, AdaptivePolicy
+from tandem.runtime.speculative.policy.adaptive import AdaptivePolicy
+from tandem.runtime.speculative.policy.adaptive_config import AdaptiveConfig
 
 
 class RecordingPolicy(AdaptivePolicy):

@@ -10,7 +10,8 @@ llama-cpp-python repacks by default, so the repacked configuration is never slow
 it; the weights as stored are kept where they are not slower than repacked at decoding
 nor at prompt processing (their longer verify calls make drafting cheaper).
 
-The measurement (a prompt batch and a few decode steps in each, medians of 3) is
+The measurement (a prompt of one ubatch and a few decode steps after it, the two
+configurations loaded in turn, twice each in the order exact, repacked, repacked, exact) is
 taken once per model file, thread count, machine and software, in a child process
 started in the background when a run that found none closes its engine: that first run
 uses the weights as stored, later runs use the choice. It is cached like every
@@ -33,12 +34,29 @@ from tandem.models.paths import cache_dir, write_cache_file
 from tandem.models.python_child import module_argv
 from tandem.runtime.machine import cache_key, file_version, machine_id, software_id
 
-KERNELS_VERSION = 1
-PROBE_PROMPT = 64
-"""Tokens of the timed prompt batch: one batch, long enough for the batched kernels."""
-PROBE_STEPS = 8
-"""Timed one-token decode steps per round."""
-PROBE_ROUNDS = 3
+KERNELS_VERSION = 2
+"""2: prompts timed at a ubatch, not 64 tokens; decoding within :data:`DECODE_TIE` is a tie."""
+PROBE_PROMPT = 512
+"""Tokens of the timed prompt: one ubatch, a prompt long enough for its speed to matter
+(64 tokens take about a second either way). The configurations rank differently by
+prompt length: on an AVX2-only AMD EPYC (1.5B Q4_K_M, 2 threads) the repacked weights
+processed 64-token prompts 1.1x faster than the weights as stored, and 900-token prompts
+0.82x (the weights as stored 1.19x the peer's), so a probe timed at 64 kept the slower
+configuration for long prompts."""
+PROBE_WARMUP = 16
+"""Tokens of the untimed warm-up prompt after each load (page faults, thread pools)."""
+PROBE_STEPS = 16
+"""Timed one-token decode steps per load, after the prompt (a real context's attention)."""
+PROBE_ROUNDS = 2
+"""Loads of each configuration, ordered exact, repacked, repacked, exact so a drift of the
+machine's speed weighs on both alike."""
+DECODE_TIE = 0.03
+"""Decoding speeds this close are a tie: both read every weight once a token, and a
+probe of a few steps on a busy laptop cannot rank them closer. On a tie, prompt speed
+decides. (Some machines cannot rank them at all: on the AVX2 EPYC above, whose speed
+drifts 10-20 % run to run, three measurements put repacked decoding at 0.90x, 1.02x and
+1.13x the weights as stored, while the weights as stored processed long prompts
+1.15-1.33x faster in all three; either choice decodes level with the peer there.)"""
 PROBE_STALE_S = 600
 """A probe's lock older than this is from a probe that died: another may start."""
 PLAUSIBLE_RATIO = 3.0
@@ -97,14 +115,17 @@ def choose_kernels(model: str | os.PathLike[str], threads: int) -> KernelChoice:
 
 
 def decide(exact: dict[str, float], repacked: dict[str, float], threads: int) -> KernelChoice:
-    """Repacked unless the weights as stored are at least as fast at decoding and at
-    prompt processing (``decode_s``, ``prompt_s``: seconds per token, lower is faster)."""
+    """Repacked unless the weights as stored are as fast at decoding (within
+    :data:`DECODE_TIE`) and at least as fast at prompt processing (``decode_s``,
+    ``prompt_s``: seconds per token, lower is faster). Repacked is the peer's own
+    configuration, so either way neither speed falls under the peer's beyond the tie."""
     measured = {"exact": exact, "repacked": repacked}
-    d = repacked["decode_s"] / exact["decode_s"]
-    p = repacked["prompt_s"] / exact["prompt_s"]
-    figures = f"repacked decodes at {1 / d:.2f}x and processes prompts at {1 / p:.2f}x the weights as stored"
-    if d >= 1.0 and p >= 1.0:
-        return KernelChoice(False, f"measured here: {figures}; exact kept (longer verify calls)", threads, measured)
+    d = exact["decode_s"] / repacked["decode_s"]  # > 1: repacked decodes faster
+    p = exact["prompt_s"] / repacked["prompt_s"]
+    figures = f"repacked decodes at {d:.2f}x and processes prompts at {p:.2f}x the weights as stored"
+    if d <= 1.0 + DECODE_TIE and p <= 1.0:
+        tie = " (equal decoding)" if d > 1.0 else ""
+        return KernelChoice(False, f"measured here: {figures}; exact kept{tie}: longer verify calls", threads, measured)
     return KernelChoice(True, f"measured here: {figures}", threads, measured)
 
 
@@ -120,32 +141,42 @@ def plausible(choice: KernelChoice) -> bool:
 def probe(model: str | os.PathLike[str], threads: int, *, rounds: int = PROBE_ROUNDS,
           prompt_tokens: int = PROBE_PROMPT, steps: int = PROBE_STEPS) -> KernelChoice:
     """Time both configurations of ``model``, one loaded at a time (never more memory
-    than a run of the model takes), each over ``rounds`` after a warm-up, and decide."""
+    than a run of the model takes), each loaded ``rounds`` times in the order exact,
+    repacked, repacked, exact, ..., and decide."""
+    order = [repack for r in range(rounds) for repack in ((False, True) if r % 2 == 0 else (True, False))]
+    times: dict[bool, dict[str, list[float]]] = {False: {"decode_s": [], "prompt_s": []},
+                                                 True: {"decode_s": [], "prompt_s": []}}
+    for repack in order:
+        prompt_s, decode_s = _time_once(model, threads, repack, prompt_tokens, steps)
+        times[repack]["prompt_s"].append(prompt_s)
+        times[repack]["decode_s"].append(decode_s)
+    medians = {repack: {k: round(statistics.median(v), 6) for k, v in t.items()} for repack, t in times.items()}
+    return decide(medians[False], medians[True], threads)
+
+
+def _time_once(model: str | os.PathLike[str], threads: int, repack: bool, prompt_tokens: int,
+               steps: int) -> tuple[float, float]:
+    """One load of one configuration: seconds per token of a ``prompt_tokens`` prompt, then
+    of ``steps`` one-token steps after it, after an untimed warm-up."""
     # local: loads llama.cpp only when this runs
     from tandem.runtime.backends.llama import LlamaCppBackend
     from tandem.runtime.backends.llama_config import LlamaConfig
 
-    n_ctx = prompt_tokens + steps + 8
-    text = "def quicksort(items):\n    if len(items) <= 1:\n        return items\n" * 40
-    medians: dict[str, dict[str, float]] = {}
-    for name, repack in (("exact", False), ("repacked", True)):
-        times: dict[str, list[float]] = {"decode_s": [], "prompt_s": []}
-        with LlamaCppBackend(model, LlamaConfig(n_ctx=n_ctx, n_threads=threads, repack=repack)) as b:
-            prompt = b.tokenize(text)[:prompt_tokens]
-            for r in range(rounds + 1):  # the first round warms up (page faults, thread pools)
-                b.truncate(0)
-                start = time.perf_counter()
-                b.evaluate(prompt)
-                prompt_s = (time.perf_counter() - start) / len(prompt)
-                start = time.perf_counter()
-                for i in range(steps):
-                    b.evaluate([prompt[i % len(prompt)]])
-                decode_s = (time.perf_counter() - start) / steps
-                if r:
-                    times["prompt_s"].append(prompt_s)
-                    times["decode_s"].append(decode_s)
-        medians[name] = {k: round(statistics.median(v), 6) for k, v in times.items()}
-    return decide(medians["exact"], medians["repacked"], threads)
+    text = "def quicksort(items):\n    if len(items) <= 1:\n        return items\n"
+    with LlamaCppBackend(model, LlamaConfig(n_ctx=prompt_tokens + steps + 8, n_threads=threads, repack=repack)) as b:
+        tokens = b.tokenize(text * (1 + 2 * (prompt_tokens + steps) // max(1, len(b.tokenize(text)))))
+        prompt, after = tokens[:prompt_tokens], tokens[prompt_tokens:prompt_tokens + steps]
+        warm = prompt[:PROBE_WARMUP]
+        b.evaluate(warm[:-1])
+        b.evaluate(warm[-1:])  # one decode step too
+        b.truncate(0)
+        start = time.perf_counter()
+        b.evaluate(prompt)
+        prompt_s = (time.perf_counter() - start) / len(prompt)
+        start = time.perf_counter()
+        for token in after:
+            b.evaluate([token])
+        return prompt_s, (time.perf_counter() - start) / max(1, len(after))
 
 
 def remember(model: str | os.PathLike[str], threads: int, choice: KernelChoice) -> None:

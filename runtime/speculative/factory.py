@@ -36,7 +36,8 @@ from tandem.runtime.speculative.drafters.xvocab.drafter import CrossVocabDrafter
 from tandem.runtime.speculative.drafters.xvocab.translation_cache import vocab_fingerprint
 from tandem.runtime.speculative.loop import RoundHook, speculative
 from tandem.runtime.speculative.overlap import WindowedDrafter
-from tandem.runtime.speculative.policy.adaptive import AdaptiveConfig, AdaptivePolicy
+from tandem.runtime.speculative.policy.adaptive import AdaptivePolicy
+from tandem.runtime.speculative.policy.adaptive_config import AdaptiveConfig
 from tandem.runtime.speculative.policy.base import FixedLength, LengthPolicy
 
 MODES = ("auto", "model", "xvocab", "ngram", "off")

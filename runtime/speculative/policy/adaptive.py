@@ -10,59 +10,18 @@ import numpy as np
 
 from tandem.kernels.acceptance import expected_tokens, expected_tokens_upto
 from tandem.runtime.speculative.cost import CostCurve, OnlineCost
+from tandem.runtime.speculative.policy.adaptive_config import (
+    ASKING_DEAR,
+    FREE_CEILING,
+    PROBE_CEILING,
+    PROBE_WORTHY,
+    AdaptiveConfig,
+)
 from tandem.runtime.speculative.policy.beliefs import (
     Acceptance,
     Calibration,
 )
-
-
-@dataclass
-class AdaptiveConfig:
-    max_len: int = 8
-    """Longest draft asked of a model drafter."""
-    free_max_len: int = 32
-    """Longest draft asked of a model-free drafter (suffix tree, prompt lookup): copying
-    given text (edits, extraction) is right for long runs, and a greedy verification
-    that rejects early stops after the first chunk, so asking far costs little."""
-    stop_threshold: float | None = 0.8
-    """SpecDec++ h: drafters stop once their estimated P(any rejection) exceeds it."""
-    prior_accept: float = 0.8
-    """Optimistic prior, so a new drafter gets tried before the data speaks."""
-    prior_weight: float = 1.0
-    decay: float = 0.98
-    """Per-round forgetting of acceptance counts (effective memory ~50 rounds)."""
-    min_gain: float = 1.02
-    """Speculate only when the predicted speedup beats plain decoding by this margin."""
-    probe_every: int = 8
-    probe_max: int = 128
-    probe_len: int = 2
-    probe_promise: float = 1.10
-    """An unproven model-free source is probed only where its draft, believed as
-    :data:`UNPROVEN_POWER` says, would beat plain decoding by 10 % once trusted: a probe
-    that fails costs c(2) - 1 steps for certain. At 2 threads (c(2) = 2.3-2.6) a 4-token
-    match promised 1.05-1.07 and its probe failed on the first edit and extract prompts of
-    every bench reply (one failed probe is 2-3 % of a 64-token reply), where trusted drafting
-    on those workloads measured 0.97-1.00x anyway. 1.15 was tried and left: replayed on a
-    fixed c(k) (``benchmarks/policy_replay.py``, 2 threads), it lifted the bench's own 12
-    prompts (modeled 0.997 -> 1.015) and lowered 16 held-out ones (1.033 -> 1.013): which
-    match is probed first decides whether a reply's source is trusted at all, and a
-    threshold fitted to 12 replies only moves that lottery."""
-
-
-PROBE_WORTHY = 0.85
-"""A model-free draft predicted at this fraction of the break-even rate may be probed."""
-PROBE_CEILING = 1.15
-"""A model drafter that is off is probed only if, never wrong, it would beat plain
-decoding by this much: a probe also pays the drafter's catch-up on every token since it
-last ran (SmolLM2 drafting for the 1.5B on one core: 0.4 s, a seventh of a 64-token
-reply, for a ceiling of 1.09 that no real acceptance reaches)."""
-FREE_CEILING = 1.10
-"""A model-free draft is verified only if the target's verify cost lets a draft that is
-never wrong beat plain decoding by this much: on one Zen 5 core the 1.5B verifies k + 1
-tokens for k + 1 steps (c(6) = 6.0-6.6), so a perfect draft gains at most 6 %, which the
-acceptance estimates are not sharp enough to win; ngram drafting there cost 7-18 % on
-codegen (4 of 10 drafts accepted) before this bound."""
-
+from tandem.runtime.speculative.policy.rests import RestSchedule
 
 
 def best_index(rates: Sequence[float]) -> int:
@@ -108,6 +67,10 @@ class AdaptivePolicy:
     round in, its rounds of a whole bench run had only reached 0.15."""
     overhead: float = 0.0
     """Per-round bookkeeping of a speculative round, relative to a one-token call."""
+    asking_cost: float = 0.0
+    """Host time of asking the model-free sources a round, relative to a one-token call
+    (learnt from rounds with no model draft): past :data:`ASKING_DEAR`, sources whose
+    drafts keep being trimmed to nothing rest (:class:`RestSchedule`)."""
     cheap_drafter: bool = False
     """Only model-free drafters: every source is free to ask."""
     cheap_sources: frozenset[str] = frozenset()
@@ -134,6 +97,8 @@ class AdaptivePolicy:
         self.rounds_off = 0
         self.probes = 0
         self.calibration = Calibration(self.is_free, self.measured_sources, self.config.decay)
+        self.rests = RestSchedule()
+        """Model-free sources not asked for a while: their drafts kept being trimmed to nothing."""
         self._outlook_cost: CostCurve | OnlineCost | None = None
         self._outlook_at: tuple[int, float, float] | None = None
         self._outlook_now = _Outlook(0.0, False, 0.0)
@@ -248,6 +213,7 @@ class AdaptivePolicy:
         return k
 
     def next_length(self) -> int:
+        self.rests.next_round()
         self._timing = self.cost.wants_size() if isinstance(self.cost, OnlineCost) else 0
         if isinstance(self.cost, OnlineCost) and self.cost.wants_t1():
             self.model_budget = 0
@@ -276,6 +242,8 @@ class AdaptivePolicy:
             return min(k, self.model_budget or 0)
         if self._timing and not self.is_free(source):
             return 0  # a timing round never wakes the model drafter (its catch-up may never pay)
+        if not self._timing and self.rests.resting(source):
+            return 0
         return k
 
     def timing_length(self) -> int:
@@ -293,6 +261,15 @@ class AdaptivePolicy:
         self._last_conf = None
         if not self.is_free(source) or n == 0:
             return min(n, self.model_budget) if self.cheap_sources and self.model_budget is not None else n
+        keep = self._trim_free(confidence, n, source)
+        if source in self.measured_sources or self.asking_cost < ASKING_DEAR:
+            self.rests.forget(source)  # the client's word or measured rates, or asking is cheap: always asked
+        else:
+            self.rests.judged(source, keep)
+        return keep
+
+    def _trim_free(self, confidence: Sequence[float] | None, n: int, source: str) -> int:
+        """:meth:`trim` of a model-free draft."""
         if self.free_ceiling() < FREE_CEILING:
             return 0  # no draft can pay enough on this target here (a compute-bound verify)
         if confidence is not None:
@@ -389,6 +366,7 @@ class AdaptivePolicy:
         80 requests drafted nothing from a prediction it followed for 22 of 28 tokens)."""
         self.calibration.forget(source)
         self._free.pop(source, None)
+        self.rests.forget(source)
 
     def observe_catch_up(self, source: str, tokens: int, seconds: float) -> None:
         t1 = self.cost.t1_s
@@ -405,6 +383,8 @@ class AdaptivePolicy:
         of a call over ``evaluated`` tokens (default ``drafted + 1``) and the model
         drafter's cost per token."""
         evaluated = drafted + 1 if evaluated is None else evaluated
+        if timed and self.cost.t1_s > 0 and (drafted == 0 or self.is_free(source)):
+            self.asking_cost = 0.8 * self.asking_cost + 0.2 * draft_s / self.cost.t1_s
         chunk = self.cost.chunk if isinstance(self.cost, OnlineCost) else None
         if timed and (chunk is None or evaluated <= chunk) and isinstance(self.cost, OnlineCost):
             self.cost.observe(evaluated - 1, verify_s)

@@ -12,6 +12,7 @@ from tandem.kernels.sampling import Sampler, SamplingParams
 from tandem.runtime.backends import llama_kernels
 from tandem.runtime.backends.llama_config import EXACT_BATCH, EXACT_BATCH_REPACKED
 from tandem.runtime.backends.llama_kernels import (
+    DECODE_TIE,
     KernelChoice,
     cached_choice,
     choose_kernels,
@@ -33,6 +34,36 @@ def test_repacked_unless_the_weights_as_stored_are_not_slower_at_either() -> Non
     assert decide(exact=mixed, repacked={"decode_s": 0.04, "prompt_s": 0.04}, threads=2).repack  # faster decoding
     tie = decide(exact=fast, repacked=dict(fast), threads=2)
     assert not tie.repack and "1.00x" in tie.why  # equal: the longer verify calls win
+
+
+def test_decoding_within_the_tie_is_equal_and_prompts_decide() -> None:
+    """A few decode steps cannot rank two configurations that read the same weights closer
+    than a few percent; where the weights as stored process prompts faster (an AVX2-only
+    EPYC: 1.19x on long prompts), a repacked decode 2 % faster is not worth losing that."""
+    exact = {"decode_s": 0.0816, "prompt_s": 0.025}
+    slightly = decide(exact=exact, repacked={"decode_s": 0.080, "prompt_s": 0.030}, threads=2)
+    assert not slightly.repack and "equal decoding" in slightly.why and "1.02x" in slightly.why
+    clearly = decide(exact=exact, repacked={"decode_s": 0.0816 / (1 + DECODE_TIE + 0.01), "prompt_s": 0.030},
+                     threads=2)
+    assert clearly.repack  # beyond the tie, faster decoding wins
+    assert decide(exact=exact, repacked={"decode_s": 0.080, "prompt_s": 0.024}, threads=2).repack  # and faster prompts
+
+
+def test_the_probe_loads_each_configuration_in_turn_and_takes_medians(monkeypatch) -> None:
+    """exact, repacked, repacked, exact: a machine slowing down (a laptop's clock, another
+    program) weighs on both alike, where timing one configuration after the other gave
+    the later one the whole drift."""
+    loads: list[bool] = []
+
+    def timed(model, threads, repack, prompt_tokens, steps):
+        loads.append(repack)
+        drift = 1 + 0.1 * len(loads)  # every load slower than the last
+        return 0.02 * drift, 0.08 * drift  # the same speed in truth
+
+    monkeypatch.setattr(llama_kernels, "_time_once", timed)
+    choice = probe("m.gguf", 2, rounds=2)
+    assert loads == [False, True, True, False]
+    assert not choice.repack and choice.measured["exact"] == choice.measured["repacked"]
 
 
 def test_a_probe_timed_beside_other_work_is_not_kept() -> None:

@@ -25,7 +25,8 @@ from tandem.runtime.speculative.cost import (
     one_token_step_s,
 )
 from tandem.runtime.speculative.cost_cache import load_cost_curve
-from tandem.runtime.speculative.policy.adaptive import PROBE_WORTHY, AdaptiveConfig, AdaptivePolicy
+from tandem.runtime.speculative.policy.adaptive import AdaptivePolicy
+from tandem.runtime.speculative.policy.adaptive_config import PROBE_WORTHY, AdaptiveConfig
 from tandem.runtime.speculative.policy.base import FixedLength
 from tandem.runtime.speculative.policy.beliefs import UNPROVEN_FIRST
 

@@ -17,10 +17,8 @@ from tandem.runtime.speculative.drafters.model import ModelDrafter
 from tandem.runtime.speculative.drafters.suffix import SuffixDrafter
 from tandem.runtime.speculative.drafting import EXPECTED_REPLY, Reply
 from tandem.runtime.speculative.loop import speculative
-from tandem.runtime.speculative.policy.adaptive import (
-    AdaptiveConfig,
-    AdaptivePolicy,
-)
+from tandem.runtime.speculative.policy.adaptive import AdaptivePolicy
+from tandem.runtime.speculative.policy.adaptive_config import AdaptiveConfig
 
 CPU = CostCurve((1.0, 1.7, 1.9, 2.1, 2.4, 2.55, 2.7, 2.85, 3.0), 0.1)
 

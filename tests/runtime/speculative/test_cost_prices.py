@@ -11,7 +11,8 @@ import pytest
 
 from tandem.kernels.acceptance import expected_tokens_upto
 from tandem.runtime.speculative.cost import CostCurve, OnlineCost
-from tandem.runtime.speculative.policy.adaptive import AdaptiveConfig, AdaptivePolicy, best_index
+from tandem.runtime.speculative.policy.adaptive import AdaptivePolicy, best_index
+from tandem.runtime.speculative.policy.adaptive_config import AdaptiveConfig
 
 
 def reference_call(cost: OnlineCost, seen: dict[int, deque], k: int) -> float:

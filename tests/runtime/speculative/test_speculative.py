@@ -20,7 +20,8 @@ from tandem.runtime.speculative.drafters.model import ModelDrafter
 from tandem.runtime.speculative.drafters.suffix import GlobalSuffixCache, SuffixDrafter
 from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 from tandem.runtime.speculative.loop import speculative
-from tandem.runtime.speculative.policy.adaptive import AdaptiveConfig, AdaptivePolicy
+from tandem.runtime.speculative.policy.adaptive import AdaptivePolicy
+from tandem.runtime.speculative.policy.adaptive_config import AdaptiveConfig
 from tandem.runtime.speculative.policy.base import FixedLength
 
 STORY_PROMPTS = [

@@ -21,7 +21,8 @@ from tandem.runtime.speculative.drafters.text_lookup import (
     clause_head,
     longest_earlier_match,
 )
-from tandem.runtime.speculative.policy.adaptive import AdaptiveConfig, AdaptivePolicy
+from tandem.runtime.speculative.policy.adaptive import AdaptivePolicy
+from tandem.runtime.speculative.policy.adaptive_config import AdaptiveConfig
 
 GREEDY = Sampler(SamplingParams.greedy_params())
 
