@@ -108,6 +108,8 @@ class AdaptivePolicy:
         self.draft_timed = 0
         """Rounds that timed the model drafter (its :attr:`draft_cost` is then learnt)."""
         self._timing = 0
+        self._asked_free = False
+        """A model-free source was given a length this round (what :attr:`asking_cost` learns from)."""
         self._model_rate = 1.0
         """The rate the model drafter's length this round was chosen for (its estimate, or
         when probing, what it would reach if never wrong): what waking it is worth."""
@@ -214,6 +216,7 @@ class AdaptivePolicy:
 
     def next_length(self) -> int:
         self.rests.next_round()
+        self._asked_free = False
         self._timing = self.cost.wants_size() if isinstance(self.cost, OnlineCost) else 0
         if isinstance(self.cost, OnlineCost) and self.cost.wants_t1():
             self.model_budget = 0
@@ -244,6 +247,7 @@ class AdaptivePolicy:
             return 0  # a timing round never wakes the model drafter (its catch-up may never pay)
         if not self._timing and self.rests.resting(source):
             return 0
+        self._asked_free = self._asked_free or (k > 0 and self.is_free(source))
         return k
 
     def timing_length(self) -> int:
@@ -383,7 +387,9 @@ class AdaptivePolicy:
         of a call over ``evaluated`` tokens (default ``drafted + 1``) and the model
         drafter's cost per token."""
         evaluated = drafted + 1 if evaluated is None else evaluated
-        if timed and self.cost.t1_s > 0 and (drafted == 0 or self.is_free(source)):
+        if timed and self._asked_free and self.cost.t1_s > 0 and (drafted == 0 or self.is_free(source)):
+            # only rounds that asked: a round every source rested through costs nothing,
+            # and averaging it in would end the rests that made it cheap
             self.asking_cost = 0.8 * self.asking_cost + 0.2 * draft_s / self.cost.t1_s
         chunk = self.cost.chunk if isinstance(self.cost, OnlineCost) else None
         if timed and (chunk is None or evaluated <= chunk) and isinstance(self.cost, OnlineCost):

@@ -5,8 +5,8 @@ lookup propose, and the adaptive policy prices every proposed length against the
 costs (:meth:`~tandem.runtime.speculative.policy.adaptive.AdaptivePolicy.trim`). On
 text they cannot predict, every ask ends trimmed to nothing, and on a GPU, whose
 one-token step is 2 ms, that host work alone made model-free drafting slower than plain
-decoding: on a 2-vCPU AVX2 EPYC host 394-457 µs a token against plain decoding's 94-132,
-0.83-0.84x plain on a modeled 2 ms step (``benchmarks/host_overhead.py``). A source whose
+decoding: on a 2-vCPU AVX2 EPYC host 275 µs a token against plain decoding's 87-109,
+0.84-0.86x plain on a modeled 2 ms step (``benchmarks/host_overhead.py``). A source whose
 last :attr:`RestSchedule.after` drafts were all trimmed to nothing is not asked for a few
 rounds, twice as many each time it is asked again in vain (up to
 :attr:`RestSchedule.longest`); one kept draft ends its rest. The policy rests sources only

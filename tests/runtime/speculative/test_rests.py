@@ -52,7 +52,8 @@ def test_a_policy_stops_pricing_drafts_that_never_pay_but_takes_one_that_does() 
     kept, and the source is asked every round again. Measured sources (a prediction) are
     the client's word: never rested."""
     policy = AdaptivePolicy(GPU, AdaptiveConfig(), cheap_drafter=True, measured_sources=frozenset({"prediction"}))
-    for _ in range(10):  # rounds that drafted nothing, asking took 0.4 ms of a 2 ms step
+    for _ in range(10):  # rounds that asked and drafted nothing, asking took 0.4 ms of a 2 ms step
+        assert policy.length_for("suffix", policy.next_length())
         policy.observe(0, 0, 0.0004, 0.002, 0.0025, "suffix")
     assert policy.asking_cost >= ASKING_DEAR
     weak, strong = np.full(8, 0.02), np.full(8, 0.999)
@@ -65,6 +66,11 @@ def test_a_policy_stops_pricing_drafts_that_never_pay_but_takes_one_that_does() 
                 assert policy.trim(weak, 8, source) == 0
     assert asked["prediction"] == 64
     assert asked["suffix"] < 20
+    dear = policy.asking_cost
+    for _ in range(20):  # rounds no source was asked in cost nothing to ask: they teach nothing
+        policy.next_length()
+        policy.observe(0, 0, 0.0, 0.002, 0.002, "")
+    assert policy.asking_cost == dear
     while not policy.length_for("suffix", policy.next_length()):
         pass
     policy.calibration.measured = frozenset({"suffix"})  # trusted now: a confident draft pays
@@ -77,8 +83,9 @@ def test_where_asking_is_cheap_against_a_step_every_source_is_asked_every_round(
     of a copied run, so sources whose drafts are refused are still asked every round."""
     policy = AdaptivePolicy(CostCurve(GPU.c, 0.080), AdaptiveConfig(), cheap_drafter=True)
     for _ in range(10):
+        assert policy.length_for("suffix", policy.next_length())
         policy.observe(0, 0, 0.0004, 0.080, 0.081, "suffix")
-    assert policy.asking_cost < ASKING_DEAR
+    assert 0 < policy.asking_cost < ASKING_DEAR
     asked = 0
     for _ in range(32):
         k = policy.next_length()
