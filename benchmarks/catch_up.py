@@ -29,7 +29,8 @@ WORKLOADS = ("edit", "extract")
 def one_process(args: argparse.Namespace) -> dict[str, list[float]]:
     """Time every prompt ``args.reps`` times in this process: {prompt: [plain s / auto s]}."""
     from tandem.app.bench.workloads import workload
-    from tandem.kernels.sampling import Sampler, SamplingParams
+    from tandem.kernels.sampling import Sampler
+    from tandem.kernels.sampling_params import SamplingParams
     from tandem.runtime.backends.llama import LlamaCppBackend
     from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.generate import DoneEvent, generate

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.backends.protocol import ComputeSettings, MemoryReport, SpecialTokens
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
 from tandem.runtime.speculative.cost import CostCurve

@@ -24,7 +24,8 @@ import statistics
 import time
 from collections.abc import Callable
 
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.backends.llama import LlamaCppBackend
 from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.backends.protocol import common_prefix_len

@@ -18,7 +18,8 @@ import time
 
 import numpy as np
 
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.backends.protocol import MemoryReport, SpecialTokens
 from tandem.runtime.generate import generate
 from tandem.runtime.speculative.cost import CostCurve, OnlineCost

@@ -21,7 +21,8 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.backends.opener import open_backend
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
 from tandem.runtime.planning.calibration import calibrate

@@ -32,7 +32,8 @@ from pathlib import Path
 
 from benchmarks.heldout_prompts import HELD_OUT
 from tandem.app.bench.workloads import REAL_WORKLOADS
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.backends.llama import LlamaCppBackend
 from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.chat import chat_prompt

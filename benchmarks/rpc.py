@@ -200,7 +200,8 @@ def _strategy(name: str, target, draft: Path, threads: int):
 def _decode(target, prompt: list[int], strategy, tokens: int):
     """Greedy ids and the run's stats (decode speed: tokens after the first over the time
     after the first, as ``tandem run`` reports it)."""
-    from tandem.kernels.sampling import Sampler, SamplingParams
+    from tandem.kernels.sampling import Sampler
+    from tandem.kernels.sampling_params import SamplingParams
     from tandem.runtime.generate import DoneEvent, generate
 
     target.truncate(0)

@@ -28,7 +28,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.backends.llama import LlamaCppBackend
 from tandem.runtime.backends.llama_batch import SequenceBatcher
 from tandem.runtime.backends.llama_config import LlamaConfig

@@ -17,7 +17,7 @@ from tandem.app.history.database import History
 from tandem.app.tui.app import AppConfig, TandemApp
 from tandem.app.tui.model_choice import ModelChoice, load_engine
 from tandem.app.tui.session import ChatSettings, run_reply
-from tandem.kernels.sampling import SamplingParams
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.engine.spec import EngineSpec
 
 PROMPT = "Once upon a time"

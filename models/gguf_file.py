@@ -8,6 +8,7 @@ clear :class:`ModelFormatError` instead of a crash inside native code.
 
 from __future__ import annotations
 
+import functools
 import math
 import mmap
 import os
@@ -17,8 +18,6 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-
-import gguf
 
 from tandem.errors import ModelFormatError, ModelNotFound, UnsupportedModel
 from tandem.models.shape import DecoderShape, dims_from_gguf
@@ -32,7 +31,14 @@ _SCALARS = {
 }
 _STRING, _ARRAY = 8, 9
 _U64 = struct.Struct("<Q")
-KNOWN_ARCHITECTURES = frozenset(gguf.MODEL_ARCH_NAMES.values())
+
+
+@functools.cache
+def known_architectures() -> frozenset[str]:
+    """The architectures llama.cpp's ``gguf`` package names."""
+    import gguf  # local: the package loads numpy, which a command that only lists or resolves models never needs
+
+    return frozenset(gguf.MODEL_ARCH_NAMES.values())
 
 
 @dataclass(frozen=True)
@@ -162,6 +168,8 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def _tensor_nbytes(path: Path, name: str, shape: tuple[int, ...], ggml_type: int) -> int:
+    import gguf  # local: see known_architectures
+
     try:
         qtype = gguf.GGMLQuantizationType(ggml_type)
         block, type_size = gguf.GGML_QUANT_SIZES[qtype]
@@ -295,7 +303,7 @@ def check_runnable(info: GGUFInfo) -> None:
     arch = info.architecture
     if arch is None:
         raise ModelFormatError(f"{info.path} has no general.architecture key: not a model file.")
-    if arch not in KNOWN_ARCHITECTURES:
+    if arch not in known_architectures():
         raise UnsupportedModel(f"{info.path}: architecture {arch!r} is not supported by this runtime.")
     if not info.tensors:
         raise ModelFormatError(f"{info.path} holds a vocabulary only (no weights); it cannot generate text.")

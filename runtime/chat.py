@@ -12,7 +12,8 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.models.chat_template import NO_INPUTS, Message, TemplateInputs, prompt_ids, render_chat
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.chat_fit import ChatFitter, FitCancelled

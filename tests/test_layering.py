@@ -59,7 +59,7 @@ RUNTIME_LAYERS: tuple[tuple[str, ...], ...] = (
     ("generate",),
     ("kv", "moe"),
     ("backends",),
-    ("logprobs", "streaming_text", "machine"),
+    ("logprobs", "streaming_text", "machine", "choices"),
 )
 """The runtime's parts, top to bottom: a module may import its own part and the parts
 of lower rows, never a part of its own row or above. The engine builder opens and plans
@@ -67,7 +67,7 @@ everything; chat fits conversations (chat_fit) and constrains replies (constrain
 grammar masks around any speculative strategy); the planner prices drafters and strategies (speculative) and the torch
 engine's KV compression and expert offload (kv, moe); speculation runs on the
 generation loop (generate); kv and moe extend the torch engine's backend; backends sit
-on the machine facts and text helpers. Names are sub-packages or top-level modules of
+on the machine facts, text helpers and the words settings take (choices). Names are sub-packages or top-level modules of
 ``runtime``."""
 
 

@@ -280,7 +280,7 @@ def _cli_with(monkeypatch: pytest.MonkeyPatch, error: BaseException):
     def raise_it(args: argparse.Namespace) -> int:
         raise error
 
-    def parser() -> argparse.ArgumentParser:
+    def parser(command: str | None) -> argparse.ArgumentParser:
         p = argparse.ArgumentParser(prog="tandem")
         p.add_subparsers(dest="command").add_parser("thing").set_defaults(func=raise_it)
         return p

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tandem.kernels.sampling import SamplingParams, softmax
+from tandem.kernels.sampling import softmax
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.backends.protocol import ComputeSettings, MemoryReport, SpecialTokens
 
 PURE = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)

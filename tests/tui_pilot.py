@@ -13,7 +13,7 @@ from tandem.app.tui.app import AppConfig, TandemApp
 from tandem.app.tui.autocomplete_screen import AutocompleteScreen
 from tandem.app.tui.chat_screen import ChatScreen
 from tandem.app.tui.session import ChatSettings
-from tandem.kernels.sampling import SamplingParams
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.generate import TokenEvent
 
 SIZE = (100, 32)

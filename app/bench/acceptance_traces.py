@@ -35,7 +35,8 @@ from tandem.app.bench.runner import (
 )
 from tandem.app.bench.workloads import workload
 from tandem.errors import TandemError
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.engine.builder import Engine
 from tandem.runtime.engine.spec import EngineSpec
 from tandem.runtime.generate import DoneEvent, generate

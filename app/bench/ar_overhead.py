@@ -24,7 +24,8 @@ import llama_cpp
 
 from tandem.app.bench.workloads import CHAT
 from tandem.errors import TandemError
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.backends.llama import LlamaCppBackend
 from tandem.runtime.backends.llama_config import LlamaConfig, context_params, model_params
 from tandem.runtime.backends.llama_vocab import load_model

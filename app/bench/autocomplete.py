@@ -24,7 +24,8 @@ import llama_cpp
 import numpy as np
 
 from tandem.errors import TandemError
-from tandem.kernels.sampling import Sampler, SamplingParams, softmax
+from tandem.kernels.sampling import Sampler, softmax
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.kernels.superpose import SuperposeConfig, distinct_n
 from tandem.runtime.autocomplete.superposed import SuperposedDecoder
 from tandem.runtime.backends.llama import LlamaCppBackend

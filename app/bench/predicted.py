@@ -32,7 +32,8 @@ from pathlib import Path
 from tandem.app.bench.alternating import plain_runs, rotated_runs, same_as_plain, vs_plain
 from tandem.app.bench.peers import LlamaPeer
 from tandem.app.bench.workloads import EDIT, EDIT_CODE
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.chat import chat_prompt
 from tandem.runtime.engine.builder import open_engine
 from tandem.runtime.engine.spec import EngineSpec

@@ -39,7 +39,8 @@ from tandem.app.bench.peers import PEER_NOTE, PEERS, LlamaPeer, RunResult, decod
 from tandem.app.bench.report import summarize
 from tandem.app.bench.workloads import DEFAULT_WORKLOADS, Workload, workload
 from tandem.errors import TandemError
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.engine.builder import Engine, open_engine
 from tandem.runtime.engine.spec import EngineSpec

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tandem.app.bench.alternating import plain_runs, rotated_runs, same_as_plain, vs_plain
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.chat import chat_prompt
 from tandem.runtime.constrained import GrammarSpec, compile_grammar

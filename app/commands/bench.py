@@ -18,7 +18,7 @@ from tandem.app.bench.workloads import DEFAULT_WORKLOADS, WORKLOADS
 from tandem.errors import TandemError
 from tandem.models.extras import require
 from tandem.models.store import resolve_model
-from tandem.runtime.engine.spec import LLAMA_KV_TYPES
+from tandem.runtime.choices import LLAMA_KV_TYPES
 from tandem.runtime.planning.hardware import parse_size
 
 
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         return run_structured_bench(args)
     if args.predicted:
         return run_predicted_bench(args)
-    # local: the CLI imports every command; this loads only when the command runs
+    # local: `tandem --help` imports every command module; this loads only when the command runs
     from tandem.app.bench.report import format_report, markdown_table, plot_report
     from tandem.app.bench.runner import BenchConfig, run_bench
 
@@ -198,7 +198,7 @@ def _print_comparison(report: dict, markdown_table: Callable[[dict], str], args:
 
 
 def run_structured_bench(args: argparse.Namespace) -> int:
-    # local: the CLI imports every command; this loads only when the command runs
+    # local: `tandem --help` imports every command module; this loads only when the command runs
     from tandem.app.bench.structured import (
         CONFIGS,
         PROMPTS,
@@ -222,7 +222,7 @@ def run_structured_bench(args: argparse.Namespace) -> int:
 
 
 def run_predicted_bench(args: argparse.Namespace) -> int:
-    # local: the CLI imports every command; this loads only when the command runs
+    # local: `tandem --help` imports every command module; this loads only when the command runs
     from tandem.app.bench.predicted import (
         CONFIGS,
         PEERS,
@@ -248,7 +248,7 @@ def run_predicted_bench(args: argparse.Namespace) -> int:
 
 
 def run_autocomplete(args: argparse.Namespace) -> int:
-    # local: the CLI imports every command; this loads only when the command runs
+    # local: `tandem --help` imports every command module; this loads only when the command runs
     from tandem.app.bench.autocomplete import PROMPTS, markdown_table, run_bench
     from tandem.runtime.backends.llama import LlamaCppBackend
     from tandem.runtime.engine.builder import open_engine
@@ -275,7 +275,7 @@ def run_autocomplete(args: argparse.Namespace) -> int:
 
 
 def run_ar_overhead(args: argparse.Namespace) -> int:
-    # local: the CLI imports every command; this loads only when the command runs
+    # local: `tandem --help` imports every command module; this loads only when the command runs
     from tandem.app.bench.ar_overhead import N_CTX, measure_overhead
 
     if args.max_tokens < 2 or args.reps < 1 or (args.prompts is not None and args.prompts < 1):
@@ -297,7 +297,7 @@ def run_ar_overhead(args: argparse.Namespace) -> int:
 
 
 def run_cost_curve(args: argparse.Namespace) -> int:
-    # local: the CLI imports every command; this loads only when the command runs
+    # local: `tandem --help` imports every command module; this loads only when the command runs
     from tandem.app.bench.cost_curve import format_costs, measure_costs
 
     if args.reps < 1 or args.draft_max < 1:
@@ -312,7 +312,7 @@ def run_cost_curve(args: argparse.Namespace) -> int:
 
 
 def run_gpu(args: argparse.Namespace) -> int:
-    # local: the CLI imports every command; this loads only when the command runs
+    # local: `tandem --help` imports every command module; this loads only when the command runs
     from tandem.app.bench import acceptance_traces
     from tandem.app.bench.gpu import GpuBenchConfig, format_gpu, plot_gpu, run_gpu_bench
 
@@ -341,7 +341,7 @@ def run_gpu(args: argparse.Namespace) -> int:
 
 
 def run_record_acceptance(args: argparse.Namespace) -> int:
-    # local: the CLI imports every command; this loads only when the command runs
+    # local: `tandem --help` imports every command module; this loads only when the command runs
     from tandem.app.bench import acceptance_traces
     from tandem.app.bench.runner import BenchConfig
 

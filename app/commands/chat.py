@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from tandem.app.commands.engine_flags import add_engine_flags, spec_from_args
-from tandem.app.commands.run import add_sampling_args, sampling_from_args
+from tandem.app.commands.sampling_flags import add_sampling_args, sampling_from_args
 from tandem.errors import TandemError
 from tandem.models.store import resolve_model
 
@@ -26,12 +26,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # Textual is imported here so other commands start fast.
     from pathlib import Path
 
+    # local: Textual and the app load only when the chat runs (`tandem --help` imports every command module)
     from tandem.app.tui.app import AppConfig, TandemApp
-
-    # local: the CLI imports every command; this loads only when the command runs
     from tandem.app.tui.session import ChatSettings
 
     if args.max_tokens < 1:

@@ -9,20 +9,27 @@ goes through :func:`spec_from_args` to :func:`tandem.runtime.engine.builder.open
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from tandem.app.commands.rpc_server import rpc_servers
+import platformdirs
+
 from tandem.errors import TandemError
 from tandem.models.store import resolve_model
-from tandem.runtime.engine.spec import ENGINES, LLAMA_KV_TYPES, EngineSpec
+from tandem.runtime.backends.rpc_probe import parse_endpoints
+from tandem.runtime.choices import (
+    DEVICE_CHOICES,
+    ENGINES,
+    LLAMA_KV_TYPES,
+    MODES,
+    OFFLOAD_CHOICES,
+    SUFFIX_MEMORIES,
+)
+from tandem.runtime.engine.spec import EngineSpec
 from tandem.runtime.kv.config import PRESETS
 from tandem.runtime.machine import cpu_cores
 from tandem.runtime.moe.config import EVICTIONS, MoeOffloadSpec
-from tandem.runtime.planning.placement import DEVICE_CHOICES
-from tandem.runtime.planning.plan import OFFLOAD_CHOICES
-from tandem.runtime.speculative.drafters.suffix import SUFFIX_MEMORIES
-from tandem.runtime.speculative.factory import MODES
 
 KV_COMPRESS_CHOICES = ("none", *PRESETS)
 
@@ -156,3 +163,31 @@ def spec_from_args(args: argparse.Namespace, *, model: str | Path | None = None)
         rpc=rpc_servers(args.rpc),
         suffix_memory=args.suffix_memory,
     )
+
+
+def config_file() -> Path:
+    """Tandem's config file: ``$TANDEM_HOME/config.toml``, else the user config dir's."""
+    home = os.environ.get("TANDEM_HOME")
+    return Path(home) / "config.toml" if home else Path(platformdirs.user_config_dir("tandem")) / "config.toml"
+
+
+def rpc_servers(flag: str | None) -> tuple[str, ...]:
+    """The servers ``--rpc`` names; without the flag, the config file's ``rpc`` entry
+    (``rpc = ["host1:50052", "host2:50052"]`` or one comma-separated string); ``--rpc
+    off`` ignores the config file."""
+    if flag is not None:
+        return () if flag.strip().lower() in ("off", "none", "") else parse_endpoints(flag)
+    path = config_file()
+    if not path.is_file():
+        return ()
+    import tomllib  # local: the parser (17 ms on a slow CPU) only for a config file that exists
+
+    try:
+        entry = tomllib.loads(path.read_text()).get("rpc")
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise TandemError(f"Cannot read {path}: {exc}") from None
+    if entry is None:
+        return ()
+    if not isinstance(entry, str | list) or (isinstance(entry, list) and not all(isinstance(e, str) for e in entry)):
+        raise TandemError(f'{path}: rpc must be "HOST:PORT,..." or a list of them.')
+    return parse_endpoints(entry)

@@ -44,7 +44,7 @@ class MoefyReport:
 @contextlib.contextmanager
 def _record_ffn_inputs(n_layer: int) -> Iterator[list[list[torch.Tensor]]]:
     """Capture each dense layer's FFN input (post-norm hidden state) during forward passes."""
-    # local: the CLI imports every command; this loads only when the command runs
+    # local: `tandem --help` imports every command module; this loads only when the command runs
     import tandem.runtime.backends.torch_engine.decoder as llama
 
     seen: list[list[torch.Tensor]] = [[] for _ in range(n_layer)]
@@ -101,7 +101,7 @@ def calibration_inputs(src: Path, text: str | None, n_tokens: int, seed: int = 0
 def moefy_file(
     src: Path, out: Path, n_experts: int, top_k: int, *, text: str | None = None, n_tokens: int = 2048, seed: int = 0
 ) -> MoefyReport:
-    # local: the CLI imports every command; this loads only when the command runs
+    # local: `tandem --help` imports every command module; this loads only when the command runs
     from tandem.models.moefy import MoefyConfig, moefy_layer, read_dense_ffns, write_moe_gguf
 
     if n_experts < 2:

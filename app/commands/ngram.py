@@ -58,7 +58,7 @@ def iter_text_files(paths: list[str]) -> Iterator[tuple[str, str]]:
 
 
 def iter_chat_texts() -> Iterator[tuple[str, str]]:
-    # local: the CLI imports every command; this loads only when the command runs
+    # local: `tandem --help` imports every command module; this loads only when the command runs
     from tandem.app.history.database import History, default_path
 
     if not default_path().exists():
@@ -71,7 +71,7 @@ def iter_chat_texts() -> Iterator[tuple[str, str]]:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    # local: the CLI imports every command; this loads only when the command runs
+    # local: `tandem --help` imports every command module; this loads only when the command runs
     from tandem.runtime.backends.llama import LlamaCppBackend
     from tandem.runtime.backends.llama_config import LlamaConfig
 

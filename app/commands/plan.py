@@ -11,17 +11,18 @@ from tandem.app.commands.engine_flags import add_technique_flags, moe_spec
 from tandem.errors import BudgetError, TandemError
 from tandem.models.store import resolve_model
 from tandem.runtime.backends.opener import open_backend
-from tandem.runtime.engine.spec import EngineSpec, check_spec, target_engine
+from tandem.runtime.choices import MODES, OFFLOAD_CHOICES
+from tandem.runtime.engine.checks import check_spec, target_engine
+from tandem.runtime.engine.spec import EngineSpec
 from tandem.runtime.kv.config import PRESETS
 from tandem.runtime.planning.baseline import machine_baseline
 from tandem.runtime.planning.calibration import calibrate
 from tandem.runtime.planning.hardware import PROFILES, format_size, resolve_machine
 from tandem.runtime.planning.options import TechniqueOption, llama_kv_options, torch_options
 from tandem.runtime.planning.placement import Choice, plan_options
-from tandem.runtime.planning.plan import OFFLOAD_CHOICES, OffloadOption, Plan, PlanRequest
+from tandem.runtime.planning.plan import OffloadOption, Plan, PlanRequest
 from tandem.runtime.planning.planner import make_plan
 from tandem.runtime.planning.torch_target import TorchPlan, check_fits, plan_torch
-from tandem.runtime.speculative.factory import MODES
 
 
 def add_budget_args(p: argparse.ArgumentParser) -> None:

@@ -17,13 +17,10 @@ import os
 import shutil
 import socket
 import sys
-import tomllib
 from pathlib import Path
 
-import platformdirs
-
 from tandem.errors import TandemError
-from tandem.runtime.backends.rpc_probe import DEFAULT_PORT, parse_endpoints
+from tandem.runtime.backends.rpc_probe import DEFAULT_PORT
 from tandem.runtime.machine import cpu_cores
 from tandem.runtime.planning.hardware import MiB, format_size, parse_size
 
@@ -52,32 +49,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="memory to offer, in MiB or with a unit (2GiB); default: what is available")
     p.add_argument("--cache", action="store_true", help="cache received weights on disk (faster reconnects)")
     p.set_defaults(func=run)
-
-
-def config_file() -> Path:
-    """Tandem's config file: ``$TANDEM_HOME/config.toml``, else the user config dir's."""
-    home = os.environ.get("TANDEM_HOME")
-    return Path(home) / "config.toml" if home else Path(platformdirs.user_config_dir("tandem")) / "config.toml"
-
-
-def rpc_servers(flag: str | None) -> tuple[str, ...]:
-    """The servers ``--rpc`` names; without the flag, the config file's ``rpc`` entry
-    (``rpc = ["host1:50052", "host2:50052"]`` or one comma-separated string); ``--rpc
-    off`` ignores the config file."""
-    if flag is not None:
-        return () if flag.strip().lower() in ("off", "none", "") else parse_endpoints(flag)
-    path = config_file()
-    if not path.is_file():
-        return ()
-    try:
-        entry = tomllib.loads(path.read_text()).get("rpc")
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise TandemError(f"Cannot read {path}: {exc}") from None
-    if entry is None:
-        return ()
-    if not isinstance(entry, str | list) or (isinstance(entry, list) and not all(isinstance(e, str) for e in entry)):
-        raise TandemError(f'{path}: rpc must be "HOST:PORT,..." or a list of them.')
-    return parse_endpoints(entry)
 
 
 def is_loopback(host: str) -> bool:

@@ -63,7 +63,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def request_log_path(value: str | None) -> Path | None:
-    # local: the CLI imports every command; this loads only when the command runs
+    # local: `tandem --help` imports every command module; this loads only when the command runs
     from tandem.app.server.request_log import default_path
 
     if value is None:
@@ -73,7 +73,7 @@ def request_log_path(value: str | None) -> Path | None:
 
 def open_server(args: argparse.Namespace):
     """The model slot and the ASGI app ``args`` describe (the model is loaded here)."""
-    # local: the CLI imports every command; this loads only when the command runs
+    # local: `tandem --help` imports every command module; this loads only when the command runs
     from tandem.app.progress import Progress
     from tandem.app.server.asgi import ServerConfig, create_app
     from tandem.app.server.loaded_models import load_model
@@ -104,12 +104,12 @@ def default_parallel(spec) -> int:
     :func:`tandem.runtime.planning.planner.parallel_for`) for a GGUF target in llama.cpp
     without a drafter model; 1 otherwise (a drafter serves one sequence; the torch engine,
     onnxruntime and RPC targets decode one)."""
-    # local: the CLI imports every command; this loads only when the command runs
-    from tandem.runtime.engine.spec import target_engine
+    # local: `tandem --help` imports every command module; this loads only when the command runs
+    from tandem.runtime.engine.checks import target_engine
 
     if spec.rpc or spec.drafter is not None or target_engine(spec) != "llama.cpp":
         return 1
-    # local: the CLI imports every command; this loads only when the command runs
+    # local: `tandem --help` imports every command module; this loads only when the command runs
     from tandem.runtime.planning.planner import parallel_for
 
     return parallel_for(spec.target, spec.budget, spec.n_ctx, vram=spec.vram, threads=spec.threads,
@@ -117,7 +117,7 @@ def default_parallel(spec) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    # local: the CLI imports every command; this loads only when the command runs
+    # local: `tandem --help` imports every command module; this loads only when the command runs
     from tandem.app.server.listen import ListenConfig, bind, uvicorn_server
 
     check_args(args)

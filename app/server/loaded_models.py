@@ -31,7 +31,8 @@ from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.backends.sequence_view import SequenceView, open_views
 from tandem.runtime.chat import ChatEngine
 from tandem.runtime.engine.builder import Engine, engine_for, open_engine
-from tandem.runtime.engine.spec import EngineSpec, spec_options
+from tandem.runtime.engine.checks import spec_options
+from tandem.runtime.engine.spec import EngineSpec
 from tandem.runtime.generate import Strategy
 from tandem.runtime.speculative.factory import SpeculativeStrategy, build_strategy
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from tandem.app.server.api_error import ApiError
 from tandem.app.server.logit_bias import parse_logit_bias
-from tandem.kernels.sampling import SamplingParams
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.generate import NO_LIMIT
 
 MAX_N = 8

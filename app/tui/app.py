@@ -7,7 +7,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rich.segment import Segments
-from rich.traceback import Traceback
 from textual.app import App
 from textual.binding import Binding
 from textual.notifications import SeverityLevel
@@ -132,6 +131,9 @@ class TandemApp(App):
     def _fatal_error(self) -> None:
         """Textual's crash report without local variables (it shows them by default, and
         they can hold the user's prompt or replies): the traceback alone."""
+        # local: only a crash needs it (rich.traceback and its syntax highlighting)
+        from rich.traceback import Traceback
+
         self.bell()
         report = Traceback(show_locals=False, width=None)
         self._exit_renderables.append(Segments(self.console.render(report, self.console.options)))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -24,13 +24,10 @@ from textual.widgets import Footer, Header, Label, TextArea
 
 from tandem.app.tui.shown import plain, shown
 from tandem.errors import TandemError
-from tandem.runtime.autocomplete.drafts import (
-    AutocompleteConfig,
-    Autocompleter,
-    SuggestResult,
-    load_ngram_for,
-)
-from tandem.runtime.chat import ChatEngine
+
+if TYPE_CHECKING:
+    from tandem.runtime.autocomplete.drafts import Autocompleter, SuggestResult
+    from tandem.runtime.chat import ChatEngine
 
 WAIT_NOTICE_S = 1.0
 """A request running longer than this shows a waiting line with the time so far."""
@@ -54,7 +51,11 @@ def shown_drafts(texts: Iterable[str]) -> list[str]:
 
 
 def make_autocompleter(engine: ChatEngine, k: int = 3, budget_ms: float = 400.0) -> Autocompleter:
-    """An autocompleter sharing the chat engine's model and lock (one KV cache, one user)."""
+    """An autocompleter sharing the chat engine's model and lock (one KV cache, one user);
+    built in the pane's worker on the first request."""
+    # local: keeps the runtime out of the chat app's first paint
+    from tandem.runtime.autocomplete.drafts import AutocompleteConfig, Autocompleter, load_ngram_for
+
     target = engine.target
     cfg = AutocompleteConfig(k=k, budget_ms=budget_ms, single_line=True)
     return Autocompleter(target, load_ngram_for(target), cfg, lock=engine.lock)

@@ -130,7 +130,7 @@ class ChatScreen(Screen):
         else:
             self.sub_title = "New chat"
         self.input.focus()
-        self.loader.load(self.loader.choice)
+        self.loader.load(self.loader.choice, after_paint=True)  # the input box first, then the runtime
         self.set_interval(1 / 15, self.replies.drain)
         self.set_interval(1.0, self.loader.tick)
 

@@ -13,11 +13,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tandem.runtime.chat import ChatEngine
-from tandem.runtime.engine.builder import open_engine
 from tandem.runtime.engine.spec import EngineSpec
+
+if TYPE_CHECKING:
+    from tandem.runtime.chat import ChatEngine
 
 
 @dataclass
@@ -98,8 +99,13 @@ def load_engine(choice: ModelChoice, progress: Callable[[str], None] | None = No
     One speculative strategy is built per engine and reused for every reply, so the
     drafter, its caches and the adaptive policy persist across turns. What the builder
     changed or chose (a drafter the planner dropped, a KV type, a placement) goes to
-    ``choice.notes`` for the UI to show.
+    ``choice.notes`` for the UI to show. Runs in the load's worker thread, which is
+    also where the runtime (numpy, llama.cpp) is first imported.
     """
+    # local: keeps the runtime out of the chat app's first paint
+    from tandem.runtime.chat import ChatEngine
+    from tandem.runtime.engine.builder import open_engine
+
     engine = open_engine(choice.spec, notify=progress, on_load=on_load)
     choice.notes.extend(engine.notes)
     return ChatEngine(engine.target, engine.strategy, drafter=engine.drafter_backend, owner=engine)

@@ -60,12 +60,23 @@ class ModelLoader:
     def loading(self) -> bool:
         return self.progress is not None
 
-    def load(self, choice: ModelChoice) -> None:
+    def load(self, choice: ModelChoice, *, after_paint: bool = False) -> None:
         """Close the current engine and open ``choice`` in a worker; the chat has no
-        engine until :class:`EngineReady` arrives."""
+        engine until :class:`EngineReady` arrives.
+
+        With ``after_paint`` (the chat's first load) the chat is loading from now on (a
+        message sent is queued) but the worker starts once the screen is drawn: the
+        first load imports the runtime (numpy, llama.cpp), which would otherwise hold
+        up the first paint of the input box."""
         old, self.engine = self.engine, None
         self.progress = LoadProgress(choice.target_name)
         self.show_status(self.progress.line())
+        if after_paint:
+            self.host.call_after_refresh(self._start, choice, old)
+        else:
+            self._start(choice, old)
+
+    def _start(self, choice: ModelChoice, old: Any) -> None:
         self.host.run_worker(partial(self._load, choice, old), thread=True, group="load",
                              exclusive=True, exit_on_error=False)
 

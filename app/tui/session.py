@@ -11,13 +11,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tandem.app.history.database import COMPLETE, INTERRUPTED, ChatRecord, History, MessageRecord
 from tandem.errors import TandemError
-from tandem.kernels.sampling import SamplingParams
-from tandem.runtime.chat import ChatEngine
-from tandem.runtime.generate import DoneEvent, TokenEvent
+from tandem.kernels.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from tandem.runtime.chat import ChatEngine
+    from tandem.runtime.generate import DoneEvent, TokenEvent
 
 DEFAULT_MAX_TOKENS = 512
 
@@ -152,7 +154,7 @@ class ReplyBuffer:
             return out
 
 
-ProgressCallback = Callable[[TokenEvent, int, LiveStats], None]
+ProgressCallback = Callable[["TokenEvent", int, LiveStats], None]
 
 
 def run_reply(
@@ -176,6 +178,9 @@ def run_reply(
     With ``resume`` (an interrupted reply, the chat's last message) the model continues
     that reply where it stopped, and the new text is appended to it.
     """
+    # local: the reply's worker thread imports the runtime, not the chat app's first paint
+    from tandem.runtime.generate import DoneEvent
+
     settings = ChatSettings.from_dict(chat.params)
     stored = history.messages(chat.id)
     if resume is not None:  # the conversation before it, then the reply so far

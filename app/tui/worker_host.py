@@ -24,6 +24,10 @@ class WorkerHost(Protocol):
         """Start ``work`` as a worker owned by the host (cancelled when it goes)."""
         ...
 
+    def call_after_refresh(self, callback: Callable[..., Any], *args: Any) -> bool:
+        """Run ``callback`` on the UI thread once the screen has been drawn."""
+        ...
+
     def post_message(self, message: Message) -> bool:
         """Queue ``message`` for the host's handlers (safe from any thread)."""
         ...

@@ -150,7 +150,6 @@ class LlamaVocab:
 
     def _remember(self, fact: str, value: Any) -> None:
         if self._path is not None:
-
             file_facts.remember(self._path, fact, value)
 
     def _replace_uncovered(self, text: str, covers: Callable[[str], bool], special: bool) -> tuple[str, bool]:

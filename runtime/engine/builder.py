@@ -33,7 +33,8 @@ from typing import Any, TypeVar
 from tandem.runtime.backends.llama_kernels import KernelChoice, choose_kernels, measure_later
 from tandem.runtime.backends.opener import backend_kind, open_backend
 from tandem.runtime.backends.protocol import Backend
-from tandem.runtime.engine.spec import EngineSpec, check_spec, spec_options, target_engine
+from tandem.runtime.engine.checks import check_spec, spec_options, target_engine
+from tandem.runtime.engine.spec import EngineSpec
 from tandem.runtime.machine import cpu_cores
 from tandem.runtime.planning.calibration import place
 from tandem.runtime.planning.hardware import parse_size

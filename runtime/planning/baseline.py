@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tandem.errors import TandemError, child_failure
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.models.paths import cache_dir, write_cache_file
 from tandem.models.python_child import module_argv
 from tandem.runtime.backends.selfcheck import write_tiny_llama
@@ -44,7 +45,8 @@ from tandem.runtime.speculative.drafters.suffix import SuffixDrafter, global_cac
 
 BASELINE_VERSION = 5
 CLI_MODULE = "tandem.app.cli"
-"""`tandem`'s entry point; building its parser imports every sub-command module."""
+"""`tandem`'s entry point; its full parser imports every sub-command module (a command
+imports its own alone: this is the most any of them holds)."""
 
 RUN_PATH_MODULES = (
     "tandem.runtime.backends.llama",
@@ -60,9 +62,10 @@ RUN_PATH_MODULES = (
     "tandem.kernels.sampling",
     "numpy.random",
     "numpy.ctypeslib",
+    "gguf",
 )
-"""Modules a GGUF `tandem run` imports beyond the command line's parsers (the parsers
-import every sub-command module: :func:`tandem.app.cli.build_parser`)."""
+"""Modules a GGUF `tandem run` imports beyond the command line's parsers (the full
+parser imports every sub-command module: :func:`tandem.app.cli.build_parser`)."""
 
 
 @dataclass(frozen=True)

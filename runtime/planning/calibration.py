@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.models import paths
 from tandem.runtime.backends.protocol import Backend, common_prefix_len, prefill
 from tandem.runtime.machine import machine_id
@@ -227,7 +228,7 @@ def place(target: Backend, plan, *, mode: str = "auto", device: str = "auto", us
           notify: Callable[[str], None] = _stderr, keep_drafter: bool = False) -> Placed:
     """Choose the placement for ``plan`` (the planner's :class:`~tandem.runtime.planning.plan.Plan`
     with a drafter; ``target`` is its target, open in llama.cpp): calibrate when there is
-    more than one option, restricted by ``device`` (see :data:`DEVICE_CHOICES`), then
+    more than one option, restricted by ``device`` (see :data:`~tandem.runtime.choices.DEVICE_CHOICES`), then
     apply it — thread counts set on the target, the drafter's configs, and the target
     moved to the torch engine on the GPU when that is the choice (the llama.cpp one is
     closed; the one the calibration measured is reused). ``keep_drafter``: hand over the

@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tandem.errors import TandemError
-from tandem.runtime.planning.plan import KV_TYPES, PlanRequest
+from tandem.runtime.choices import LLAMA_KV_TYPES
+from tandem.runtime.planning.plan import PlanRequest
 from tandem.runtime.planning.shapes import ModelShape, shape_from_gguf
 
 DRAFT_CELLS = (1024, 512, 256)
@@ -43,13 +44,13 @@ def kv_candidates(t_shape: ModelShape, req: PlanRequest) -> list[str]:
     """The target KV types to try, best first: the one asked for, or f16 and then the
     quantized types the model's heads allow (unless ``allow_kv_quant`` is off)."""
     if req.kv_type is not None:
-        if req.kv_type not in KV_TYPES:
-            raise TandemError(f"Unknown KV cache type {req.kv_type!r}; choose one of {', '.join(KV_TYPES)}.")
+        if req.kv_type not in LLAMA_KV_TYPES:
+            raise TandemError(f"Unknown KV cache type {req.kv_type!r}; choose one of {', '.join(LLAMA_KV_TYPES)}.")
         if not t_shape.kv_type_ok(req.kv_type):
             raise TandemError(f"--kv-type {req.kv_type} stores blocks of 32 values but {t_shape.name}'s attention "
                               f"heads have {t_shape.head_dim}; use f16 for this model.")
         return [req.kv_type]
-    return [kv for kv in KV_TYPES if kv == "f16" or (req.allow_kv_quant and t_shape.kv_type_ok(kv))]
+    return [kv for kv in LLAMA_KV_TYPES if kv == "f16" or (req.allow_kv_quant and t_shape.kv_type_ok(kv))]
 
 
 def ladder(t_shape: ModelShape, d_shape: ModelShape | None, ctx: int, draft_max: int, quant: str | None,

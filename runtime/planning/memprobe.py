@@ -114,7 +114,10 @@ def unresident_code(names: tuple[str, ...] = RUNTIME_LIBRARIES) -> int:
 
 def _import_backends(kinds: set[str]) -> None:
     """Import what each backend kind needs before the baseline is read: ``import torch``
-    or ``import onnxruntime`` (hundreds of MB) is the process's, not the model's."""
+    or ``import onnxruntime`` (hundreds of MB) is the process's, not the model's; so is
+    the ``gguf`` package (and numpy) that reading a GGUF file's header loads on first use."""
+    import gguf  # noqa: F401
+
     import tandem.runtime.backends.llama  # noqa: F401
     if "torch" in kinds:
         import tandem.runtime.backends.torch_engine.backend  # noqa: F401

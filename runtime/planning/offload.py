@@ -32,16 +32,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tandem.errors import TandemError
+from tandem.runtime.choices import LLAMA_KV_TYPES, OFFLOAD_CHOICES
 from tandem.runtime.planning.devices import fits, max_gpu_layers, place_on_gpu, rooms
 from tandem.runtime.planning.hardware import Machine, format_size
 from tandem.runtime.planning.memory_model import Estimate, estimate
-from tandem.runtime.planning.plan import (
-    KV_QUALITY,
-    KV_TYPES,
-    OFFLOAD_CHOICES,
-    ModelPlan,
-    OffloadOption,
-)
+from tandem.runtime.planning.plan import KV_QUALITY, ModelPlan, OffloadOption
 from tandem.runtime.planning.shapes import ModelShape
 from tandem.runtime.planning.speed import predict
 
@@ -99,7 +94,7 @@ def compare(pair: Pair, kv_types: list[str], allow_kv_quant: bool, kv_fixed: boo
     kv = pair.target.type_k
     cands = [_priced(pair, "a", "partial offload", kv, on_gpu=True),
              _priced(pair, "b", "target on CPU threads", kv, on_gpu=False)]
-    for q in KV_TYPES[KV_TYPES.index(kv) + 1:] if kv in KV_TYPES else ():
+    for q in LLAMA_KV_TYPES[LLAMA_KV_TYPES.index(kv) + 1:] if kv in LLAMA_KV_TYPES else ():
         name = f"{q} KV cache, partial offload"
         if not pair.t_shape.kv_type_ok(q):  # llama.cpp refuses the context: nothing to price
             note = f"not possible: {q} stores blocks of 32 values but the attention heads have {pair.t_shape.head_dim}"

@@ -15,11 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from tandem.runtime.choices import LLAMA_KV_TYPES
 from tandem.runtime.kv.config import PRESETS, held_bytes
 from tandem.runtime.moe.config import SPEED_NOTE, MoeOffloadSpec
 from tandem.runtime.planning.hardware import format_size
 from tandem.runtime.planning.memory_model import torch_capacity
-from tandem.runtime.planning.plan import KV_QUALITY, KV_TYPES
+from tandem.runtime.planning.plan import KV_QUALITY
 from tandem.runtime.planning.shapes import padded_ctx, shape_from_gguf
 from tandem.runtime.planning.torch_target import (
     LOW_BIT_SHARE,
@@ -53,7 +54,7 @@ def llama_kv_options(path: Path, n_ctx: int, chosen: str | None) -> list[Techniq
     cells = padded_ctx(n_ctx)
     return [TechniqueOption("llama.cpp", f"--kv-type {kv}", f"KV cache, {cells} cells",
                             shape.kv_bytes_per_token(kv, kv) * cells, KV_QUALITY[kv], kv == chosen)
-            for kv in KV_TYPES if shape.kv_type_ok(kv)]
+            for kv in LLAMA_KV_TYPES if shape.kv_type_ok(kv)]
 
 
 def torch_options(path: Path, n_ctx: int, chosen_kv: str | None = None) -> list[TechniqueOption]:

@@ -42,9 +42,6 @@ CALIBRATION_K = 4
 """Draft length the options are compared at (the adaptive policy still picks k later)."""
 CALIBRATION_TOKENS = 24
 """Target tokens generated to time decode steps and to score drafts against."""
-DEVICE_CHOICES = ("auto", "gpu", "cpu", "target-gpu")
-"""``--placement``: measured choice, drafter on the GPU, drafter on the CPU (target on
-CPU threads either way), or target on the GPU with the drafter on the CPU."""
 
 
 @dataclass(frozen=True)
@@ -191,7 +188,7 @@ class Placed:
 
 def plan_options(plan, device: str = "auto") -> list[Option]:
     """The options for ``plan`` (a :class:`~tandem.runtime.planning.planner.Plan` with a drafter) on
-    this machine, restricted by ``device`` (see :data:`DEVICE_CHOICES`); a
+    this machine, restricted by ``device`` (see :data:`~tandem.runtime.choices.DEVICE_CHOICES`); a
     :class:`~tandem.errors.TandemError` when the restriction leaves none."""
     draft = plan.draft
     target_gpu = device in ("auto", "target-gpu") and target_gpu_fits(plan)

@@ -16,8 +16,6 @@ from tandem.runtime.planning.shapes import ModelShape
 
 ACCEPTANCE_PRIOR = 0.7
 """Per-token acceptance assumed for a same-family model drafter before measuring."""
-KV_TYPES = ("f16", "q8_0", "q4_0")
-"""Target KV cache types the planner tries, best first (``--kv-type`` fixes one)."""
 KV_QUALITY = {
     "f16": "no quality cost",
     "q8_0": "1.9x smaller than f16; next-token agreement with f16 1.000, KL 3.8e-6",
@@ -28,9 +26,6 @@ on a 32-wide-head model (BENCHMARKS.md, "KV cache compression", llama.cpp KV typ
 A quantized V cache also turns on flash attention, which ends llama.cpp's exact
 configuration: greedy speculative output may then differ from plain decoding at a
 near-tie."""
-OFFLOAD_CHOICES = ("a", "b", *(f"c-{kv}" for kv in KV_TYPES[1:]))
-"""What ``--offload`` may pin (:attr:`OffloadOption.pin`): ``a`` partial offload, ``b``
-the target on CPU threads, ``c-q8_0``/``c-q4_0`` partial offload with that KV cache."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +132,7 @@ class OffloadOption:
 
     @property
     def pin(self) -> str:
-        """The name ``--offload`` pins this placement by (:data:`OFFLOAD_CHOICES`): its key,
+        """The name ``--offload`` pins this placement by (:data:`~tandem.runtime.choices.OFFLOAD_CHOICES`): its key,
         with the KV type for (c), which is compared once per quantized type."""
         return f"{self.key}-{self.type_k}" if self.key == "c" else self.key
 
@@ -202,7 +197,7 @@ class PlanRequest:
     allow_kv_quant: bool = True
     kv_type: str | None = None
     """The target's KV cache type, fixed (``--kv-type``); ``None``: the first of
-    :data:`KV_TYPES` that fits (quantized only when f16 does not)."""
+    :data:`~tandem.runtime.choices.LLAMA_KV_TYPES` that fits (quantized only when f16 does not)."""
     acceptance: float = ACCEPTANCE_PRIOR
     """Per-token acceptance of the drafter (measured, or the prior)."""
     n_seq: int = 1
@@ -224,7 +219,7 @@ class PlanRequest:
     memory for everything else to fit the VRAM budget (``--moe-offload``)."""
     offload: str | None = None
     """For a target bigger than the GPU budget, the placement to take (one of
-    :data:`OFFLOAD_CHOICES`, ``--offload``) instead of the fastest predicted; it must be
+    :data:`~tandem.runtime.choices.OFFLOAD_CHOICES`, ``--offload``) instead of the fastest predicted; it must be
     compared, fit and be allowed, or the plan is refused (never another one instead).
     ``tandem bench --gpu --vram`` opens each placement this way."""
 

@@ -17,6 +17,7 @@ from tandem.kernels.sampling import Sampler
 from tandem.models.paths import data_dir
 from tandem.runtime.backends.opener import open_backend
 from tandem.runtime.backends.protocol import Backend
+from tandem.runtime.choices import MODES, SuffixMemory
 from tandem.runtime.generate import Commit, DecodeStats, autoregressive
 from tandem.runtime.speculative.cost import CPU_COST_CURVE, OnlineCost, one_token_step_s
 from tandem.runtime.speculative.cost_cache import (
@@ -31,7 +32,7 @@ from tandem.runtime.speculative.drafters.chain import ChainDrafter
 from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter
 from tandem.runtime.speculative.drafters.model import ModelDrafter, same_vocabulary
 from tandem.runtime.speculative.drafters.prediction import Prediction, PredictionDrafter
-from tandem.runtime.speculative.drafters.suffix import SuffixDrafter, SuffixMemory, global_cache
+from tandem.runtime.speculative.drafters.suffix import SuffixDrafter, global_cache
 from tandem.runtime.speculative.drafters.xvocab.drafter import CrossVocabDrafter
 from tandem.runtime.speculative.drafters.xvocab.translation_cache import vocab_fingerprint
 from tandem.runtime.speculative.loop import RoundHook, speculative
@@ -40,8 +41,6 @@ from tandem.runtime.speculative.policy.adaptive import AdaptivePolicy
 from tandem.runtime.speculative.policy.adaptive_config import AdaptiveConfig
 from tandem.runtime.speculative.policy.base import FixedLength, LengthPolicy
 
-MODES = ("auto", "model", "xvocab", "ngram", "off")
-"""Draft modes (``--draft-mode``); see :func:`build_strategy`."""
 MODEL_FREE_SOURCES = frozenset({"suffix", "lookup", "text-lookup", "prediction"})
 """Draft sources that cost nothing to ask (see AdaptivePolicy.cheap_sources)."""
 MEASURED_SOURCES = frozenset({"text-lookup", "prediction"})
@@ -164,7 +163,7 @@ class SpeculativeStrategy:
 
 def model_free_drafter(target: Backend, *, memory: SuffixMemory = "process") -> Drafter:
     """Suffix-tree drafting ahead of prompt lookup; the suffix tree learns from what
-    ``memory`` says (:data:`~tandem.runtime.speculative.drafters.suffix.SuffixMemory`)."""
+    ``memory`` says (:data:`~tandem.runtime.choices.SuffixMemory`)."""
     shared = None
     if memory != "request":
         key = sampled_vocab_key(target)

@@ -12,7 +12,7 @@ import pytest
 from conftest import IN_CI
 
 from benchmarks.rpc import SERVER, free_port, wait_listening
-from tandem.app.commands.rpc_server import rpc_servers
+from tandem.app.commands.engine_flags import rpc_servers
 from tandem.errors import TandemError
 from tandem.runtime.backends.rpc_probe import query_server
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from benchmarks.heldout_prompts import HELD_OUT
 from benchmarks.policy_replay import fenced_code, prompts, replay
 from tandem.app.bench.workloads import EDIT, EDIT_CODE
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.generate import generate
 from tandem.runtime.speculative.cost import CostCurve
 from tandem.runtime.speculative.drafters.prediction import Prediction

@@ -7,7 +7,6 @@ import pytest
 
 from tandem.kernels.sampling import (
     Sampler,
-    SamplingParams,
     apply_logit_bias,
     apply_presence_frequency,
     apply_repetition_penalty,
@@ -16,6 +15,7 @@ from tandem.kernels.sampling import (
     top_k_mask,
     top_p_filter,
 )
+from tandem.kernels.sampling_params import SamplingParams
 
 RNG = np.random.default_rng(0)
 

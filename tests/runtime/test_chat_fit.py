@@ -164,7 +164,7 @@ def test_why_a_conversation_cannot_fit_says_what_it_is() -> None:
 
 
 def test_fitting_stops_when_cancelled(real_models) -> None:
-    from tandem.kernels.sampling import SamplingParams
+    from tandem.kernels.sampling_params import SamplingParams
     from tandem.runtime.backends.llama import LlamaCppBackend
     from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.chat import ChatEngine

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tandem.errors import BudgetError, TandemError
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.engine.builder import Engine, open_engine
 from tandem.runtime.engine.spec import EngineSpec
 from tandem.runtime.generate import DoneEvent, generate

@@ -7,7 +7,8 @@ import threading
 import pytest
 
 from tandem.errors import PromptError
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.backends.llama import LlamaCppBackend
 from tandem.runtime.generate import DoneEvent, TokenEvent, generate
 

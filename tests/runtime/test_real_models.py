@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.backends.llama import LlamaCppBackend
 from tandem.runtime.backends.llama_config import EXACT_BATCH, EXACT_BATCH_REPACKED, LlamaConfig
 from tandem.runtime.backends.selfcheck import batch_step_difference, describe_exit, run_selfcheck

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from tandem.errors import TandemError
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.backends.torch_engine.cache import PastCache
 from tandem.runtime.backends.torch_engine.config import ModelConfig
 from tandem.runtime.backends.torch_engine.decoder import LlamaModel

@@ -6,7 +6,7 @@ Two depth-limited suffix tries with occurrence counts:
   incrementally as tokens are committed (O(depth) per token);
 * a global trie over earlier requests' sequences, shared by every drafter in the
   process for the same vocabulary, FIFO-evicted (``max_cached_requests``), and kept
-  across sessions in the user's data dir when :data:`SuffixMemory` says ``saved``
+  across sessions in the user's data dir when :data:`~tandem.runtime.choices.SuffixMemory` says ``saved``
   (what the user wrote and read yesterday drafts today's edit of it).
 
 A proposal finds the longest suffix of the context (at most ``max_match`` tokens) that
@@ -26,16 +26,11 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
 
 from tandem.kernels.sampling import Sampler
 from tandem.models.paths import write_cache_file
 from tandem.runtime.speculative.drafters.base import Draft, ModelFreeDrafter
 
-SuffixMemory = Literal["request", "process", "saved"]
-"""What the suffix-tree drafter learns from: the current request only; every earlier
-request in the process too; or those and the earlier sessions' (kept on disk)."""
-SUFFIX_MEMORIES: tuple[SuffixMemory, ...] = get_args(SuffixMemory)
 SAVED_FORMAT = 1
 
 

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from tandem.app.cli import build_parser
-from tandem.app.commands.run import as_text, sampling_from_args, token_limit
+from tandem.app.commands.run import as_text, token_limit
+from tandem.app.commands.sampling_flags import sampling_from_args
 from tandem.app.tui.modals import parse_settings
 from tandem.app.tui.session import ChatSettings
 from tandem.errors import TandemError
-from tandem.kernels.sampling import SamplingParams
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.generate import NO_LIMIT
 
 

@@ -18,7 +18,7 @@ from tandem.app.history.database import (
 from tandem.app.history.schema import MIGRATIONS, SCHEMA_VERSION
 from tandem.app.tui.session import ChatSettings, LiveStats, conversation, drafted_chars, title_from
 from tandem.errors import TandemError
-from tandem.kernels.sampling import SamplingParams
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.generate import TokenEvent
 
 

@@ -22,7 +22,7 @@ from tandem.app.history.database import History
 from tandem.app.tui.model_choice import ModelChoice, load_engine
 from tandem.runtime.engine.spec import EngineSpec
 from tandem.app.tui.session import ChatSettings, run_reply
-from tandem.kernels.sampling import SamplingParams
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.generate import TokenEvent
 
 model, db, delay, max_tokens = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
@@ -61,7 +61,7 @@ def reply_so_far(db: Path) -> str:
 
 
 def full_reply(model: Path, max_tokens: int) -> str:
-    from tandem.kernels.sampling import SamplingParams
+    from tandem.kernels.sampling_params import SamplingParams
     from tandem.runtime.backends.llama import LlamaCppBackend
     from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.chat import ChatEngine

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from live_server import serving
 
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.chat import chat_prompt
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
 from tandem.runtime.speculative.drafters.prediction import Prediction

@@ -10,7 +10,8 @@ import httpx
 import pytest
 from live_server import free_port, running, sse_events
 
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.generate import DoneEvent, generate
 
 PROMPT = "Once upon a time"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,15 @@ class RecordingHost:
         self.workers: list[tuple[Callable[[], None], dict[str, Any]]] = []
         self.messages: list[Any] = []
         self.toasts: list[tuple[str, str]] = []
+        self.after_refresh: list[Callable[[], Any]] = []
+        """Callbacks waiting for the screen to be drawn (the test runs them)."""
 
     def run_worker(self, work: Callable[[], None], **options: Any) -> None:
         self.workers.append((work, options))
+
+    def call_after_refresh(self, callback: Callable[..., Any], *args: Any) -> bool:
+        self.after_refresh.append(partial(callback, *args))
+        return True
 
     def post_message(self, message: Any) -> bool:
         self.messages.append(message)
@@ -92,6 +99,19 @@ def test_a_message_queued_during_a_load_is_answered_once_it_loads(tmp_path: Path
     assert loader.queued is None and loader.engine is engine
 
 
+def test_the_first_load_starts_its_worker_once_the_screen_is_drawn(tmp_path: Path) -> None:
+    """The worker imports the runtime: the input box is drawn first, and a message sent
+    before the worker starts is queued like one sent during the load."""
+    loader, host, lines = loader_with(tmp_path)
+    loader.load(loader.choice, after_paint=True)
+    assert loader.loading and lines[-1].startswith("Loading target: starting") and host.workers == []
+    loader.queue(7)
+    (drawn,) = host.after_refresh
+    drawn()
+    ((_, options),) = host.workers
+    assert options["group"] == "load" and loader.queued == 7
+
+
 def test_a_failed_load_keeps_the_queued_message_and_says_why(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     loader, host, lines = loader_with(tmp_path)
@@ -134,13 +154,26 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
+def type_checking_imports(path: Path) -> set[str]:
+    """The modules ``path`` imports for type checking only (``if TYPE_CHECKING:``)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            names |= {n.module for n in ast.walk(node) if isinstance(n, ast.ImportFrom) and n.module}
+            names |= {a.name for n in ast.walk(node) if isinstance(n, ast.Import) for a in n.names}
+    return names
+
+
 def test_only_the_app_imports_the_chat_screen() -> None:
     """The screen creates its parts and hands them what they use: none of them (nor any
     other module of the chat app) imports the screen back, even for type checking, and
-    none loads a module of the tree by ``importlib``."""
+    none loads a module of the tree by ``importlib``. ``TYPE_CHECKING`` imports name the
+    runtime's types only (kept out of the first paint), never a module of the chat app."""
     modules = sorted(p for p in TUI.glob("*.py") if p.name != "chat_screen.py")
     assert {"model_loading.py", "reply_stream.py", "transcript.py", "chat_actions.py"} <= {p.name for p in modules}
     importers = {p.name for p in modules if "tandem.app.tui.chat_screen" in imported_modules(p)}
     assert importers == {"app.py"}
     assert not [p.name for p in TUI.glob("*.py") if "importlib" in imported_modules(p)]
-    assert not [p.name for p in TUI.glob("*.py") if "TYPE_CHECKING" in p.read_text()]
+    assert not [(p.name, m) for p in TUI.glob("*.py") for m in type_checking_imports(p)
+                if m.startswith("tandem.app.tui")]
+    assert {m for p in TUI.glob("*.py") for m in type_checking_imports(p)}  # the check sees them

@@ -8,7 +8,7 @@ import random
 
 from tandem.app.history.database import History
 from tandem.app.tui.session import ChatSettings, run_reply
-from tandem.kernels.sampling import SamplingParams
+from tandem.kernels.sampling_params import SamplingParams
 
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "programmers", "argue", "about", "tabs"]
 

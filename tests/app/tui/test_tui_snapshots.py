@@ -16,7 +16,7 @@ from textual.widgets import TextArea
 from tandem.app.tui.app import AppConfig, TandemApp
 from tandem.app.tui.chat_screen import ChatScreen
 from tandem.app.tui.session import ChatSettings
-from tandem.kernels.sampling import SamplingParams
+from tandem.kernels.sampling_params import SamplingParams
 
 SIZE = (100, 30)
 NARROW, WIDE = (80, 24), (200, 50)

@@ -20,7 +20,7 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
 def expected_reply(model: Path, max_tokens: int) -> str:
-    from tandem.kernels.sampling import SamplingParams
+    from tandem.kernels.sampling_params import SamplingParams
     from tandem.runtime.backends.llama import LlamaCppBackend
     from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.chat import ChatEngine

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tandem.kernels.sampling import Sampler, SamplingParams, keyed_uniform
+from tandem.kernels.sampling import Sampler, keyed_uniform
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.autocomplete.infill import (
     InfillChunk,
     InfillDone,

@@ -22,7 +22,8 @@ import pytest
 from gpu_models import GpuModels, gpu_models, needs_gpu_build
 from greedy_runs import greedy_rows
 
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.backends.llama import LlamaCppBackend
 from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.backends.selfcheck import batch_step_difference

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.backends import llama_kernels
 from tandem.runtime.backends.llama_config import EXACT_BATCH, EXACT_BATCH_REPACKED
 from tandem.runtime.backends.llama_kernels import (

@@ -18,7 +18,8 @@ from greedy_runs import greedy_rows
 
 from tandem.app.cli import main
 from tandem.errors import ModelNotFound
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.backends.llama import LlamaCppBackend
 from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.backends.onnx import OnnxBackend, OnnxConfig

@@ -55,7 +55,7 @@ def test_run_on_a_hugging_face_folder(tinystories656k_dir: Path) -> None:
 def test_chat_and_server_engines_open_onnx_targets(stories260k: Path, stories_onnx: Path) -> None:
     from tandem.app.server.loaded_models import load_model
     from tandem.app.tui.model_choice import ModelChoice, load_engine
-    from tandem.kernels.sampling import SamplingParams
+    from tandem.kernels.sampling_params import SamplingParams
     from tandem.runtime.engine.spec import EngineSpec
     from tandem.runtime.generate import DoneEvent
 

@@ -17,7 +17,8 @@ from greedy_runs import greedy_rows
 
 from benchmarks.rpc import SERVER, DelayProxy, free_port, wait_listening
 from tandem.errors import TandemError
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.backends.llama import LlamaCppBackend
 from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.backends.rpc_probe import (

@@ -8,7 +8,8 @@ import numpy as np
 from toy_grammar import PIECES, REGEX, GrammarToy
 from toy_models import PURE, random_table
 
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.constrained import GrammarSpec, compile_grammar
 from tandem.runtime.constrained.grammar_drafter import GrammarDrafter
 from tandem.runtime.speculative.drafters.base import Draft

@@ -9,7 +9,8 @@ import pytest
 from toy_grammar import EOS, LANGUAGE, PIECES, REGEX, GrammarToy, exact_replies, spelled
 from toy_models import PURE, check_matches, model_distribution, random_table
 
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.constrained import GrammarSpec, GrammarState, compile_grammar
 from tandem.runtime.constrained.strategy import constrained
 from tandem.runtime.generate import DoneEvent, autoregressive, generate

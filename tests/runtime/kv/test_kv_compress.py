@@ -170,7 +170,8 @@ def test_speculative_greedy_equals_plain_with_compressed_cache(stories260k: Path
     more full-precision or unevicted entries than token-by-token decoding; for those the
     guarantee is the rollback exactness tested above.)
     """
-    from tandem.kernels.sampling import Sampler, SamplingParams
+    from tandem.kernels.sampling import Sampler
+    from tandem.kernels.sampling_params import SamplingParams
     from tandem.runtime.generate import generate
     from tandem.runtime.speculative.factory import SpecOptions, build_strategy
 

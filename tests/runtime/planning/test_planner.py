@@ -210,7 +210,7 @@ CHAT = textwrap.dedent("""
     from tandem.runtime.speculative.drafters.model import ModelDrafter
     from tandem.runtime.speculative.overlap import WindowedDrafter, split_speculative
     from tandem.runtime.chat import ChatEngine
-    from tandem.kernels.sampling import SamplingParams
+    from tandem.kernels.sampling_params import SamplingParams
     from tandem.runtime.planning.devices import SAFETY
     target_path, draft_path, squeeze, turns = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
     roomy, threads, reply_tokens = sys.argv[5], int(sys.argv[6]), int(sys.argv[7])

@@ -521,7 +521,8 @@ def test_first_strategy_times_the_target_while_decoding_and_caches_it(stories260
     """No cached c(k): the first strategy times nothing before the first token (its first
     call is the first token's own), times its first sizes in the rounds after, and
     caches the curve at close; the next one starts from it and times nothing."""
-    from tandem.kernels.sampling import Sampler, SamplingParams
+    from tandem.kernels.sampling import Sampler
+    from tandem.kernels.sampling_params import SamplingParams
     from tandem.runtime.generate import generate
     from tandem.runtime.speculative.cost_cache import cached_cost_curve
     from tandem.runtime.speculative.factory import SpecOptions, build_strategy
@@ -543,7 +544,8 @@ def test_first_strategy_times_the_target_while_decoding_and_caches_it(stories260
 
 
 def test_a_reply_too_short_to_time_the_target_caches_nothing(stories260k: Path) -> None:
-    from tandem.kernels.sampling import Sampler, SamplingParams
+    from tandem.kernels.sampling import Sampler
+    from tandem.kernels.sampling_params import SamplingParams
     from tandem.runtime.generate import generate
     from tandem.runtime.speculative.cost_cache import cached_cost_curve
     from tandem.runtime.speculative.factory import SpecOptions, build_strategy

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from toy_models import ToyBackend, random_table
 
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
 from tandem.runtime.speculative.cost import CostCurve
 from tandem.runtime.speculative.drafters.base import LONG_CATCH_UP

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.speculative.drafters.base import Draft
 from tandem.runtime.speculative.drafters.chain import ChainDrafter
 from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter

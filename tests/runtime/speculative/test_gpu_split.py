@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.backends.llama import LlamaCppBackend
 from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.backends.torch_engine.backend import TorchBackend, TorchConfig

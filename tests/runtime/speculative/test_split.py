@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.backends.llama import LlamaCppBackend
 from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.generate import DecodeStats, DoneEvent, autoregressive, generate
@@ -138,7 +139,8 @@ def test_windowed_drafter_view_moves_in_half_windows() -> None:
 
 def test_build_strategy_draft_window_keeps_drafting_past_the_cap(stories260k) -> None:
     """The planner's drafter context cap: drafting goes on from a sliding window, lossless."""
-    from tandem.kernels.sampling import Sampler, SamplingParams
+    from tandem.kernels.sampling import Sampler
+    from tandem.kernels.sampling_params import SamplingParams
     from tandem.runtime.backends.llama import LlamaCppBackend
     from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.generate import DoneEvent, autoregressive, generate
@@ -167,7 +169,8 @@ def test_build_strategy_draft_window_keeps_drafting_past_the_cap(stories260k) ->
 def test_build_strategy_predrafts_in_the_one_speculative_loop(stories260k) -> None:
     """`SpecOptions(predraft=True)` (on by default for a GPU drafter) is lossless through
     build_strategy (hit rates are checked on the split tests above, same loop)."""
-    from tandem.kernels.sampling import Sampler, SamplingParams
+    from tandem.kernels.sampling import Sampler
+    from tandem.kernels.sampling_params import SamplingParams
     from tandem.runtime.backends.llama import LlamaCppBackend
     from tandem.runtime.backends.llama_config import LlamaConfig
     from tandem.runtime.generate import DoneEvent, autoregressive, generate

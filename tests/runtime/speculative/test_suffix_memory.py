@@ -8,7 +8,8 @@ import json
 import threading
 from pathlib import Path
 
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.speculative.drafters import suffix
 from tandem.runtime.speculative.drafters.suffix import (
     GlobalSuffixCache,

@@ -12,7 +12,8 @@ import re
 import numpy as np
 import pytest
 
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.speculative.cost import CostCurve
 from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter
 from tandem.runtime.speculative.drafters.text_lookup import (

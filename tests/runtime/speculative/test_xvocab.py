@@ -30,7 +30,8 @@ from toy_models import (
 from toy_vocab import DRAFT_PIECES, TARGET_PIECES, PieceToy
 
 from tandem.kernels.acceptance import inverse_cdf, speculative_step
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.kernels.vocab_map import (
     UNMAPPED,
     aligned_spans,

@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from toy_models import check_matches, exact_joint, model_distribution, random_table, sequence_counts
 from toy_vocab import DRAFT_PIECES, TARGET_PIECES, PieceToy
 
-from tandem.kernels.sampling import Sampler, SamplingParams
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.kernels.vocab_map import text_confidence
 from tandem.runtime.backends.llama import LlamaCppBackend
 from tandem.runtime.backends.llama_config import LlamaConfig
