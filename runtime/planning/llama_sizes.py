@@ -272,9 +272,7 @@ def _answer(model: str) -> int:
     handle = loaded.model
     # What the backend builds on top: its vocabulary object, special tokens, the
     # coverage guard (a pass over every token's text) and a tokenize/detokenize round.
-    # Their facts (end-of-generation tokens, coverage) are remembered for the file, so
-    # the run that asked, loading the model next, reads them instead of scanning again.
-    vocab = LlamaVocab(loaded, path=Path(model))
+    vocab = LlamaVocab(loaded)
     special = vocab.special
     ids = vocab.tokenize("def main():\n    print('Hello, world!')  # ünïcödé ✓\n" * 4)
     b"".join(vocab.token_bytes(t) for t in ids)

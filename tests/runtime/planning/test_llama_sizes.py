@@ -38,33 +38,3 @@ def test_a_child_started_early_answers_its_first_question(stories260k: Path, mon
     answer = sizes.context(ContextSetup(256, 64))
     assert answer.compute > 0 and sizes.runtime > 0
     sizes.close()
-
-
-def test_the_child_leaves_the_vocabulary_facts_for_the_load_after_it(stories260k: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """A new model's sizing child scans its vocabulary as the backend will (end-of-generation
-    tokens, byte coverage). It remembers what it found for the file, so the load after the
-    plan reads that instead of scanning again: 0.17 s a 151k-token model on the AVX2 EPYC,
-    twice for a new pair."""
-    import llama_cpp
-
-    from tandem.runtime.backends import file_facts
-    from tandem.runtime.backends.llama_vocab import LlamaVocab
-
-    monkeypatch.setattr(llama_sizes, "_MEMO", {})
-    assert file_facts.recall(stories260k, "end-of-generation tokens") is None
-    sizes = llama_sizes.LlamaSizes(stories260k, persist=False)
-    assert sizes.runtime > 0
-    sizes.close()
-    found = file_facts.recall(stories260k, "end-of-generation tokens")
-    assert found
-
-    def scanned(*args: object) -> bool:
-        raise AssertionError("the vocabulary was scanned again")
-
-    monkeypatch.setattr(llama_cpp, "llama_vocab_is_eog", scanned)
-    vocab = LlamaVocab.open(stories260k)
-    try:
-        assert vocab.special.eog == frozenset(found)
-    finally:
-        vocab.close()
