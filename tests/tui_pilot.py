@@ -45,10 +45,12 @@ def make_app(model: Path | None, tmp_path: Path, max_tokens: int = 16, **config)
 
 
 async def ready(app: TandemApp, pilot) -> ChatScreen:
-    await app.workers.wait_for_complete()
+    """Wait until the chat screen has its engine. Not ``workers.wait_for_complete()``: the
+    first load's worker starts only after the first paint, so it may not exist yet."""
+    await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.screen.engine is not None)
     await pilot.pause()
     screen = app.screen
-    assert isinstance(screen, ChatScreen) and screen.engine is not None
+    assert isinstance(screen, ChatScreen)
     return screen
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from textual.widgets import TextArea
+from tui_pilot import ready
 
 from tandem.app.tui.app import AppConfig, TandemApp
-from tandem.app.tui.chat_screen import ChatScreen
 from tandem.app.tui.session import ChatSettings
 from tandem.kernels.sampling_params import SamplingParams
 
@@ -40,11 +40,7 @@ async def steady(pilot) -> None:
 
 async def chat_with_reply(pilot) -> None:
     """Wait for the model, send one message, wait for the reply to be stored and drawn."""
-    app = pilot.app
-    await app.workers.wait_for_complete()
-    await pilot.pause()
-    screen = app.screen
-    assert isinstance(screen, ChatScreen) and screen.engine is not None
+    screen = await ready(pilot.app, pilot)
     screen.input.load_text("Once upon a time")
     await pilot.press("enter")
     deadline = time.monotonic() + 30
@@ -60,7 +56,7 @@ def test_chat_screen_after_a_reply(snap_compare, stories260k: Path, tmp_path: Pa
 
 def test_settings_dialog(snap_compare, stories260k: Path, tmp_path: Path) -> None:
     async def run_before(pilot) -> None:
-        await pilot.app.workers.wait_for_complete()
+        await ready(pilot.app, pilot)
         await pilot.press("ctrl+o")
         await steady(pilot)
 
@@ -69,7 +65,7 @@ def test_settings_dialog(snap_compare, stories260k: Path, tmp_path: Path) -> Non
 
 def test_help_screen(snap_compare, stories260k: Path, tmp_path: Path) -> None:
     async def run_before(pilot) -> None:
-        await pilot.app.workers.wait_for_complete()
+        await ready(pilot.app, pilot)
         await pilot.press("f1")
         await steady(pilot)
 
@@ -82,7 +78,7 @@ def test_model_picker(snap_compare, stories260k: Path, tmp_path: Path) -> None:
     shutil.copy(stories260k, models_dir() / "tiny-copy.gguf")
 
     async def run_before(pilot) -> None:
-        await pilot.app.workers.wait_for_complete()
+        await ready(pilot.app, pilot)
         await pilot.press("ctrl+t")
         await steady(pilot)
 
@@ -103,7 +99,7 @@ def test_chat_screen_sizes(snap_compare, stories260k: Path, tmp_path: Path, size
 @pytest.mark.parametrize("key", ["ctrl+o", "ctrl+t", "ctrl+f", "f1"], ids=["settings", "models", "search", "help"])
 def test_dialog_sizes(snap_compare, stories260k: Path, tmp_path: Path, size: tuple[int, int], key: str) -> None:
     async def run_before(pilot) -> None:
-        await pilot.app.workers.wait_for_complete()
+        await ready(pilot.app, pilot)
         await pilot.press(key)
         await steady(pilot)
 
