@@ -6,8 +6,8 @@ shared machine hits all alike), medians with the range:
 
 - ``peer``: ``llama_cpp.Llama(model, n_threads=T)`` (its defaults otherwise), then
   ``create_completion(prompt, max_tokens=N, temperature=0)``;
-- ``tandem``: ``tandem run -m model -p prompt -n N --threads T --raw -q`` with a data
-  folder (``TANDEM_HOME``) that has seen this model before;
+- ``tandem``: ``tandem run -m model -p prompt -n N --threads T --raw -q --suffix-memory
+  request`` with a data folder (``TANDEM_HOME``) that has seen this model before;
 - ``tandem+draft`` (``--draft``): the same with a drafter model;
 - ``first`` (``--first``): ``tandem run`` (with the drafter when given) in a fresh data
   folder each time, against ``tandem`` again in that folder right after: what a fresh
@@ -15,7 +15,8 @@ shared machine hits all alike), medians with the range:
 - ``new pair`` (``--first``): the same in a fresh data folder that already holds this
   machine's process baseline: what a new model pair costs its first run;
 - ``base`` (``--base DIR``): ``tandem run`` from another checkout of the code (an
-  extracted older commit), to put before and after side by side.
+  extracted older commit), to put before and after side by side (with ``--first``, its
+  first runs and new pairs too).
 
 Both generate greedily from the raw prompt; their texts are printed once so a reader can
 see they produced the same tokens. Run from the repository root:
@@ -48,8 +49,11 @@ sys.stdout.write(out["choices"][0]["text"])
 
 
 def tandem_cmd(model: str, n: int, threads: int, draft: str | None) -> list[str]:
+    # --suffix-memory request: with the saved suffix tree (the default) a run would draft
+    # its whole reply from the identical run before it, and a second run would be faster
+    # than the first by generation, not by start-up.
     cmd = [str(Path(sys.executable).parent / "tandem"), "run", "-m", model, "-p", PROMPT, "-n", str(n),
-           "--threads", str(threads), "--raw", "-q"]
+           "--threads", str(threads), "--raw", "-q", "--suffix-memory", "request"]
     return cmd + (["--draft", draft] if draft else [])
 
 
@@ -116,7 +120,8 @@ def main() -> None:
     first_arms = {}
     if args.first:
         first_arms = {"first": [], "second": [], "new pair": [], "pair second": []}
-        base_first = {"base first": [], "base second": []} if args.base else {}
+        base_first = ({"base first": [], "base second": [], "base new pair": [], "base pair second": []}
+                      if args.base else {})
         first_arms.update(base_first)
     names = list(arms)
     for r in range(args.rounds):
@@ -134,12 +139,13 @@ def main() -> None:
                     timed(cmd, {**arm_env, "TANDEM_HOME": fresh}, prefix + "second")[0])
                 shutil.rmtree(fresh, ignore_errors=True)
             # A new pair on a machine Tandem knows: only the per-machine baseline is kept.
-            fresh = tempfile.mkdtemp(prefix="tandem-pair-")
-            shutil.copytree(Path(home) / "cache" / "machine-baseline", Path(fresh) / "cache" / "machine-baseline")
-            cmd, arm_env = arms["tandem+draft" if args.draft else "tandem"]
-            first_arms["new pair"].append(timed(cmd, {**arm_env, "TANDEM_HOME": fresh}, "new pair")[0])
-            first_arms["pair second"].append(timed(cmd, {**arm_env, "TANDEM_HOME": fresh}, "pair second")[0])
-            shutil.rmtree(fresh, ignore_errors=True)
+            for prefix, arm, known in (("", "tandem", home), *((("base ", "base", base_home),) if args.base else ())):
+                fresh = tempfile.mkdtemp(prefix="tandem-pair-")
+                shutil.copytree(Path(known) / "cache" / "machine-baseline", Path(fresh) / "cache" / "machine-baseline")
+                cmd, arm_env = arms[arm + "+draft" if args.draft else arm]
+                for name in ("new pair", "pair second"):
+                    first_arms[prefix + name].append(timed(cmd, {**arm_env, "TANDEM_HOME": fresh}, prefix + name)[0])
+                shutil.rmtree(fresh, ignore_errors=True)
         print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in {**times, **first_arms}.items()),
               file=sys.stderr)
     shutil.rmtree(home, ignore_errors=True)
@@ -154,8 +160,10 @@ def main() -> None:
             extra = f"   minus peer: {statistics.median(diff):+.2f} s wall, {statistics.median(cpu):+.2f} s CPU"
         print(f"  {name:14s} {summary(xs)}   CPU {summary(CPU[name])}{extra}")
     if args.first:
-        pairs = [(f"{p}first", f"{p}second") for p in (("", "base ") if args.base else ("",))]
-        for first, second in [*pairs, ("new pair", "pair second")]:
+        prefixes = ("", "base ") if args.base else ("",)
+        pairs = [(f"{p}{first}", f"{p}{second}") for first, second in (("first", "second"), ("new pair", "pair second"))
+                 for p in prefixes]
+        for first, second in pairs:
             extra = [a - b for a, b in zip(first_arms[first], first_arms[second], strict=True)]
             cpu = [a - b for a, b in zip(CPU[first], CPU[second], strict=True)]
             print(f"  {first} run over the second: {statistics.median(extra):+.2f} s wall "

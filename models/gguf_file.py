@@ -41,6 +41,15 @@ def known_architectures() -> frozenset[str]:
     return frozenset(gguf.MODEL_ARCH_NAMES.values())
 
 
+@functools.cache
+def block_sizes() -> dict[int, tuple[int, int]]:
+    """Elements per block and bytes per block of each tensor type llama.cpp's ``gguf``
+    package knows, by the type's number in a GGUF tensor table."""
+    import gguf  # local: see known_architectures
+
+    return {int(qtype): sizes for qtype, sizes in gguf.GGML_QUANT_SIZES.items()}
+
+
 @dataclass(frozen=True)
 class ArrayInfo:
     """A large metadata array, summarised."""
@@ -168,15 +177,12 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def _tensor_nbytes(path: Path, name: str, shape: tuple[int, ...], ggml_type: int) -> int:
-    import gguf  # local: see known_architectures
-
-    try:
-        qtype = gguf.GGMLQuantizationType(ggml_type)
-        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
-    except (ValueError, KeyError):
+    sizes = block_sizes().get(ggml_type)
+    if sizes is None:
         raise ModelFormatError(
             f"{path}: tensor {name!r} has unknown type {ggml_type} (corrupted, or made by a newer llama.cpp)."
-        ) from None
+        )
+    block, type_size = sizes
     n = _numel(shape)
     if shape and shape[0] % block:
         raise ModelFormatError(f"{path}: tensor {name!r} row of {shape[0]} is not a multiple of its block {block}.")

@@ -22,6 +22,11 @@ from tandem.runtime.machine import cache_key, file_version, machine_id, software
 FACTS_VERSION = 1
 """Raised when a fact changes meaning, so older entries are not read as new ones."""
 
+EOG_TOKENS = "end-of-generation tokens"
+"""The sorted ids llama.cpp reads as ending a generation."""
+COVERS_EVERY_BYTE = "covers every byte"
+"""``True`` when the vocabulary can encode any text (no coverage guard needed)."""
+
 
 def facts_path(model: str | os.PathLike[str]) -> Path | None:
     """The cache file of ``model``'s facts, ``None`` when the file cannot be versioned."""

@@ -122,7 +122,7 @@ class LlamaVocab:
     # -- coverage guard -----------------------------------------------------------------
     @cached_property
     def _coverage(self) -> Callable[[str], bool] | None:
-        if self._recall("covers every byte") is True:
+        if self._recall(file_facts.COVERS_EVERY_BYTE) is True:
             return None
         texts = (
             llama_cpp.llama_vocab_get_text(self._vocab, t).decode("utf-8", errors="replace")
@@ -130,15 +130,15 @@ class LlamaVocab:
         )
         covers = coverage_check(self.metadata.get("tokenizer.ggml.model"), texts)
         if covers is None:
-            self._remember("covers every byte", True)
+            self._remember(file_facts.COVERS_EVERY_BYTE, True)
         return covers
 
     def _eog(self) -> list[int]:
-        found = self._recall("end-of-generation tokens")
+        found = self._recall(file_facts.EOG_TOKENS)
         if isinstance(found, list):
             return found
         found = [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)]
-        self._remember("end-of-generation tokens", found)
+        self._remember(file_facts.EOG_TOKENS, found)
         return found
 
     def _recall(self, fact: str) -> Any:

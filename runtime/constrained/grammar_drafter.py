@@ -71,9 +71,10 @@ class GrammarDrafter(WrappingDrafter):
             drawn_again = legal_q[token] <= 0
             if drawn_again:
                 token = sampler.draw(legal_q)
+            if not self.state.step(token):  # legal, but nothing may follow it: the draft ends before it
+                break
             tokens.append(token)
             rows.append(legal_q)
-            self.state.consume([token])
             if drawn_again:
                 break
         self.state.rollback(len(tokens))

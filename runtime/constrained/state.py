@@ -57,6 +57,9 @@ class GrammarState:
         until the state moves."""
         if self._allowed is None:
             row = self._grammar_row()
+            if self._matcher.is_error():  # its mask would then allow only end-of-generation
+                raise GrammarError("The grammar allows nothing after the reply so far (a rule that never "
+                                   f"ends, or a parser limit): {_first_line(self._matcher.get_error())}")
             if not row.any():
                 row[list(self.grammar.eog)] = True
             row = self._digits_bounded(row)
@@ -133,22 +136,16 @@ class GrammarState:
             if limit is not None and len(run) >= limit:
                 break
             allowed = self.allowed()
-            if not allowed[token] or np.count_nonzero(allowed) != 1:
+            if not allowed[token] or np.count_nonzero(allowed) != 1 or not self.step(token):
                 break
-            self.consume([token])
             run.append(token)
         self.rollback(len(run))
         return run
 
     def legal_prefix(self, tokens: Sequence[int]) -> int:
-        """How many leading ``tokens`` the masks allow, one after another (the state does
-        not move)."""
-        n = 0
-        for token in tokens:
-            if not self.allowed()[token]:
-                break
-            self.consume([token])
-            n += 1
+        """How many leading ``tokens`` the masks allow, one after another, each with
+        somewhere to go after it (:meth:`step`); the state does not move."""
+        n = self._advance(tokens)
         self.rollback(n)
         return n
 
@@ -169,6 +166,20 @@ class GrammarState:
                 self._lex.append(self._lex[-1].after(self.grammar.pieces[token]))
         self._allowed = None
 
+    def step(self, token: int) -> bool:
+        """Consume ``token`` (legal) if the grammar allows anything after it, else stay
+        put and say so. A legal token can lead nowhere (a rule that never ends, a parser
+        limit): the model's own pick of one is an error (:meth:`allowed` raises after
+        it), a draft or a forced run holding one is only cut before it, so speculation
+        fails exactly where decoding without it would."""
+        self.consume([token])
+        try:
+            self.allowed()
+        except GrammarError:
+            self._restart(len(self.tokens) - 1)
+            return False
+        return True
+
     def rollback(self, n: int) -> None:
         """Undo the last ``n`` consumed tokens."""
         if n <= 0:
@@ -182,15 +193,30 @@ class GrammarState:
             del self._lex[-n:]
         self._allowed = None
 
+    def _restart(self, keep: int) -> None:
+        """A new matcher brought to the first ``keep`` consumed tokens: llguidance's
+        matcher cannot roll back out of an error."""
+        tokens = self.tokens[:keep]
+        self._matcher = self.grammar.matcher()
+        self.tokens, self._lex, self._after_end, self._allowed = [], self._lex[:1], 0, None
+        self.consume(tokens)
+
     def follow(self, tokens: Sequence[int]) -> int:
         """Stand after the longest legal prefix of ``tokens`` (rolling back what differs);
         returns its length."""
         keep = common_prefix_len(self.tokens, tokens)
         self.rollback(len(self.tokens) - keep)
-        rest = list(tokens[keep:])
-        n = self.legal_prefix(rest)
-        self.consume(rest[:n])
-        return keep + n
+        return keep + self._advance(tokens[keep:])
+
+    def _advance(self, tokens: Sequence[int]) -> int:
+        """Move past the longest prefix of ``tokens`` that :meth:`legal_prefix` allows;
+        returns its length."""
+        n = 0
+        for token in tokens:
+            if not self.allowed()[token] or not self.step(token):
+                break
+            n += 1
+        return n
 
 
 def _first_line(message: str) -> str:

@@ -33,13 +33,13 @@ import math
 import os
 import subprocess
 import sys
-import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tandem.errors import TandemError, child_failure
 from tandem.models.paths import cache_dir, write_cache_file
 from tandem.models.python_child import module_argv
+from tandem.runtime.backends import file_facts
 from tandem.runtime.machine import cache_key, file_version, machine_id, software_id
 
 SIZES_VERSION = 1
@@ -149,12 +149,15 @@ class LlamaSizes:
         if not line:
             self._fail()
         self._read_runtime = True
+        first = json.loads(line)
         # A child started for a new context setup measures the runtime heap again; the
         # first measurement stays, so one model's figures never move within a process
         # (resident-memory noise of a few KiB once turned a suggested budget into a refusal).
         if "runtime" not in self._cache:
-            self._cache["runtime"] = json.loads(line)["runtime"]
+            self._cache["runtime"] = first["runtime"]
             self._dirty = True
+        if self._persist:
+            file_facts.remember(self.model, file_facts.EOG_TOKENS, first["eog"])
 
     def _fail(self) -> None:
         """The child closed its output: say how it ended (a signal by name)."""
@@ -177,28 +180,19 @@ class LlamaSizes:
     def close(self) -> None:
         """End the child (if any) and write what it answered to the cache."""
         if self._proc is not None:
-            with contextlib.suppress(OSError, ValueError):
-                assert self._proc.stdin is not None
-                self._proc.stdin.close()
-            # The child exits on its own at end of input (tearing llama.cpp down takes
-            # ~0.1 s); the plan does not wait for that, a daemon thread reaps it.
-            threading.Thread(target=_reap, args=(self._proc,), name="tandem-sizes-reaper", daemon=True).start()
-            self._proc = None
+            # Killed, not asked to exit: every answer it gave is read, and llama.cpp's
+            # teardown would take a core for 0.1-0.2 s just as the plan's model loads
+            # (measured on a new pair's first run, two children, 2 cores).
+            proc, self._proc = self._proc, None
+            proc.kill()
+            proc.wait()
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
         if self._dirty and self._persist:
             write_cache_file(self._cache_file, json.dumps(self._cache))
             self._dirty = False
-
-
-def _reap(proc: subprocess.Popen) -> None:
-    """Wait for an ended sizing child (killed if it has not exited within 10 s)."""
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    for stream in (proc.stdout, proc.stderr):
-        if stream is not None:
-            stream.close()
 
 
 _OPEN: dict[str, LlamaSizes] = {}
@@ -273,10 +267,12 @@ def _answer(model: str) -> int:
     # What the backend builds on top: its vocabulary object, special tokens, the
     # coverage guard (a pass over every token's text) and a tokenize/detokenize round.
     vocab = LlamaVocab(loaded)
-    special = vocab.special
+    eog = sorted(vocab.special.eog)
     ids = vocab.tokenize("def main():\n    print('Hello, world!')  # ünïcödé ✓\n" * 4)
     b"".join(vocab.token_bytes(t) for t in ids)
-    print(json.dumps({"runtime": _rss_anon() - before, "eog": len(special.eog)}), flush=True)
+    # The end-of-generation tokens cost a pass over the vocabulary: the parent keeps
+    # them as the file's fact, so its own load of the model does not pass again.
+    print(json.dumps({"runtime": _rss_anon() - before, "eog": eog}), flush=True)
     for raw in sys.stdin:
         setup = ContextSetup(**json.loads(raw))
         cfg = LlamaConfig(n_ctx=setup.n_ctx, n_batch=setup.n_batch, type_k=setup.type_k, type_v=setup.type_v,

@@ -9,8 +9,12 @@ from toy_grammar import BYTES, REGEX, GrammarToy
 from toy_models import random_table
 
 from tandem.errors import TandemError
+from tandem.kernels.sampling import Sampler
+from tandem.kernels.sampling_params import SamplingParams
 from tandem.runtime.constrained import GrammarError, GrammarSpec, GrammarState, compile_grammar
 from tandem.runtime.constrained.json_numbers import JsonLex
+from tandem.runtime.constrained.strategy import constrained
+from tandem.runtime.generate import autoregressive, generate
 
 
 @pytest.fixture(scope="module")
@@ -118,3 +122,52 @@ def test_the_json_lexer_follows_strings_and_escapes() -> None:
         lex = lex.after(piece)
     assert lex == JsonLex(in_string=False, escaped=False, digits=3)
     assert JsonLex().after(b'"12\\').escaped and JsonLex().after(b'"12').in_string
+
+
+DEAD_END = GrammarSpec("gbnf", 'root ::= "a" loop | "b" "c"\nloop ::= loop "b"\n')
+"""``a`` is legal (llguidance allows it) but leads where nothing may follow: ``loop``
+never ends."""
+
+
+def test_a_grammar_with_no_way_on_is_an_error_not_a_quiet_end(toy) -> None:
+    """llguidance's mask in an error state allows only end-of-generation: committed, the
+    reply would end half-written with a normal stop."""
+    state = GrammarState(compile_grammar(DEAD_END, toy))
+    state.consume(toy.tokenize("a"))
+    with pytest.raises(GrammarError, match="allows nothing after the reply so far"):
+        state.allowed()
+
+
+def test_a_draft_token_with_no_way_on_ends_the_legal_prefix(toy) -> None:
+    """Only the model's own pick of such a token is an error; a draft holding one is cut
+    before it, and the state is left as it was (llguidance cannot roll back an error)."""
+    state = GrammarState(compile_grammar(DEAD_END, toy))
+    a, b, c = toy.tokenize("abc")
+    assert state.legal_prefix([a, b]) == 0
+    assert state.tokens == [] and set(np.flatnonzero(state.allowed())) == {a, b}
+    assert state.legal_prefix([b, c]) == 2
+    state.consume([b])
+    assert state.legal_prefix([c]) == 1 and state.follow([b, c]) == 2 and state.accepting
+    assert state.follow([a, b]) == 0 and state.tokens == []
+
+
+def test_a_forced_run_stops_before_a_token_with_no_way_on(toy) -> None:
+    """The grammar forces ``ab``; after ``b`` nothing may follow. The run is ``a`` alone:
+    the model's own pick of ``b`` (its only legal token) is the error."""
+    state = GrammarState(compile_grammar(GrammarSpec("gbnf", 'root ::= "ab" loop\nloop ::= loop "b"\n'), toy))
+    a, b = toy.tokenize("ab")
+    assert state.forced() == [a] and state.tokens == []
+    state.consume([a])
+    assert np.flatnonzero(state.allowed()).tolist() == [b]
+    state.consume([b])
+    with pytest.raises(GrammarError, match="allows nothing"):
+        state.allowed()
+
+
+def test_constrained_decoding_into_a_dead_end_raises(toy) -> None:
+    """Here ``ab`` is the only legal start: the model must take it (forced or not)."""
+    grammar = compile_grammar(GrammarSpec("gbnf", 'root ::= "ab" loop\nloop ::= loop "b"\n'), toy)
+    for forced_rounds in (False, True):
+        with pytest.raises(GrammarError, match="allows nothing"):
+            list(generate(toy, toy.tokenize("x"), Sampler(SamplingParams(temperature=0.0)),
+                          strategy=constrained(autoregressive, grammar, forced_rounds=forced_rounds), max_tokens=4))

@@ -38,3 +38,30 @@ def test_a_child_started_early_answers_its_first_question(stories260k: Path, mon
     answer = sizes.context(ContextSetup(256, 64))
     assert answer.compute > 0 and sizes.runtime > 0
     sizes.close()
+
+
+def test_the_childs_end_of_generation_tokens_become_the_files_fact(stories260k: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child passes over the vocabulary for them anyway: the model's load after the
+    plan recalls them instead of passing again (a tenth of a second for 151k tokens)."""
+    import llama_cpp
+
+    from tandem.runtime.backends import file_facts
+    from tandem.runtime.backends.llama_vocab import LlamaVocab
+
+    monkeypatch.setattr(llama_sizes, "_MEMO", {})
+    assert file_facts.recall(stories260k, file_facts.EOG_TOKENS) is None
+    sizes = llama_sizes.LlamaSizes(stories260k)
+    assert sizes.runtime > 0
+    sizes.close()
+    remembered = file_facts.recall(stories260k, file_facts.EOG_TOKENS)
+    with monkeypatch.context() as m:  # the load's own pass, with nothing remembered
+        m.setattr(file_facts, "recall", lambda *args: None)
+        scanned = sorted(LlamaVocab.open(stories260k).special.eog)
+    assert remembered == scanned and scanned
+
+    def no_pass(*args: object) -> bool:
+        raise AssertionError("the vocabulary was scanned again")
+
+    monkeypatch.setattr(llama_cpp, "llama_vocab_is_eog", no_pass)
+    assert sorted(LlamaVocab.open(stories260k).special.eog) == scanned
