@@ -9,6 +9,7 @@ clear :class:`ModelFormatError` instead of a crash inside native code.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import mmap
 import os
@@ -56,6 +57,9 @@ class ArrayInfo:
 
     item_type: int
     length: int
+    digest: str = ""
+    """A hash of a string array's bytes as stored (a vocabulary's tokens): two files whose
+    digests match store the same strings in the same order."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,16 @@ class GGUFInfo:
     @property
     def weights_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
+
+    def vocabulary(self) -> str | None:
+        """The stored vocabulary's identity (tokenizer kind, pre-tokenizer, a digest of
+        every token's text): equal for two files whose token ids mean the same text;
+        ``None`` where the tokens are not a summarised array."""
+        tokens = self.metadata.get("tokenizer.ggml.tokens")
+        if not isinstance(tokens, ArrayInfo) or not tokens.digest:
+            return None
+        return "/".join((str(self.metadata.get("tokenizer.ggml.model")), str(self.metadata.get("tokenizer.ggml.pre")),
+                         str(tokens.length), tokens.digest))
 
     def shape(self) -> DecoderShape:
         """The model's dimensions from its metadata; the vocabulary is the tokenizer's
@@ -163,8 +177,9 @@ class _Cursor:
             if item_type != _STRING:
                 raise ModelFormatError(f"{self.path}: unknown GGUF array item type {item_type}.")
             if length > SMALL_ARRAY:
-                self.skip_strings(length)
-                return ArrayInfo(item_type, length)
+                start = self.pos
+                self.skip_strings(length)  # ~3 ms to hash a 151k-token vocabulary's 2 MB
+                return ArrayInfo(item_type, length, hashlib.blake2b(self.data[start:self.pos], digest_size=16).hexdigest())
             return [self.string() for _ in range(length)]
         raise ModelFormatError(f"{self.path}: unknown GGUF value type {vtype} (corrupted file?).")
 

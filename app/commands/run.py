@@ -74,6 +74,10 @@ def run_summary(stats: GenerationStats, speculation: dict | None = None) -> list
                   f"({(stats.acceptance_rate or 0) * 100:.1f} %)" if stats.drafted_tokens else "nothing drafted")
         lines.append(f"tandem: drafter {drafter or '?'}: {accept}, {stats.tokens_per_call:.2f} tokens per "
                      f"target call ({stats.target_calls} calls)")
+    if (speculation or {}).get("drafter_error"):  # a model opened on first need that failed: decoded without it
+        lines.append(f"tandem: {speculation['drafter_error']}")
+    elif (speculation or {}).get("drafter_loaded") is False:
+        lines.append("tandem: the drafter model was not loaded: no round was worth drafting with it here")
     if stats.forced_tokens:
         lines.append(f"tandem: grammar: {tokens(stats.forced_tokens)} forced, committed without asking the model")
     return lines

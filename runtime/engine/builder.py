@@ -43,11 +43,11 @@ from tandem.runtime.planning.placement import Choice
 from tandem.runtime.planning.plan import Plan
 from tandem.runtime.planning.planner import plan_for_run
 from tandem.runtime.planning.torch_target import TorchPlan, plan_torch
+from tandem.runtime.speculative.drafter_model import deferred_draft_backend, open_draft_backend
 from tandem.runtime.speculative.factory import (
     SpecOptions,
     SpeculativeStrategy,
     build_strategy,
-    open_draft_backend,
 )
 
 RUNTIMES = {"LlamaCppBackend": "llama.cpp", "TorchBackend": "torch", "OnnxBackend": "onnxruntime"}
@@ -363,7 +363,8 @@ def _strategy(target: Backend, draft_path: Path | None, options: SpecOptions, ll
               say: Notify, *, threads: int | None,
               drafter: Backend | None = None) -> tuple[Backend | None, SpeculativeStrategy, SpecOptions]:
     """The drafter backend (``drafter``, handed over by placement, or opened here with
-    ``llama_config``, else the target's context and ``threads``), the strategy, and the
+    ``llama_config``, else the target's context and ``threads``; deferred to the first
+    draft asked of it where :func:`deferred_draft_backend` can), the strategy, and the
     options it was built with. On failure the drafter backend is closed."""
     if options.mode == "off" or options.mode == "ngram":
         draft_path = None
@@ -372,14 +373,17 @@ def _strategy(target: Backend, draft_path: Path | None, options: SpecOptions, ll
             drafter.close()
             drafter = None
         if draft_path is not None and drafter is None:
-            say("loading the drafter")
             if llama_config is None and backend_kind(draft_path) == "gguf":  # not planned: the target's context
                 # Local: llama_cpp loads only when a GGUF model is opened.
                 from tandem.runtime.backends.llama_config import LlamaConfig
 
                 llama_config = LlamaConfig(n_ctx=target.n_ctx, n_threads=threads)
-            drafter = open_draft_backend(target, draft_path, llama_config=llama_config,
-                                         device=options.draft_device, torch_config=torch_config)
+            # A drafter storing the target's vocabulary opens when first asked for a draft.
+            drafter = deferred_draft_backend(target, draft_path, options, llama_config=llama_config)
+            if drafter is None:
+                say("loading the drafter")
+                drafter = open_draft_backend(target, draft_path, llama_config=llama_config,
+                                             device=options.draft_device, torch_config=torch_config)
         say("preparing speculative decoding")
         return drafter, build_strategy(target, drafter, options), options
     except BaseException:

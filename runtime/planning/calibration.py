@@ -41,8 +41,8 @@ from tandem.runtime.planning.placement import (
     plan_options,
     target_key,
 )
+from tandem.runtime.speculative.drafter_model import open_draft_backend, open_model_drafter
 from tandem.runtime.speculative.drafters.base import Drafter
-from tandem.runtime.speculative.factory import open_draft_backend, open_model_drafter
 
 
 def _median_time(fn: Callable[[], object], reps: int) -> float:

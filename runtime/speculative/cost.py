@@ -117,7 +117,7 @@ class OnlineCost:
         rounds have timed :data:`FIRST_SIZES`, each capped at the longest exact call (a
         repacked target's chunk of 3 times 1 and 2 drafts)."""
         longest = min(k_max, chunk - 1) if chunk else k_max
-        sizes = tuple(sorted({min(k, longest) for k in FIRST_SIZES if longest > 0}))
+        sizes = tuple(sorted({min(k, longest) for k in FIRST_SIZES if longest > 0}, reverse=True))
         placeholder = CostCurve(tuple(CPU_COST_CURVE(k) for k in range(k_max + 1)), 0.0)
         return cls(placeholder, chunk=chunk, first_sizes=sizes)
 
@@ -373,10 +373,15 @@ def measure_cost_curve(backend: Backend, k_max: int = 8, reps: int | None = None
     return CostCurve(tuple(float(x) for x in c), float(best[0]))
 
 
-FIRST_SIZES = (1, 3, 6)
+FIRST_SIZES = (6, 3, 1)
 """Drafts per call timed in a new target's first rounds (after t1, :class:`OnlineCost`);
 the rest of c(k) is interpolated. 6 is the longest exact llama.cpp call (see
-``Backend.exact_batch``)."""
+``Backend.exact_batch``). Largest first: a reply with no room left for the largest
+(`tandem run -n 8`) pads nothing (:func:`~tandem.runtime.speculative.timing.for_timing`),
+where timing the small sizes first had each such reply pay them and then stop short of
+the largest, so nothing was ever learnt and every short run paid again (4 padded
+rounds, 10 drafted tokens, about 0.4 s of an 8-token `tandem run` of the 1.5B at 2
+threads)."""
 
 
 def curve_from_times(seconds: Mapping[int, float], k_max: int) -> CostCurve:

@@ -15,7 +15,7 @@ from pathlib import Path
 from tandem.errors import TandemError
 from tandem.kernels.sampling import Sampler
 from tandem.models.paths import data_dir
-from tandem.runtime.backends.opener import open_backend
+from tandem.runtime.backends.deferred import DeferredBackend
 from tandem.runtime.backends.protocol import Backend
 from tandem.runtime.choices import MODES, SuffixMemory
 from tandem.runtime.generate import Commit, DecodeStats, autoregressive
@@ -27,13 +27,12 @@ from tandem.runtime.speculative.cost_cache import (
     remember_cost_curve,
     remember_drafter_costs,
 )
+from tandem.runtime.speculative.drafter_model import open_model_drafter
 from tandem.runtime.speculative.drafters.base import Drafter
 from tandem.runtime.speculative.drafters.chain import ChainDrafter
 from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter
-from tandem.runtime.speculative.drafters.model import ModelDrafter, same_vocabulary
 from tandem.runtime.speculative.drafters.prediction import Prediction, PredictionDrafter
 from tandem.runtime.speculative.drafters.suffix import SuffixDrafter, global_cache
-from tandem.runtime.speculative.drafters.xvocab.drafter import CrossVocabDrafter
 from tandem.runtime.speculative.drafters.xvocab.translation_cache import vocab_fingerprint
 from tandem.runtime.speculative.loop import RoundHook, speculative
 from tandem.runtime.speculative.overlap import WindowedDrafter
@@ -124,6 +123,10 @@ class SpeculativeStrategy:
         backend = self.drafter.model_backend()
         if backend is not None:
             info["drafter_device"] = backend.memory().device
+        if isinstance(backend, DeferredBackend):  # opened on first need
+            info["drafter_loaded"] = backend.is_open
+            if backend.failure:
+                info["drafter_error"] = backend.failure
         if isinstance(policy, FixedLength):
             info["draft_length"] = policy.k
         elif isinstance(policy, AdaptivePolicy):
@@ -179,50 +182,6 @@ def sampled_vocab_key(target: Backend, samples: int = 2048) -> str:
     rejects, never change the output."""
     step = max(1, target.n_vocab // samples)
     return vocab_fingerprint((target.token_bytes(i) for i in range(0, target.n_vocab, step)), extra=str(target.n_vocab))
-
-
-def open_draft_backend(target: Backend, draft: str | Path, *, llama_config=None, device: str = "cpu",
-                       torch_config=None) -> Backend:
-    """The drafter model's backend: on ``cuda`` the torch engine (warmed up), else what
-    its file type implies (``llama_config`` for a GGUF, the target's context otherwise)."""
-    from tandem.models.store import resolve_model  # local: gguf loads only when a drafter is opened
-
-    path = resolve_model(str(draft))
-    if device != "cuda":
-        return open_backend(path, n_ctx=target.n_ctx, llama_config=llama_config)
-    from tandem.runtime.backends.torch_engine.backend import (  # local: torch, an extra
-        TorchBackend,
-        TorchConfig,
-    )
-
-    backend = TorchBackend(path, torch_config or TorchConfig(device="cuda", n_ctx=target.n_ctx + 16))
-    backend.evaluate([backend.special.bos or 0])  # first CUDA launches (kernels, cuBLAS) are slow:
-    backend.truncate(0)  # pay them here, not in the first round the adaptive policy times
-    return backend
-
-
-def open_model_drafter(target: Backend, draft: str | Path | Backend, mode: str, *, llama_config=None,
-                       device: str = "cpu", torch_config=None) -> Drafter:
-    """A model drafter for ``draft`` (a GGUF path, a store name or an open backend, which
-    stays the caller's): same-vocabulary when the vocabularies match, cross-vocabulary
-    otherwise (``auto``), or as ``mode`` demands."""
-    owns = not isinstance(draft, Backend)
-    backend = (open_draft_backend(target, draft, llama_config=llama_config, device=device, torch_config=torch_config)
-               if owns else draft)
-    try:
-        same = same_vocabulary(target, backend)
-        if mode == "model" and not same:
-            raise TandemError(
-                f"The drafter {backend.name} has a different vocabulary from {target.name}: "
-                "use --draft-mode xvocab (or auto)."
-            )
-        if mode == "model" or (mode == "auto" and same):
-            return ModelDrafter(backend, owns_backend=owns)
-        return CrossVocabDrafter(backend, target, owns_backend=owns)
-    except BaseException:
-        if owns:
-            backend.close()
-        raise
 
 
 def weight_ratio(drafter: Drafter, target: Backend) -> float:

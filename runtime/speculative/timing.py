@@ -26,7 +26,11 @@ def padded(draft: Draft, size: int, filler: int) -> Draft:
 
 def for_timing(policy: LengthPolicy, draft: Draft, k: int, context: list[int]) -> tuple[Draft, bool]:
     """The draft to verify this round and whether the round times a call size: ``draft``
-    padded to :meth:`~LengthPolicy.timing_length` (at most ``k``) with its last token
-    (or the context's), or as it is when the policy times nothing."""
-    size = min(policy.timing_length(), k)
+    padded to :meth:`~LengthPolicy.timing_length` with its last token (or the context's),
+    or as it is when the policy times nothing, or when the reply has no room left for
+    that size (``k`` below it): a shorter call would time no size the policy lacks, and
+    its padding would be paid for nothing."""
+    size = policy.timing_length()
+    if size > k:
+        size = 0
     return padded(draft, size, (draft.tokens or context)[-1]), size > 0

@@ -28,6 +28,16 @@ def test_summary_lines() -> None:
     assert "24/30 drafted tokens accepted (80.0 %)" in lines[1] and "2.50 tokens per target call" in lines[1]
 
 
+def test_summary_says_when_the_drafter_model_was_never_loaded_or_failed_to() -> None:
+    model = "suffix+lookup+model:qwen2.5-coder-0.5b"
+    lines = run_summary(_stats(generated_tokens=8), {"drafter": model, "drafter_loaded": False})
+    assert "nothing drafted" in lines[1] and "was not loaded" in lines[2]
+    lines = run_summary(_stats(generated_tokens=8), {"drafter": model, "drafter_loaded": False,
+                                                     "drafter_error": "The drafter x could not be loaded: gone"})
+    assert lines[2] == "tandem: The drafter x could not be loaded: gone"
+    assert len(run_summary(_stats(generated_tokens=8), {"drafter": model, "drafter_loaded": True})) == 2
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.run([sys.executable, "-m", "tandem.app.cli", "run", *args], capture_output=True, text=True,

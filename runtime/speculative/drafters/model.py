@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tandem.kernels.sampling import Sampler
+from tandem.runtime.backends.deferred import DrafterUnavailable, weight_bytes
 from tandem.runtime.backends.protocol import Backend, common_prefix_len, unseen
 from tandem.runtime.speculative.drafters.base import Draft
 
@@ -66,9 +67,12 @@ class ModelDrafter:
         self._calib_acc = 0.0
         self._calib_conf = 0.0
         self._last_conf: list[float] | None = None
+        self.unavailable: str | None = None
+        """Why its model could not be opened (a deferred drafter: :mod:`tandem.runtime.backends.deferred`);
+        it drafts nothing from then on."""
 
     def backlog(self, context: Sequence[int]) -> int:
-        return unseen(self.backend, context)
+        return 0 if self.unavailable else unseen(self.backend, context)
 
     def _catch_up(self, context: Sequence[int], backlog: int) -> np.ndarray:
         """Bring the cache to ``context`` (``backlog`` tokens and the last one past what it
@@ -80,11 +84,15 @@ class ModelDrafter:
 
     def propose(self, context: Sequence[int], max_tokens: int, sampler: Sampler) -> Draft:
         k = min(max_tokens, self.backend.n_ctx - len(context))
-        if k <= 0 or not context:
+        if k <= 0 or not context or self.unavailable:
             return Draft([], None, self.name)
         backlog = self.backlog(context)
         started = time.perf_counter()
-        logits = self._catch_up(context, backlog)
+        try:
+            logits = self._catch_up(context, backlog)
+        except DrafterUnavailable as exc:  # a deferred model that failed to open: decode on without it
+            self.unavailable = str(exc)
+            return Draft([], None, self.name)
         catch_up_s = time.perf_counter() - started
         penalize = sampler.params.penalized
         history = list(context) if penalize else []
@@ -132,7 +140,7 @@ class ModelDrafter:
             self._last_conf = None
 
     def weight_bytes(self) -> int:
-        return self.backend.memory().weights
+        return weight_bytes(self.backend)
 
     def model_backend(self) -> Backend:
         return self.backend

@@ -152,11 +152,11 @@ def test_an_untimed_target_asks_for_each_first_size_once_after_t1() -> None:
 def test_untimed_sizes_stay_within_the_exact_chunk() -> None:
     """Each first size is capped at the longest exact call, so a short chunk (a repacked
     target's 3 tokens) still times its longest call."""
-    assert FIRST_SIZES == (1, 3, 6)
-    assert OnlineCost.untimed(8, chunk=8).first_sizes == (1, 3, 6)
-    assert OnlineCost.untimed(8, chunk=4).first_sizes == (1, 3)
-    assert OnlineCost.untimed(8, chunk=3).first_sizes == (1, 2)
-    assert OnlineCost.untimed(2).first_sizes == (1, 2)
+    assert FIRST_SIZES == (6, 3, 1)  # largest first (see FIRST_SIZES)
+    assert OnlineCost.untimed(8, chunk=8).first_sizes == (6, 3, 1)
+    assert OnlineCost.untimed(8, chunk=4).first_sizes == (3, 1)
+    assert OnlineCost.untimed(8, chunk=3).first_sizes == (2, 1)
+    assert OnlineCost.untimed(2).first_sizes == (2, 1)
     assert OnlineCost.untimed(8, chunk=1).first_sizes == ()
 
 
@@ -532,9 +532,11 @@ def test_first_strategy_times_the_target_while_decoding_and_caches_it(stories260
         first = build_strategy(target, None, SpecOptions(mode="ngram"))
         assert target.tokens == [] and first.policy.cost.wants_size() == 0  # t1 first, from plain rounds
         prompt = target.tokenize("Once upon a time", add_bos=True)
+        # 16 tokens: room for the 6-draft call after the t1 rounds, and for the smaller
+        # sizes after it even when all its padding is accepted (FIRST_SIZES, largest first).
         events = list(generate(target, prompt, Sampler(SamplingParams.greedy_params()), strategy=first,
-                               max_tokens=12, stop_at_eog=False))
-        assert len(events) == 13 and first.policy.cost.timed
+                               max_tokens=16, stop_at_eog=False))
+        assert len(events) == 17 and first.policy.cost.timed
         first.close()
         curve = cached_cost_curve(target)
         assert curve is not None and curve.c[0] == 1.0 and list(curve.c) == sorted(curve.c)

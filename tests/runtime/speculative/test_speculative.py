@@ -189,6 +189,37 @@ def test_timing_rounds_of_a_new_target_change_no_token(stories_target, stories_d
         assert model_calls[:5] == [0] * 5
 
 
+def test_a_reply_with_no_room_for_the_largest_size_pads_nothing(stories_target, monkeypatch) -> None:
+    """`tandem run -n 8` of a new target: after the two t1 rounds there is no room for a
+    6-draft call, so no round is padded (with the small sizes timed first, every such run
+    paid them, stopped short of the largest and saved nothing). With room, all are timed."""
+    import tandem.runtime.speculative.loop as loop
+    from tandem.runtime.speculative.timing import for_timing
+
+    timed: list[bool] = []
+
+    def recording(policy, draft, k, context):
+        out = for_timing(policy, draft, k, context)
+        timed.append(out[1])
+        return out
+
+    monkeypatch.setattr(loop, "for_timing", recording)
+    prompt = prompts_for(stories_target)[0]
+    for max_tokens, times in ((8, False), (24, True)):
+        timed.clear()
+        cost = OnlineCost.untimed(8, chunk=stories_target.exact_batch)
+        assert cost.first_sizes[0] == 6
+        strategy = speculative(ChainDrafter([SuffixDrafter(), PromptLookupDrafter()]),
+                               AdaptivePolicy(cost, AdaptiveConfig(max_len=8), cheap_drafter=True))
+        sampler = Sampler(SamplingParams.greedy_params())
+        *_, done = generate(stories_target, prompt, sampler, strategy=strategy, max_tokens=max_tokens,
+                            stop_at_eog=False)
+        *_, plain = generate(stories_target, prompt, sampler, strategy=autoregressive, max_tokens=max_tokens,
+                             stop_at_eog=False)
+        assert done.tokens == plain.tokens and timed
+        assert any(timed) is times and cost.timed is times
+
+
 @pytest.mark.parametrize("predraft", [False, True])
 @pytest.mark.parametrize("max_tokens", [1, 2, 9, 10, 23])
 def test_no_draft_reaches_past_the_tokens_the_caller_takes(stories_target, stories_draft, max_tokens: int,
