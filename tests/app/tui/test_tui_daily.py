@@ -318,3 +318,13 @@ def test_loading_reports_its_stages(stories260k: Path) -> None:
     assert progress.line(now=103.4) == "Loading qwen: loading the model 42%… 3 s"
     progress.stage = "placing the drafter"  # the share is the weights': not shown for later stages
     assert progress.line(now=104.0) == "Loading qwen: placing the drafter… 4 s"
+
+
+def test_format_stats_says_when_a_named_drafter_was_not_loaded() -> None:
+    """A drafter that stores the target's vocabulary loads when first asked for a draft:
+    until then it holds no memory, and the line says so instead of leaving it out."""
+    memory = {"target": 1 << 20, "drafter": 0, "kv": 1 << 20}
+    assert "+ drafter not loaded +" in format_stats({"generated_tokens": 5, "drafter": "qwen", "memory": memory})
+    loaded = format_stats({"generated_tokens": 5, "drafter": "qwen", "memory": {**memory, "drafter": 1 << 20}})
+    assert "+ drafter 1.0 MB +" in loaded and "not loaded" not in loaded
+    assert "drafter" not in format_stats({"generated_tokens": 5, "memory": memory})
