@@ -140,6 +140,17 @@ def cached_drafter_costs(target: Backend, drafter_name: str, drafter_bytes: int,
     return costs if costs.known() else None
 
 
+def times_drafter_call(given_draft_cost: float | None, learnt: DrafterCosts | None,
+                       target_step_s: float | None) -> bool:
+    """Whether a strategy's first cost guess times one call of the drafter's model
+    (:func:`~tandem.runtime.speculative.factory.drafter_call_cost`): when neither the
+    options nor an earlier run know the drafter's cost, and the target's one-token step
+    (from its cached cost curve) is there to compare that call with. The engine builder
+    opens a deferred drafter at once in that case (the call needs the model)."""
+    known = given_draft_cost or (learnt is not None and (learnt.draft_cost or learnt.call_cost))
+    return not known and bool(target_step_s)
+
+
 def remember_drafter_costs(target: Backend, drafter_name: str, drafter_bytes: int, costs: DrafterCosts, *,
                            cache_file: Path | None = None) -> None:
     """Cache what a run learnt of a model drafter's costs (best effort, atomic)."""

@@ -12,7 +12,11 @@ from tandem.errors import TandemError
 from tandem.runtime.backends.deferred import DeferredBackend, DrafterUnavailable
 from tandem.runtime.backends.opener import backend_kind, open_backend
 from tandem.runtime.backends.protocol import Backend
-from tandem.runtime.speculative.cost_cache import cached_cost_curve, cached_drafter_costs
+from tandem.runtime.speculative.cost_cache import (
+    cached_cost_curve,
+    cached_drafter_costs,
+    times_drafter_call,
+)
 from tandem.runtime.speculative.drafters.base import Drafter
 from tandem.runtime.speculative.drafters.model import ModelDrafter, same_vocabulary
 from tandem.runtime.speculative.drafters.xvocab.drafter import CrossVocabDrafter
@@ -72,10 +76,10 @@ def deferred_draft_backend(target: Backend, draft: Path, options: SpecOptions, *
         return None
     if not same:
         return None
-    if options.measure_cost:  # as build_strategy guesses the cost: does it time a call of the drafter?
+    if options.measure_cost:
         learnt = cached_drafter_costs(target, f"model:{draft.stem}", info.weights_bytes)
-        known = options.draft_cost or (learnt is not None and (learnt.draft_cost or learnt.call_cost))
-        if not known and cached_cost_curve(target, options.draft_max) is not None:
+        curve = cached_cost_curve(target, options.draft_max)
+        if times_drafter_call(options.draft_cost, learnt, curve.t1_s if curve else None):
             return None
 
     def check(backend: Backend) -> None:

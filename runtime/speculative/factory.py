@@ -26,6 +26,7 @@ from tandem.runtime.speculative.cost_cache import (
     cached_drafter_costs,
     remember_cost_curve,
     remember_drafter_costs,
+    times_drafter_call,
 )
 from tandem.runtime.speculative.drafter_model import open_model_drafter
 from tandem.runtime.speculative.drafters.base import Drafter
@@ -279,8 +280,9 @@ def build_strategy(
         learnt_draft = learnt.draft_cost if learnt else None
         guessed = not (opts.draft_cost or learnt_draft)
         call_cost = learnt.call_cost if learnt else None
-        if guessed and call_cost is None:
-            call_cost = drafter_call_cost(model_drafter, cached.t1_s if cached else None)
+        target_step_s = cached.t1_s if cached else None
+        if times_drafter_call(opts.draft_cost, learnt, target_step_s):
+            call_cost = drafter_call_cost(model_drafter, target_step_s)
         adaptive = AdaptivePolicy(cost, AdaptiveConfig(max_len=k_max, stop_threshold=opts.stop_threshold),
                                   draft_cost=opts.draft_cost or learnt_draft or guessed_draft_cost(drafter, target, call_cost),
                                   draft_cost_guessed=guessed,

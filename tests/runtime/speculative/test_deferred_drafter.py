@@ -20,10 +20,12 @@ from tandem.runtime.backends.llama_config import LlamaConfig
 from tandem.runtime.engine.builder import open_engine
 from tandem.runtime.engine.spec import EngineSpec
 from tandem.runtime.generate import DoneEvent, autoregressive, generate
-from tandem.runtime.speculative.cost_cache import DrafterCosts
+from tandem.runtime.speculative.cost import CostCurve
+from tandem.runtime.speculative.cost_cache import DrafterCosts, times_drafter_call
 from tandem.runtime.speculative.drafter_model import open_model_drafter
 from tandem.runtime.speculative.drafters.model import ModelDrafter
 from tandem.runtime.speculative.factory import SpecOptions, build_strategy
+from tandem.runtime.speculative.policy.adaptive import AdaptivePolicy
 
 ONE_THREAD = LlamaConfig(n_ctx=512, n_threads=1)
 PROMPT = "Once upon a time, there was a little girl named Lily. She loved to play"
@@ -134,6 +136,33 @@ def test_the_engine_defers_a_drafter_whose_costs_are_known(stories_twin: Path, s
         assert engine.drafter_backend.is_open is asked
     with open_engine(EngineSpec(stories_twin, threads=1, n_ctx=512, draft_mode="off")) as plain:
         assert greedy(plain.target, plain.strategy, n=48).tokens == done.tokens
+
+
+@pytest.mark.parametrize("given, learnt, step_s, timed", [
+    (None, None, 0.05, True),  # nothing known, the target's step known: the guess times a call
+    (None, None, None, False),  # no step to compare with (a target never timed)
+    (0.3, None, 0.05, False),  # --draft-cost given
+    (None, DrafterCosts(0.3), 0.05, False),  # a draft cost learnt before
+    (None, DrafterCosts(None, None, 0.2), 0.05, False),  # a call timed before
+    (None, DrafterCosts(None, 0.1), 0.05, True),  # only its catch-up known
+])
+def test_the_cost_guess_times_a_drafter_call_only_when_nothing_knows_its_cost(
+        given: float | None, learnt: DrafterCosts | None, step_s: float | None, timed: bool) -> None:
+    assert times_drafter_call(given, learnt, step_s) is timed
+
+
+def test_a_drafter_whose_call_the_cost_guess_times_opens_with_the_engine(stories_twin: Path, stories260k: Path,
+                                                                        monkeypatch) -> None:
+    """The target's cost curve is cached and nothing is known of the drafter: building the
+    strategy times one call of its model, so the engine opens it at once (and the cost
+    guess took that call)."""
+    curve = CostCurve.linear(0.3, 8, t1_s=0.05)  # measured: a prior's step (t1_s 0) times nothing
+    for module in (factory, drafter_model):
+        monkeypatch.setattr(module, "cached_cost_curve", lambda target, k_max=8, **_: curve)
+    with open_engine(EngineSpec(stories_twin, stories260k, threads=1, n_ctx=512)) as engine:
+        assert isinstance(engine.drafter_backend, LlamaCppBackend)
+        policy = engine.strategy.policy
+        assert isinstance(policy, AdaptivePolicy) and policy.draft_cost_guessed
 
 
 def test_only_a_drafter_storing_the_targets_vocabulary_is_deferred(stories_twin: Path, stories260k: Path,
