@@ -159,8 +159,17 @@ def test_a_drafter_whose_call_the_cost_guess_times_opens_with_the_engine(stories
     curve = CostCurve.linear(0.3, 8, t1_s=0.05)  # measured: a prior's step (t1_s 0) times nothing
     for module in (factory, drafter_model):
         monkeypatch.setattr(module, "cached_cost_curve", lambda target, k_max=8, **_: curve)
+    timed: list[float | None] = []
+
+    def call_cost(model_drafter, target_step_s):
+        timed.append(target_step_s)
+        return real_call_cost(model_drafter, target_step_s)
+
+    real_call_cost = factory.drafter_call_cost
+    monkeypatch.setattr(factory, "drafter_call_cost", call_cost)
     with open_engine(EngineSpec(stories_twin, stories260k, threads=1, n_ctx=512)) as engine:
         assert isinstance(engine.drafter_backend, LlamaCppBackend)
+        assert timed == [0.05]  # one call of the open model, against the cached step
         policy = engine.strategy.policy
         assert isinstance(policy, AdaptivePolicy) and policy.draft_cost_guessed
 
