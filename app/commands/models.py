@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([m.as_dict() for m in models], indent=2))
         return 0
     if not models:
-        print("No models yet. Pull one with `tandem pull REPO FILE`, or put GGUF files in")
+        print("No models yet. Pull one with `tandem pull OWNER/REPO:Q4_K_M`, or put GGUF files in")
         print(f"{models_dir()} or in a folder listed in TANDEM_MODEL_PATH.")
         return 0
     # file names and GGUF headers are anybody's text: no escape sequence reaches the terminal

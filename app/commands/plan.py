@@ -95,7 +95,8 @@ def render(plan: Plan) -> str:
         if plan.memory.gpu:
             lines.append("where:   " + "; ".join(where_parts(plan)))
         lines.append(f"speed:   ~{plan.tokens_per_s:.1f} tok/s plain, ~{plan.tokens_per_s * plan.speedup:.1f} "
-                     f"tok/s speculative (predicted)")
+                     f"tok/s speculative (predicted from memory bandwidth, to compare plans; "
+                     "`tandem bench` measures)")
     if plan.placements:
         lines += render_placements(plan.placements)
     lines.append("why:")

@@ -36,9 +36,20 @@ def as_text(raw: str) -> str:
     return raw.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
+def given_prompt(flag: str | None, words: list[str]) -> str | None:
+    """The prompt from the command line: ``-p`` or the words after the options (joined
+    with spaces, as ``ollama run`` does); ``None`` when neither is given (then it is read
+    from standard input). Both at once is refused: which one was meant cannot be told."""
+    if flag is not None and words:
+        raise PromptError("Give the prompt once: with -p or as words after the options, not both.")
+    return flag if flag is not None else " ".join(words) if words else None
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="generate text from a prompt")
     p.add_argument("-m", "--model", required=True, help="GGUF file or a name from `tandem models`")
+    p.add_argument("words", nargs="*", metavar="PROMPT",
+                   help="the prompt, as in `ollama run MODEL PROMPT` (words are joined with spaces); or -p")
     p.add_argument("-p", "--prompt", default=None, help="prompt text (default: read standard input)")
     p.add_argument("-n", "--max-tokens", type=int, default=128, help="reply length limit (default 128; -1: none)")
     p.add_argument("--raw", action="store_true",
@@ -140,9 +151,10 @@ def run(args: argparse.Namespace) -> int:
     predicted = read_text_file("--predict", args.predict, PromptError) if args.predict else ""
     sampling = sampling_from_args(args)
     max_tokens = token_limit(args.max_tokens)
-    if args.prompt is None and sys.stdin.isatty():
-        print("tandem: type the prompt, then Ctrl-D (or pass it with -p)", file=sys.stderr)
-    prompt = as_text(args.prompt if args.prompt is not None else sys.stdin.read())
+    given = given_prompt(args.prompt, args.words)
+    if given is None and sys.stdin.isatty():
+        print("tandem: type the prompt, then Ctrl-D (or pass it after the model, or with -p)", file=sys.stderr)
+    prompt = as_text(given if given is not None else sys.stdin.read())
     with Progress(f"loading {args.model}", enabled=False if args.quiet else None) as progress:
         engine = open_engine(spec_from_args(args), notify=progress.stage, on_load=progress.fraction)
     with engine:

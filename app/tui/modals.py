@@ -259,7 +259,7 @@ Tandem runs models on this machine, and none is in the local store yet.
 
 **Pull one** from the Hugging Face hub (one time, needs the network):
 
-    tandem pull REPO FILE.gguf
+    tandem pull OWNER/REPO:Q4_K_M
 
 **Or add a file you already have**: copy a `.gguf` file into
 

@@ -76,6 +76,17 @@ def test_run_json_has_text_ids_and_stats(stories260k: Path) -> None:
     assert stats["tokens_per_s"] > 0 and stats["finish_reason"] == "length"
 
 
+def test_run_takes_the_prompt_after_the_model_as_ollama_does(stories260k: Path) -> None:
+    flag = tandem("run", "-m", str(stories260k), "-p", "Once upon a time", "-n", "8", "--json")
+    words = tandem("run", "-m", str(stories260k), "Once", "upon", "a", "time", "-n", "8", "--json")
+    quoted = tandem("run", "-m", str(stories260k), "-n", "8", "--json", "Once upon a time")
+    assert flag.returncode == words.returncode == quoted.returncode == 0, flag.stderr + words.stderr + quoted.stderr
+    ids = json.loads(flag.stdout)["token_ids"]
+    assert json.loads(words.stdout)["token_ids"] == ids == json.loads(quoted.stdout)["token_ids"]
+    assert json.loads(words.stdout)["prompt"] == "Once upon a time"
+    assert_clean_error(tandem("run", "-m", str(stories260k), "-p", "Once", "upon"), "once")
+
+
 def test_run_reads_prompt_from_stdin(stories260k: Path) -> None:
     r = tandem("run", "-m", str(stories260k), "-n", "6", stdin="Once upon a time")
     assert r.returncode == 0 and r.stdout.startswith(", there was")

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tandem.errors import OfflineError, TandemError
-from tandem.models.store import first_line, invalid_repo_id_message, network_errors
+from tandem.models.hub import first_line, invalid_repo_id_message, network_errors
 
 BOUND_S = 60
 """Far above the ~0.5 s a refused connection now takes on a loaded 2-core box, far below
@@ -218,3 +218,35 @@ def test_first_line_and_network_errors_are_pure() -> None:
     assert errors.failures == (OSError,) and errors.no_connection == (TimeoutError,)
     assert errors.no_answer == (ConnectionError,)
     assert "\n" not in invalid_repo_id_message("a\nb") and "owner/name" in invalid_repo_id_message("x y")
+
+
+def test_pull_by_tag_and_address_as_llama_cpp_and_ollama_users_write_it(tmp_path: Path, stories260k: Path) -> None:
+    """A repository of several quantizations: a tag takes its file, no tag takes the
+    Q4_K_M one and says so, a file's hub address takes that file, and once the hub is
+    gone the same tag still finds its file in the cache."""
+    data = stories260k.read_bytes()
+    hub = FakeHub({"stories-Q4_K_M.gguf": data, "stories-Q8_0.gguf": data, "stories-IQ4_XS.gguf": data,
+                   "mmproj-stories-f16.gguf": data})
+    thread = threading.Thread(target=hub.serve_forever, daemon=True)
+    thread.start()
+    try:
+        tagged, _ = pull_cli(tmp_path, hub.endpoint, "hf.co/tandem-test/quants:q8_0")
+        assert tagged.returncode == 0 and "tandem-test/quants/stories-Q8_0.gguf is ready" in tagged.stdout, tagged.stderr
+        default, _ = pull_cli(tmp_path, hub.endpoint, "tandem-test/quants")
+        assert default.returncode == 0 and "stories-Q4_K_M.gguf is ready" in default.stdout, default.stderr
+        assert "took the Q4_K_M one" in default.stderr and "Traceback" not in default.stderr
+        address, _ = pull_cli(tmp_path, hub.endpoint,
+                              "https://huggingface.co/tandem-test/quants/blob/main/stories-IQ4_XS.gguf")
+        assert address.returncode == 0 and "stories-IQ4_XS.gguf is ready" in address.stdout, address.stderr
+        missing, _ = pull_cli(tmp_path, hub.endpoint, "tandem-test/quants:Q2_K")
+        assert missing.returncode == TandemError.exit_code and "Traceback" not in missing.stderr
+        first, *listed = missing.stderr.strip().splitlines()  # the choices, one a line
+        assert first.startswith("tandem: error: ") and "holds 0 GGUF files with the tag 'Q2_K'" in first
+        assert sorted(line.strip() for line in listed) == ["stories-IQ4_XS.gguf", "stories-Q4_K_M.gguf",
+                                                          "stories-Q8_0.gguf"]
+    finally:
+        hub.shutdown()
+        hub.server_close()
+    offline, _ = pull_cli(tmp_path, hub.endpoint, "tandem-test/quants:Q8_0", offline=True)
+    assert offline.returncode == 0 and "stories-Q8_0.gguf is ready" in offline.stdout, offline.stderr
+    assert not any("mmproj" in r for r in hub.requests)

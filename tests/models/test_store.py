@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from tandem.errors import ModelNotFound, OfflineError, TandemError
+from tandem.models.hub import pull
 from tandem.models.paths import models_dir
-from tandem.models.store import list_models, pull, remove_model, resolve_model, store_entry
+from tandem.models.store import list_models, remove_model, resolve_model, store_entry
 
 REPO = "tandem-test/stories"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -70,8 +71,9 @@ def test_pull_offline_uses_the_hub_cache(hub_cache: Path) -> None:
 def test_pull_offline_missing_file_is_a_clear_error(hub_cache: Path) -> None:
     with pytest.raises(OfflineError, match="not in the local cache"):
         pull(REPO, "missing.gguf")
+    assert pull(REPO) == pull(REPO, "stories260K.gguf")  # the only GGUF cached of the repository
     with pytest.raises(OfflineError, match="name the file"):
-        pull(REPO)
+        pull("tandem-test/not-cached")
 
 
 def test_pull_cli_offline_exits_cleanly(tmp_path: Path) -> None:
