@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tandem.errors import ModelNotFound, TandemError
 from tandem.models.gguf_file import inspect_gguf
+from tandem.models.hub import parse_reference, pick_gguf
 from tandem.models.paths import extra_model_dirs, models_dir
 
 
@@ -112,11 +113,31 @@ def store_entry(name_or_path: str) -> ModelEntry:
         )
     if matches:
         return matches[0]
+    pulled = pulled_as(name_or_path, entries)
+    if pulled is not None:
+        return pulled
     known = ", ".join(e.name for e in entries[:8]) or "none yet"
-    raise ModelNotFound(
-        f"No model {name_or_path!r}: not a file, and not in the store (known: {known}). "
-        "Pull one with `tandem pull OWNER/REPO:Q4_K_M`."
-    )
+    how = (f"Pull it with `tandem pull {name_or_path}`" if "/" in name_or_path
+           else "Pull one with `tandem pull OWNER/REPO:Q4_K_M`")
+    raise ModelNotFound(f"No model {name_or_path!r}: not a file, and not in the store (known: {known}). {how}.")
+
+
+def pulled_as(reference: str, entries: list[ModelEntry]) -> ModelEntry | None:
+    """The pulled file that a hub reference names (``owner/name:Q4_K_M``, ``hf.co/…``, a
+    file's address), chosen among what is cached as `tandem pull` chose it: a model is
+    run by the reference it was pulled with. ``None`` when nothing of that repository is
+    cached (or ``reference`` is no hub reference)."""
+    try:
+        ref = parse_reference(reference)
+    except TandemError:
+        return None
+    pulled = {e.name.removeprefix(f"{ref.repo_id}/"): e for e in entries if e.source == f"hub:{ref.repo_id}"}
+    if not pulled:
+        return None
+    if ref.filename is not None:
+        return pulled.get(ref.filename)
+    name, _ = pick_gguf(ref.repo_id, sorted(pulled), ref.tag)  # several and no tag: the choices, listed
+    return pulled[name]
 
 
 def remove_model(entry: ModelEntry) -> int:

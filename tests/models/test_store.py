@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -138,3 +139,24 @@ def test_rm_deletes_a_local_file_but_never_a_model_path_folders(tmp_path: Path, 
     assert (extra / "theirs.gguf").exists()
     with pytest.raises(ModelNotFound, match="not in the store"):
         store_entry(str(stories260k))  # a file, but not one the store lists
+
+
+def test_a_model_runs_by_the_reference_it_was_pulled_with(hub_cache: Path, stories260k: Path, tmp_path: Path) -> None:
+    """`run -m owner/name:Q8_0` finds the cached file `pull owner/name:Q8_0` fetched, with
+    no network; a repository of one cached file answers to its bare name too."""
+    assert resolve_model(f"hf.co/{REPO}") == resolve_model(f"{REPO}/stories260K.gguf")
+    other = tmp_path / "other.gguf"
+    other.write_bytes(stories260k.read_bytes() + b"\0" * 64)
+    q8 = seed_hub_cache(hub_cache, other, "stories-Q8_0.gguf")
+    assert resolve_model(f"{REPO}:q8_0").resolve() == q8.resolve()
+    assert resolve_model(f"https://huggingface.co/{REPO}/blob/main/stories-Q8_0.gguf").resolve() == q8.resolve()
+    with pytest.raises(TandemError, match="pick one") as several:  # two cached, no tag, no Q4_K_M
+        resolve_model(REPO)
+    assert "stories260K.gguf" in str(several.value) and "stories-Q8_0.gguf" in str(several.value)
+    with pytest.raises(ModelNotFound, match=r"Pull it with `tandem pull someone/else:Q4_K_M`"):
+        resolve_model("someone/else:Q4_K_M")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub_cache)}
+    run = subprocess.run([sys.executable, "-m", "tandem.app.cli", "run", "-m", f"{REPO}:Q8_0", "-p", "Once upon a time",
+                          "-n", "4", "--threads", "1", "--json"], capture_output=True, text=True, timeout=180, env=env)
+    assert run.returncode == 0, run.stderr
+    assert len(json.loads(run.stdout)["token_ids"]) == 4
