@@ -47,10 +47,17 @@ class Progress:
         self._lock = threading.Lock()
 
     def stage(self, text: str) -> None:
-        self._stage = text
+        """Name the current step; a bar shown for the step before goes (a new step has
+        measured nothing yet)."""
+        self._stage, self._done = text, None
 
     def advance(self, done: int, total: int) -> None:
         self._done, self._counts = (done, total), True
+
+    def step(self, stage: str, done: int, total: int) -> None:
+        """``stage`` and a bar at ``done`` of ``total``, in one call (work that reports both)."""
+        self._stage = stage
+        self.advance(done, total)
 
     def fraction(self, f: float) -> None:
         self._done, self._counts = (round(min(max(f, 0.0), 1.0) * 100), 100), False

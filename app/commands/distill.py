@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from tandem.app.progress import Progress
 from tandem.errors import TandemError
 from tandem.models.extras import require
 from tandem.models.store import resolve_model
@@ -46,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
         raise TandemError("--steps must not be negative.")
     cfg = DistillConfig(stories=args.stories, story_tokens=args.story_tokens, n_embd=args.dim, n_layer=args.layers,
                         n_head=args.heads, n_ff=args.ffn, steps=args.steps, seconds=args.seconds, seed=args.seed)
-    report = distill(resolve_model(args.target), args.output, cfg)
+    with Progress(f"distilling a drafter from {Path(args.target).name}") as progress:
+        report = distill(resolve_model(args.target), args.output, cfg, on_step=progress.step)
     if args.json:
         print(json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in asdict(report).items()}))
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from tandem.app.progress import Progress
 from tandem.models.extras import require
 from tandem.models.store import resolve_model
 
@@ -30,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
     # `tandem` itself starts without it.
     from tandem.runtime.backends.onnx_export import export_onnx
 
-    written = export_onnx(resolve_model(args.model), args.output, int8=args.int8, n_ctx=args.ctx)
+    with Progress(f"exporting {args.model} to ONNX"):
+        written = export_onnx(resolve_model(args.model), args.output, int8=args.int8, n_ctx=args.ctx)
     if args.json:
         print(json.dumps({"files": [str(p) for p in written], "sizes": [p.stat().st_size for p in written]}))
     else:

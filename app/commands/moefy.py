@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tandem.app.progress import Progress
 from tandem.errors import TandemError
 from tandem.models.extras import require
 
@@ -140,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
             text = args.text.read_text(encoding="utf-8")
         except OSError as exc:
             raise TandemError(f"Cannot read calibration text {args.text}: {exc.strerror}.") from None
-    report = moefy_file(args.src, args.out, args.experts, args.top_k, text=text,
-                        n_tokens=args.calib_tokens, seed=args.seed)
+    with Progress(f"splitting {args.src.name} into experts"):
+        report = moefy_file(args.src, args.out, args.experts, args.top_k, text=text,
+                            n_tokens=args.calib_tokens, seed=args.seed)
     print(report, file=sys.stdout)
     return 0

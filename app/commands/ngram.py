@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tandem.app.progress import Progress
 from tandem.errors import TandemError
 from tandem.models.ngram import NgramModel, default_path, ngram_dir, tokenizer_fingerprint
 from tandem.models.store import resolve_model
@@ -80,18 +81,20 @@ def run_build(args: argparse.Namespace) -> int:
     if args.min_count < 1:
         raise TandemError("--min-count must be at least 1.")
     start = time.perf_counter()
-    with LlamaCppBackend(resolve_model(args.model), LlamaConfig(n_ctx=64)) as tok:
+    with Progress(f"building the n-gram model {args.name!r}") as progress, LlamaCppBackend(resolve_model(args.model), LlamaConfig(n_ctx=64)) as tok:
         fingerprint = tokenizer_fingerprint(tok.n_vocab, tok.token_bytes)
         path = default_path(args.name, fingerprint)
         docs, sources = [], []
         texts = list(iter_text_files(args.paths)) + (list(iter_chat_texts()) if args.chats else [])
-        for name, text in texts:
+        for done, (name, text) in enumerate(texts, 1):
+            progress.step("tokenizing", done, len(texts))
             ids = tok.tokenize(text, add_bos=False)
             if ids:
                 docs.append(ids)
                 sources.append(name)
         if not docs:
             raise TandemError("No text found in the given paths (binary and empty files are skipped).")
+        progress.stage("counting n-grams")
         model = NgramModel.build(docs, tok.n_vocab, fingerprint=fingerprint, min_count=args.min_count,
                                  sources=sorted(set(sources))[:1000])
     model.save(path)

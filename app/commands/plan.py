@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tandem.app.commands.engine_flags import add_technique_flags, moe_spec
+from tandem.app.progress import Progress
 from tandem.errors import BudgetError, TandemError
 from tandem.models.store import resolve_model
 from tandem.runtime.backends.opener import open_backend
@@ -136,20 +137,26 @@ def run(args: argparse.Namespace) -> int:
         return run_torch(args, spec)
     if kind != "llama.cpp":
         raise TandemError("`tandem plan` plans GGUF targets (llama.cpp, or the torch engine with --engine torch).")
-    machine = resolve_machine(args.profile, args.budget, args.vram)
-    draft = resolve_model(args.draft) if args.draft else None
-    # A drafter named explicitly is kept when it fits, as `tandem run` keeps it (the
-    # adaptive policy turns drafting off at run time if it does not pay), so the plan
-    # prices what run will hold.
-    plan = make_plan(PlanRequest(target, draft, args.ctx, machine, draft_max=args.draft_max,
-                                 allow_kv_quant=not args.no_kv_quant, kv_type=args.kv_type, threads=args.threads,
-                                 drop_slow_draft=draft is None, baseline=run_baseline(machine),
-                                 model_free=args.draft_mode in ("auto", "ngram"),
-                                 moe_offload=spec.moe_offload is not None, offload=args.offload))
-    choice = calibrated(plan) if args.calibrate and plan.fits and plan.draft is not None else None
-    n_ctx = plan.target.n_ctx
-    options = [*llama_kv_options(target, n_ctx, plan.target.type_k if plan.fits else None),
-               *torch_options(target, n_ctx)]
+    # A model's first plan measures (llama.cpp's buffer sizes; on a new machine its baseline): seconds.
+    with Progress(f"planning {target.name}") as progress:
+        machine = resolve_machine(args.profile, args.budget, args.vram)
+        draft = resolve_model(args.draft) if args.draft else None
+        # A drafter named explicitly is kept when it fits, as `tandem run` keeps it (the
+        # adaptive policy turns drafting off at run time if it does not pay), so the plan
+        # prices what run will hold.
+        plan = make_plan(PlanRequest(target, draft, args.ctx, machine, draft_max=args.draft_max,
+                                     allow_kv_quant=not args.no_kv_quant, kv_type=args.kv_type, threads=args.threads,
+                                     drop_slow_draft=draft is None, baseline=run_baseline(machine),
+                                     model_free=args.draft_mode in ("auto", "ngram"),
+                                     moe_offload=spec.moe_offload is not None, offload=args.offload))
+        choice = None
+        if args.calibrate and plan.fits and plan.draft is not None:
+            progress.stage("calibrating placements")
+            choice = calibrated(plan)
+        progress.stage("pricing the options")
+        n_ctx = plan.target.n_ctx
+        options = [*llama_kv_options(target, n_ctx, plan.target.type_k if plan.fits else None),
+                   *torch_options(target, n_ctx)]
     if args.json:
         out = plan.as_dict()
         out["options"] = [asdict(o) for o in options]
@@ -164,9 +171,10 @@ def run(args: argparse.Namespace) -> int:
 
 def run_torch(args: argparse.Namespace, spec: EngineSpec) -> int:
     """The torch engine's plan: its memory with the chosen options, and every option."""
-    plan = plan_torch(spec.target, budget=args.budget, ctx=args.ctx, device=spec.device, draft_max=args.draft_max,
-                      kv_compress=spec.kv_compress, moe=spec.moe_offload, vram=args.vram, profile=args.profile,
-                      check=False)
+    with Progress(f"planning {Path(spec.target).name}"):
+        plan = plan_torch(spec.target, budget=args.budget, ctx=args.ctx, device=spec.device,
+                          draft_max=args.draft_max, kv_compress=spec.kv_compress, moe=spec.moe_offload,
+                          vram=args.vram, profile=args.profile, check=False)
     fits = True
     why = None
     try:

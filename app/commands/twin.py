@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tandem.app.progress import Progress
 from tandem.models.quantize import FILE_TYPES
 from tandem.models.twin import build_twin, params_label
 from tandem.runtime.backends.llama import LlamaCppBackend
@@ -94,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     if args.reuse and out.is_file():
         print(f"reusing {out} ({out.stat().st_size / 2**20:.1f} MiB)")
     else:
-        report = build_twin(args.src, out, args.params, args.type)
+        with Progress(f"writing a {args.params} twin of {Path(args.src).name}"):
+            report = build_twin(args.src, out, args.params, args.type)
         s = report.shape
         print(f"wrote {report.path} ({report.file_bytes / 2**20:.1f} MiB) in {report.seconds:.1f} s: "
               f"{params_label(s.count_params())} parameters ({s.count_params():,}), n_embd {s.n_embd}, "

@@ -84,3 +84,38 @@ def test_loading_a_real_model_reports_its_progress_to_the_end(real_models) -> No
     with open_engine(EngineSpec(real_models.smollm2, draft_mode="off", n_ctx=256, threads=1),
                      on_load=broken) as engine:
         assert engine.target.n_ctx >= 256
+
+
+def test_plan_measures_behind_a_progress_line(stories260k, monkeypatch, capsys) -> None:
+    """`tandem plan`'s first plan of a model measures for seconds (llama.cpp's buffer
+    sizes, a new machine's baseline): the planning happens inside a progress line."""
+    import tandem.app.commands.plan as plan_command
+    from tandem.app.cli import main
+
+    shown: list[str] = []
+    inside: list[bool] = []
+
+    class Recorded(Progress):
+        def __init__(self, label: str, **kw) -> None:
+            super().__init__(label, FakeTerminal(), **kw)
+            shown.append(label)
+
+        def __enter__(self):
+            inside.append(True)
+            return super().__enter__()
+
+        def __exit__(self, *exc) -> None:
+            inside.append(False)
+            super().__exit__(*exc)
+
+    planned = plan_command.make_plan
+
+    def make_plan(req):
+        assert inside == [True], "planned outside the progress line"
+        return planned(req)
+
+    monkeypatch.setattr(plan_command, "Progress", Recorded)
+    monkeypatch.setattr(plan_command, "make_plan", make_plan)
+    assert main(["plan", "-m", str(stories260k), "--ctx", "256"]) == 0
+    assert shown == [f"planning {stories260k.name}"] and inside == [True, False]
+    assert "fits:    yes" in capsys.readouterr().out

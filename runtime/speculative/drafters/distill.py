@@ -18,6 +18,7 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,9 @@ from tandem.runtime.backends.torch_engine.cache import PastCache
 from tandem.runtime.backends.torch_engine.config import ModelConfig
 from tandem.runtime.backends.torch_engine.decoder import LlamaModel
 from tandem.runtime.generate import DoneEvent, generate
+
+OnStep = Callable[[str, int, int], None]
+"""Hears ``(stage, done, total)`` as a distillation goes (a progress bar's)."""
 
 
 @dataclass
@@ -62,7 +66,7 @@ class DistillReport:
     out: Path
 
 
-def generate_corpus(target, cfg: DistillConfig) -> list[list[int]]:
+def generate_corpus(target, cfg: DistillConfig, on_step: OnStep | None = None) -> list[list[int]]:
     """Sampled stories from the target, each starting with BOS (and ending with EOS if it stopped)."""
     bos, eos = target.special.bos, target.special.eos
     if bos is None:
@@ -78,6 +82,8 @@ def generate_corpus(target, cfg: DistillConfig) -> list[list[int]]:
         if done.stats.finish_reason == "stop" and eos is not None:
             story.append(eos)
         corpus.append(story)
+        if on_step is not None:
+            on_step("writing the corpus", i + 1, cfg.stories)
     return corpus
 
 
@@ -119,7 +125,8 @@ def window_logits(model: LlamaModel, ids: torch.Tensor) -> torch.Tensor:
     return torch.stack(out)
 
 
-def train(model: LlamaModel, corpus: list[list[int]], cfg: DistillConfig) -> tuple[int, float, float]:
+def train(model: LlamaModel, corpus: list[list[int]], cfg: DistillConfig,
+          on_step: OnStep | None = None) -> tuple[int, float, float]:
     """Next-token CE on random windows of the concatenated corpus; returns (steps, first, last loss)."""
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(1)  # tiny matrices: more threads only contend on a shared CPU
@@ -142,6 +149,8 @@ def train(model: LlamaModel, corpus: list[list[int]], cfg: DistillConfig) -> tup
         opt.step()
         last = loss.item()
         first = last if step == 1 else first
+        if on_step is not None:
+            on_step("training", step, cfg.steps)
         if cfg.seconds is not None and time.perf_counter() - start > cfg.seconds:
             break
     return step if cfg.steps else 0, first, last
@@ -190,8 +199,11 @@ def write_gguf(model: LlamaModel, target_path: Path, out: Path) -> Path:
     return out
 
 
-def distill(target_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg: DistillConfig | None = None) -> DistillReport:
-    """Generate a corpus with the target, train the drafter, write it to ``out``."""
+def distill(target_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg: DistillConfig | None = None,
+            on_step: OnStep | None = None) -> DistillReport:
+    """Generate a corpus with the target, train the drafter, write it to ``out``.
+    ``on_step(stage, done, total)`` hears each story written and each training step
+    (minutes of work: the CLI's progress bar)."""
     # local: loads llama.cpp only when this runs
     from tandem.runtime.backends.llama import LlamaCppBackend
     from tandem.runtime.backends.llama_config import LlamaConfig
@@ -203,12 +215,12 @@ def distill(target_path: str | os.PathLike[str], out: str | os.PathLike[str], cf
     t0 = time.perf_counter()
     # One thread: the model is tiny, and on a shared CPU extra threads only spin.
     with LlamaCppBackend(target_path, LlamaConfig(n_ctx=max(256, cfg.story_tokens + 8), n_threads=1)) as target:
-        corpus = generate_corpus(target, cfg)
+        corpus = generate_corpus(target, cfg, on_step)
         vocab = target.n_vocab
         ctx = int(target.info.arch_value("context_length", 2048) or 2048)
     t1 = time.perf_counter()
     model = build_model(vocab, cfg, ctx)
-    steps, first, last = train(model, corpus, cfg) if cfg.steps else (0, math.nan, math.nan)
+    steps, first, last = train(model, corpus, cfg, on_step) if cfg.steps else (0, math.nan, math.nan)
     t2 = time.perf_counter()
     write_gguf(model, target_path, out)
     return DistillReport(sum(map(len, corpus)), steps, first, last, t1 - t0, t2 - t1, out)

@@ -50,7 +50,12 @@ def _acceptance(target: LlamaCppBackend, drafter_path: Path) -> float:
 
 
 def test_distilled_drafter_beats_untrained(stories260k: Path, tmp_path: Path) -> None:
-    trained = distill(stories260k, tmp_path / "trained.gguf", DistillConfig(steps=150, lr=1e-2, **TINY))
+    heard: list[tuple[str, int, int]] = []
+    trained = distill(stories260k, tmp_path / "trained.gguf", DistillConfig(steps=150, lr=1e-2, **TINY),
+                      on_step=lambda *step: heard.append(step))
+    # every story written, then every step trained, each heard once, in order (the CLI's bar)
+    assert heard == ([("writing the corpus", i, TINY["stories"]) for i in range(1, TINY["stories"] + 1)]
+                     + [("training", i, 150) for i in range(1, trained.steps + 1)])
     untrained = distill(stories260k, tmp_path / "untrained.gguf", DistillConfig(steps=0, **TINY))
     assert trained.loss_last < trained.loss_first
     with LlamaCppBackend(stories260k, LlamaConfig(n_ctx=512, n_threads=1)) as target:
