@@ -38,7 +38,7 @@ def add_budget_args(p: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="plan memory and devices for a target (+ drafter) on this machine")
-    p.add_argument("-m", "--model", required=True, help="target GGUF file or a name from `tandem models`")
+    p.add_argument("-m", "--model", required=True, help="target GGUF file, a name from `tandem models`, or the reference it was pulled with")
     p.add_argument("--draft", default=None, help="draft model GGUF (optional)")
     p.add_argument("--ctx", type=int, default=None, help="context wanted (default: the model's, ≤ 4096)")
     p.add_argument("--draft-max", type=int, default=8, help="most drafts per round to budget for")

@@ -47,7 +47,7 @@ def given_prompt(flag: str | None, words: list[str]) -> str | None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="generate text from a prompt")
-    p.add_argument("-m", "--model", required=True, help="GGUF file or a name from `tandem models`")
+    p.add_argument("-m", "--model", required=True, help="GGUF file, a name from `tandem models`, or the reference it was pulled with (OWNER/REPO:Q4_K_M)")
     p.add_argument("words", nargs="*", metavar="PROMPT",
                    help="the prompt, as in `ollama run MODEL PROMPT` (words are joined with spaces); or -p")
     p.add_argument("-p", "--prompt", default=None, help="prompt text (default: read standard input)")
