@@ -46,6 +46,9 @@ class DecodeStats:
     rounds: int = 0
     forced_tokens: int = 0
     """Tokens a grammar forced, verified in forced rounds (not counted as drafted)."""
+    timing_tokens: int = 0
+    """Of ``drafted_tokens``, the padding verified to time a call size (a new target's
+    first rounds, :mod:`tandem.runtime.speculative.timing`): no drafter proposed them."""
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -94,6 +97,9 @@ class GenerationStats:
     memory_bytes: int
     forced_tokens: int = 0
     """Tokens a grammar forced and the target confirmed outside its drafters' drafts."""
+    timing_tokens: int = 0
+    """Of ``drafted_tokens``, padding verified to time the target's verify calls (a new
+    model's first runs), not proposed by any drafter."""
     stop_string: str = ""
     """The stop string that ended the reply (``finish_reason`` "stop"); empty otherwise."""
 
@@ -229,6 +235,7 @@ def generate(
         finish_reason=finish,
         memory_bytes=target.memory().total,
         forced_tokens=stats.forced_tokens,
+        timing_tokens=stats.timing_tokens,
         stop_string=stopper.hit,
     )
     yield DoneEvent("".join(out_text), out_tokens, stats_out)

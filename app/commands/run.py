@@ -83,6 +83,9 @@ def run_summary(stats: GenerationStats, speculation: dict | None = None) -> list
     if drafter or stats.drafted_tokens:
         accept = (f"{stats.accepted_tokens}/{stats.drafted_tokens} drafted tokens accepted "
                   f"({(stats.acceptance_rate or 0) * 100:.1f} %)" if stats.drafted_tokens else "nothing drafted")
+        if stats.timing_tokens:  # otherwise a new model's first run reads as drafts that all failed
+            accept += (f"; {tokens(stats.timing_tokens)} of them padding that timed this model's verify calls "
+                       "(a new model's first runs only)")
         lines.append(f"tandem: drafter {drafter or '?'}: {accept}, {stats.tokens_per_call:.2f} tokens per "
                      f"target call ({stats.target_calls} calls)")
     if (speculation or {}).get("drafter_error"):  # a model opened on first need that failed: decoded without it

@@ -79,6 +79,7 @@ class RoundStats:
         stats.target_calls += 1
         stats.rounds += 1
         stats.drafted_tokens += n
+        stats.timing_tokens += n - r.proposed if r.timing else 0
         stats.accepted_tokens += r.accepted
         stats.draft_calls = self.drafter.calls - self.calls0
         extra["draft_s"] += drafted_at - start

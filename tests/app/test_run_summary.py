@@ -58,3 +58,21 @@ def test_run_prints_a_summary_on_stderr_unless_quiet_or_json(stories260k: Path) 
     as_json = _cli(*base, "--json")
     assert as_json.returncode == 0 and "tandem: " not in as_json.stderr
     assert json.loads(as_json.stdout)["stats"]["generated_tokens"] == 12
+
+
+def test_a_new_models_timing_padding_is_not_called_failed_drafts(stories260k: Path) -> None:
+    """A new target's first run pads drafts to time its verify calls: the summary says so
+    instead of showing them as drafts that all failed, and the run after it, with the
+    costs cached, pads nothing."""
+    lines = run_summary(_stats(generated_tokens=12, target_calls=8, tokens_per_call=1.5, drafted_tokens=10,
+                               accepted_tokens=2, acceptance_rate=0.2, timing_tokens=8), {"drafter": "suffix"})
+    assert "2/10 drafted tokens accepted (20.0 %); 8 tokens of them padding that timed this model's" in lines[1]
+    base = ["-m", str(stories260k), "-p", "Once upon a time", "-n", "24", "--threads", "1", "--json"]
+    first = _cli(*base)
+    assert first.returncode == 0, first.stderr
+    stats = json.loads(first.stdout)["stats"]
+    assert 0 < stats["timing_tokens"] <= stats["drafted_tokens"]
+    again = _cli(*base)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["stats"]["timing_tokens"] == 0
+    assert json.loads(again.stdout)["token_ids"] == json.loads(first.stdout)["token_ids"]

@@ -536,7 +536,9 @@ def test_first_strategy_times_the_target_while_decoding_and_caches_it(stories260
         # sizes after it even when all its padding is accepted (FIRST_SIZES, largest first).
         events = list(generate(target, prompt, Sampler(SamplingParams.greedy_params()), strategy=first,
                                max_tokens=16, stop_at_eog=False))
-        assert len(events) == 17 and first.policy.cost.timed
+        # 16 tokens, however they came (drafts another test taught the process's suffix memory
+        # arrive several to an event), then the end
+        assert sum(len(e.tokens) for e in events[:-1]) == 16 and first.policy.cost.timed
         first.close()
         curve = cached_cost_curve(target)
         assert curve is not None and curve.c[0] == 1.0 and list(curve.c) == sorted(curve.c)
