@@ -66,6 +66,8 @@ def parse_reference(text: str, filename: str | None = None) -> HubReference:
     if len(parts) > 4 and parts[2] in ("blob", "resolve"):
         named, revision = "/".join(parts[4:]).split("?")[0], parts[3]
         parts = parts[:2]
+    elif len(parts) > 2 and parts[2] in ("tree", ""):  # a repository's file list, or a trailing /
+        parts = parts[:2]
     repo, _, tag = "/".join(parts).partition(":")
     if tag and not _TAG.fullmatch(tag):
         raise TandemError(f"{tag!r} is not a quantization tag (e.g. Q4_K_M) in {text!r}")

@@ -18,6 +18,8 @@ FILES = ["README.md", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-
     (f"{REPO}:Q4_K_M", HubReference(REPO, tag="Q4_K_M")),
     (f"hf.co/{REPO}:q8_0", HubReference(REPO, tag="q8_0")),
     (f"https://huggingface.co/{REPO}", HubReference(REPO)),
+    (f"https://huggingface.co/{REPO}/", HubReference(REPO)),
+    (f"https://huggingface.co/{REPO}/tree/main", HubReference(REPO)),
     (f"https://huggingface.co/{REPO}/blob/main/x-q8_0.gguf", HubReference(REPO, "x-q8_0.gguf")),
     (f"huggingface.co/{REPO}/resolve/v1.0/sub/x.gguf?download=true", HubReference(REPO, "sub/x.gguf", revision="v1.0")),
 ])
