@@ -257,3 +257,19 @@ def test_parsing_a_command_loads_neither_numpy_nor_llama_cpp(command: str) -> No
 def test_a_typo_lists_every_command() -> None:
     r = tandem("chta")
     assert r.returncode == 2 and "invalid choice: 'chta'" in r.stderr and "'chat'" in r.stderr
+
+
+def test_models_shows_how_each_file_is_quantized(stories260k: Path, real_models, isolated_home: Path) -> None:
+    """As `ollama list` and LM Studio do: the llama.cpp file type the hub names files by, or
+    for a file without one (the 260K fixture) the type most of its weights are in."""
+    from tandem.models.paths import models_dir
+
+    (models_dir() / "coder.gguf").symlink_to(real_models.qwen_15b)
+    (models_dir() / "smol.gguf").symlink_to(real_models.smollm2)
+    (models_dir() / "tiny.gguf").symlink_to(stories260k)
+    listed = tandem("models", "--json")
+    assert listed.returncode == 0, listed.stderr
+    quant = {m["name"]: m["quantization"] for m in json.loads(listed.stdout)}
+    assert quant == {"coder": "Q4_K_M", "smol": "Q4_1", "tiny": "F32"}
+    text = tandem("models").stdout
+    assert any(line.startswith("coder ") and " Q4_K_M " in line for line in text.splitlines()), text
