@@ -123,15 +123,14 @@ class ChatEngine:
                                 stop=[*stops, *stop], cancel=cancel, logprobs=logprobs)
 
     def stats_memory(self) -> dict[str, int]:
-        """Bytes in use: target weights, drafter weights, KV caches (both models)."""
+        """Bytes in use: target weights, drafter weights, KV caches (both models). No
+        ``drafter`` entry without a drafter model (model-free drafting holds no weights);
+        0 for one that loads when first asked for a draft and has not been."""
         t = self.target.memory()
-        d = self.drafter.memory() if self.drafter is not None else None
-        return {
-            "target": t.weights,
-            "drafter": d.weights if d else 0,
-            "kv": t.kv_cache + (d.kv_cache if d else 0),
-            "total": t.total + (d.total if d else 0),
-        }
+        if self.drafter is None:
+            return {"target": t.weights, "kv": t.kv_cache, "total": t.total}
+        d = self.drafter.memory()
+        return {"target": t.weights, "drafter": d.weights, "kv": t.kv_cache + d.kv_cache, "total": t.total + d.total}
 
     def close(self) -> None:
         with self.lock:

@@ -62,7 +62,7 @@ def format_stats(stats: dict[str, Any] | None, *, mask_timings: bool = False) ->
         mem = f"target {human_bytes(memory.get('target', 0))}"
         if memory.get("drafter"):
             mem += f" + drafter {human_bytes(memory['drafter'])}"
-        elif stats.get("drafter"):  # named, not asked for a draft yet: it loads then
+        elif "drafter" in memory and stats.get("drafter"):  # a model not asked for a draft yet: it loads then
             mem += " + drafter not loaded"
         mem += f" + KV {human_bytes(memory.get('kv', 0))}"
         parts.append(mem)

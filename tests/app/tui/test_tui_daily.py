@@ -328,3 +328,5 @@ def test_format_stats_says_when_a_named_drafter_was_not_loaded() -> None:
     loaded = format_stats({"generated_tokens": 5, "drafter": "qwen", "memory": {**memory, "drafter": 1 << 20}})
     assert "+ drafter 1.0 MB +" in loaded and "not loaded" not in loaded
     assert "drafter" not in format_stats({"generated_tokens": 5, "memory": memory})
+    model_free = {"target": 1 << 20, "kv": 1 << 20}  # no drafter model: no weights to speak of
+    assert "drafter" not in format_stats({"generated_tokens": 5, "drafter": "model-free", "memory": model_free})
