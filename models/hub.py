@@ -195,23 +195,40 @@ def prepare_pull(reference: str, filename: str | None = None, *,
     return PullSource(ref.repo_id, name, chosen=chosen)
 
 
-def cached_files(repo_id: str) -> list[str]:
-    """The files of ``repo_id`` in the local hub cache (every revision), by name in the
-    repository: what a pull without the network can still choose from."""
-    from huggingface_hub import constants, scan_cache_dir
-    from huggingface_hub.errors import CacheNotFound
+@dataclass(frozen=True)
+class CachedFile:
+    """One file of one revision in the local hub cache."""
 
+    repo_id: str
+    repo_type: str
+    """``model``, ``dataset`` or ``space``."""
+    name: str
+    """Its path in the repository."""
+    path: Path
+    """Where it is in the cache (the revision's snapshot link)."""
+
+
+def cached_hub_files() -> list[CachedFile]:
+    """Every file in the local hub cache, of every repository and revision: what the store
+    lists and what a pull without the network can still choose from. Read from disk only."""
+    try:
+        from huggingface_hub import constants, scan_cache_dir
+        from huggingface_hub.errors import CacheNotFound
+    except ImportError:  # pragma: no cover - huggingface-hub is a dependency
+        return []
     try:
         info = scan_cache_dir(constants.HF_HUB_CACHE)
     except CacheNotFound:
         return []
-    names: set[str] = set()
-    for repo in info.repos:
-        if repo.repo_id == repo_id and repo.repo_type == "model":
-            for rev in repo.revisions:
-                snapshot = Path(rev.snapshot_path)
-                names.update(Path(f.file_path).relative_to(snapshot).as_posix() for f in rev.files)
-    return sorted(names)
+    return [CachedFile(repo.repo_id, repo.repo_type, Path(f.file_path).relative_to(rev.snapshot_path).as_posix(),
+                       Path(f.file_path))
+            for repo in info.repos for rev in repo.revisions for f in rev.files]
+
+
+def cached_files(repo_id: str) -> list[str]:
+    """The files of the model repository ``repo_id`` in the local hub cache (every
+    revision), by their path in the repository."""
+    return sorted({f.name for f in cached_hub_files() if f.repo_id == repo_id and f.repo_type == "model"})
 
 
 def download(source: PullSource) -> Path:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tandem.errors import ModelNotFound, TandemError
 from tandem.models.gguf_file import inspect_gguf
-from tandem.models.hub import parse_reference, pick_gguf
+from tandem.models.hub import cached_hub_files, parse_reference, pick_gguf
 from tandem.models.paths import extra_model_dirs, models_dir
 
 
@@ -42,23 +42,8 @@ def _entry(path: Path, name: str, source: str) -> ModelEntry:
 
 
 def _hub_entries() -> list[ModelEntry]:
-    try:
-        # local: the hub client only when downloads are asked about
-        from huggingface_hub import constants, scan_cache_dir
-        from huggingface_hub.errors import CacheNotFound
-    except ImportError:  # pragma: no cover - huggingface-hub is a dependency
-        return []
-    try:
-        info = scan_cache_dir(constants.HF_HUB_CACHE)
-    except CacheNotFound:
-        return []
-    out = []
-    for repo in info.repos:
-        for rev in repo.revisions:
-            for f in rev.files:
-                if f.file_name.endswith(".gguf"):
-                    out.append(_entry(Path(f.file_path), f"{repo.repo_id}/{f.file_name}", f"hub:{repo.repo_id}"))
-    return out
+    return [_entry(f.path, f"{f.repo_id}/{f.path.name}", f"hub:{f.repo_id}")
+            for f in cached_hub_files() if f.path.name.endswith(".gguf")]
 
 
 def list_models() -> list[ModelEntry]:

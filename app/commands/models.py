@@ -11,6 +11,7 @@ from tandem.errors import TandemError
 from tandem.models.gguf_file import GGUFInfo, inspect_gguf
 from tandem.models.paths import models_dir
 from tandem.models.store import list_models
+from tandem.runtime.planning.shapes import shape_from_gguf
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,17 +22,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def quantization(info: GGUFInfo) -> str:
     """How the file's weights are stored, as llama.cpp and the hub name it (``Q4_K_M``): its
-    ``general.file_type``, else the type holding most of its weight bytes (``F32``)."""
+    ``general.file_type``, else the type of most of its block weights, as the memory planner
+    reads it (``F32``)."""
     import gguf  # local: the package's enums only when models are listed
 
     code = info.metadata.get("general.file_type")
-    weights: dict[int, int] = {}
-    for t in info.tensors:
-        weights[t.ggml_type] = weights.get(t.ggml_type, 0) + t.nbytes
     try:
         if isinstance(code, int):
             return gguf.LlamaFileType(code).name.removeprefix("MOSTLY_").removeprefix("ALL_")
-        return gguf.GGMLQuantizationType(max(weights, key=weights.__getitem__)).name if weights else "?"
+        return shape_from_gguf(info).weight_type.upper()
     except ValueError:  # a type this gguf package does not know
         return "?"
 

@@ -81,7 +81,8 @@ def run_build(args: argparse.Namespace) -> int:
     if args.min_count < 1:
         raise TandemError("--min-count must be at least 1.")
     start = time.perf_counter()
-    with Progress(f"building the n-gram model {args.name!r}") as progress, LlamaCppBackend(resolve_model(args.model), LlamaConfig(n_ctx=64)) as tok:
+    with (Progress(f"building the n-gram model {args.name!r}") as progress,
+          LlamaCppBackend(resolve_model(args.model), LlamaConfig(n_ctx=64)) as tok):
         fingerprint = tokenizer_fingerprint(tok.n_vocab, tok.token_bytes)
         path = default_path(args.name, fingerprint)
         docs, sources = [], []
