@@ -24,6 +24,7 @@ from tandem.runtime.backends import (
     file_facts,
     llama_log,  # noqa: F401  (installed on import: llama.cpp's log silenced)
 )
+from tandem.runtime.backends.llama_bindings import end_of_generation
 from tandem.runtime.backends.protocol import SpecialTokens
 
 NO_FD_REDIRECT = True
@@ -137,7 +138,7 @@ class LlamaVocab:
         found = self._recall(file_facts.EOG_TOKENS)
         if isinstance(found, list):
             return found
-        found = [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)]
+        found = end_of_generation(llama_cpp, self._vocab, self.n_vocab)
         self._remember(file_facts.EOG_TOKENS, found)
         return found
 

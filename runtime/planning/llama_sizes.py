@@ -35,10 +35,12 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from tandem.errors import TandemError, child_failure
 from tandem.models.paths import cache_dir, write_cache_file
 from tandem.models.python_child import module_argv
+from tandem.models.vocab_coverage import coverage_check
 from tandem.runtime.backends import file_facts
 from tandem.runtime.machine import cache_key, file_version, machine_id, software_id
 
@@ -223,26 +225,24 @@ def _rss_anon() -> int:
 
 def _serve(model: str) -> int:
     """Answer size questions about ``model`` (see the module docstring)."""
+    # llama.cpp's C functions only (not llama-cpp-python's high-level API, numpy, jinja2):
+    # on a first run this child's start is on the way to the model's load.
+    from tandem.runtime.backends.llama_bindings import bindings_only
 
-
-    # local: loads llama.cpp only when this runs
+    llama_cpp = bindings_only()
     from tandem.runtime.backends import llama_log
 
     try:
-        return _answer(model)
+        return _answer(llama_cpp, model)
     finally:
         # The callback _answer installed dies with its frame: llama.cpp must not keep a
         # pointer to it (a context or backend freed at exit logs through it).
         llama_log.install()
 
 
-def _answer(model: str) -> int:
-
-    import llama_cpp  # local: llama.cpp's libraries load only when this runs
-
-    # Imported first: it installs its own (silencing) log callback, replaced here.
+def _answer(llama_cpp: Any, model: str) -> int:
+    from tandem.runtime.backends.llama_bindings import end_of_generation
     from tandem.runtime.backends.llama_config import LlamaConfig, context_params, model_params
-    from tandem.runtime.backends.llama_vocab import LlamaVocab, load_model
 
     lines: list[str] = []
 
@@ -258,20 +258,17 @@ def _answer(model: str) -> int:
     mp.no_alloc = True
     mp.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE  # no mapping: the memory-fit pass reads metadata only
     mp.n_gpu_layers = 0
-    try:
-        loaded = load_model(Path(model), mp)
-    except TandemError as exc:
-        print(load_error(str(exc), lines), file=sys.stderr)
+    handle = llama_cpp.llama_model_load_from_file(model.encode(), mp)
+    if not handle:
+        print(load_error(f"llama.cpp could not load {model}", lines), file=sys.stderr)
         return 1
-    handle = loaded.model
-    # What the backend builds on top: its vocabulary object, special tokens, the
-    # coverage guard (a pass over every token's text) and a tokenize/detokenize round.
-    vocab = LlamaVocab(loaded)
-    eog = sorted(vocab.special.eog)
-    ids = vocab.tokenize("def main():\n    print('Hello, world!')  # ünïcödé ✓\n" * 4)
-    b"".join(vocab.token_bytes(t) for t in ids)
-    # The end-of-generation tokens cost a pass over the vocabulary: the parent keeps
-    # them as the file's fact, so its own load of the model does not pass again.
+    vocab = llama_cpp.llama_model_get_vocab(handle)
+    # What the backend builds on top: the end-of-generation tokens (a pass over the
+    # vocabulary), the coverage guard and a tokenize/detokenize round.
+    eog = end_of_generation(llama_cpp, vocab, llama_cpp.llama_vocab_n_tokens(vocab))
+    _first_use(llama_cpp, handle, vocab)
+    # The parent keeps the end-of-generation tokens as the file's fact, so its own load
+    # of the model does not pass over the vocabulary again.
     print(json.dumps({"runtime": _rss_anon() - before, "eog": eog}), flush=True)
     for raw in sys.stdin:
         setup = ContextSetup(**json.loads(raw))
@@ -290,8 +287,29 @@ def _answer(model: str) -> int:
         output = _logged_mib(lines, "output buffer size")
         llama_cpp.llama_free(ctx)
         print(json.dumps({"compute": compute, "output": output, "context": context}), flush=True)
-    loaded.close()
+    llama_cpp.llama_model_free(handle)
     return 0
+
+
+SAMPLE = "def main():\n    print('Hello, world!')  # ünïcödé ✓\n" * 4
+
+
+def _first_use(llama_cpp: Any, handle: int, vocab: int) -> None:
+    """What the backend does with a vocabulary before its first reply: the coverage guard
+    (:mod:`tandem.models.vocab_coverage`: token texts until every byte's token is seen)
+    and a tokenize/detokenize round of text the vocabulary covers (llama.cpp aborts on
+    text it cannot encode)."""
+    buf = ctypes.create_string_buffer(64)
+    n = llama_cpp.llama_model_meta_val_str(handle, b"tokenizer.ggml.model", buf, len(buf))
+    texts = (llama_cpp.llama_vocab_get_text(vocab, t).decode("utf-8", "replace")
+             for t in range(llama_cpp.llama_vocab_n_tokens(vocab)))
+    covers = coverage_check(buf.value.decode() if n >= 0 else None, texts)
+    raw = (SAMPLE if covers is None else "".join(ch for ch in SAMPLE if covers(ch))).encode()
+    ids = (llama_cpp.llama_token * (len(raw) + 8))()
+    n = llama_cpp.llama_tokenize(vocab, raw, len(raw), ids, len(ids), False, False)
+    piece = ctypes.create_string_buffer(256)
+    for t in ids[:max(n, 0)]:
+        llama_cpp.llama_token_to_piece(vocab, t, piece, len(piece), 0, False)
 
 
 def load_error(error: str, log: list[str]) -> str:

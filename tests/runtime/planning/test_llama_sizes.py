@@ -44,9 +44,7 @@ def test_the_childs_end_of_generation_tokens_become_the_files_fact(stories260k: 
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The child passes over the vocabulary for them anyway: the model's load after the
     plan recalls them instead of passing again (a tenth of a second for 151k tokens)."""
-    import llama_cpp
-
-    from tandem.runtime.backends import file_facts
+    from tandem.runtime.backends import file_facts, llama_vocab
     from tandem.runtime.backends.llama_vocab import LlamaVocab
 
     monkeypatch.setattr(llama_sizes, "_MEMO", {})
@@ -63,5 +61,5 @@ def test_the_childs_end_of_generation_tokens_become_the_files_fact(stories260k: 
     def no_pass(*args: object) -> bool:
         raise AssertionError("the vocabulary was scanned again")
 
-    monkeypatch.setattr(llama_cpp, "llama_vocab_is_eog", no_pass)
+    monkeypatch.setattr(llama_vocab, "end_of_generation", no_pass)
     assert sorted(LlamaVocab.open(stories260k).special.eog) == scanned
