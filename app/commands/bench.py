@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tandem.app.bench.workloads import DEFAULT_WORKLOADS, WORKLOADS
+from tandem.app.commands.engine_flags import MODEL_HELP
 from tandem.errors import TandemError
 from tandem.models.extras import require
 from tandem.models.store import resolve_model
@@ -38,7 +39,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="speed benchmarks, baseline vs candidate in one run (speculative, --autocomplete, --ar-overhead)")
-    p.add_argument("-m", "--model", required=True, help="target GGUF file or store name")
+    p.add_argument("-m", "--model", required=True, help="the target: " + MODEL_HELP)
     p.add_argument("--draft", default=None, help="drafter model (same or other vocabulary): configs auto+model, model@K "
                    "(or auto+xvocab, xvocab@K)")
     p.add_argument("--draft2", default=None, help="a second drafter, e.g. a cross-vocabulary one next to a same-vocabulary --draft")

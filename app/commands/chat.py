@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from tandem.app.commands.engine_flags import add_engine_flags, spec_from_args
+from tandem.app.commands.engine_flags import MODEL_HELP, add_engine_flags, spec_from_args
 from tandem.app.commands.sampling_flags import add_sampling_args, sampling_from_args
 from tandem.errors import TandemError
 from tandem.models.store import resolve_model
@@ -13,7 +13,7 @@ from tandem.models.store import resolve_model
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("chat", help="open the terminal chat app")
     p.add_argument("-m", "--model", default=None,
-                   help="target GGUF file or store name (default: the first model in the store)")
+                   help=MODEL_HELP + " (default: the first model in the store)")
     p.add_argument("-n", "--max-tokens", type=int, default=512, help="reply length limit for new chats")
     p.add_argument("--history", default=None, metavar="FILE",
                    help="chat database (default: chats.sqlite3 in the Tandem data dir)")

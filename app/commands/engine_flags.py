@@ -33,6 +33,10 @@ from tandem.runtime.moe.config import EVICTIONS, MoeOffloadSpec
 
 KV_COMPRESS_CHOICES = ("none", *PRESETS)
 
+MODEL_HELP = "GGUF file, a name from `tandem models`, or the reference it was pulled with (OWNER/REPO:Q4_K_M)"
+"""``-m``'s help in every command that opens a model: each resolves it the same way
+(:func:`tandem.models.store.resolve_model`)."""
+
 
 def add_engine_flags(p: argparse.ArgumentParser, *, ctx_default: int | None = None) -> None:
     """``--ctx --threads --budget --vram``, the speculative-decoding group (``--draft

@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from tandem.app.commands.engine_flags import add_technique_flags, moe_spec
+from tandem.app.commands.engine_flags import MODEL_HELP, add_technique_flags, moe_spec
 from tandem.app.progress import Progress
 from tandem.errors import BudgetError, TandemError
 from tandem.models.store import resolve_model
@@ -38,7 +38,7 @@ def add_budget_args(p: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="plan memory and devices for a target (+ drafter) on this machine")
-    p.add_argument("-m", "--model", required=True, help="target GGUF file, a name from `tandem models`, or the reference it was pulled with")
+    p.add_argument("-m", "--model", required=True, help="the target: " + MODEL_HELP)
     p.add_argument("--draft", default=None, help="draft model GGUF (optional)")
     p.add_argument("--ctx", type=int, default=None, help="context wanted (default: the model's, ≤ 4096)")
     p.add_argument("--draft-max", type=int, default=8, help="most drafts per round to budget for")

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from tandem.app.commands.engine_flags import add_engine_flags, spec_from_args
+from tandem.app.commands.engine_flags import MODEL_HELP, add_engine_flags, spec_from_args
 from tandem.app.commands.sampling_flags import add_sampling_args, sampling_from_args
 from tandem.app.progress import Progress
 from tandem.app.terminal_text import StreamCleaner
@@ -47,7 +47,7 @@ def given_prompt(flag: str | None, words: list[str]) -> str | None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="generate text from a prompt")
-    p.add_argument("-m", "--model", required=True, help="GGUF file, a name from `tandem models`, or the reference it was pulled with (OWNER/REPO:Q4_K_M)")
+    p.add_argument("-m", "--model", required=True, help=MODEL_HELP)
     p.add_argument("words", nargs="*", metavar="PROMPT",
                    help="the prompt, as in `ollama run MODEL PROMPT` (words are joined with spaces); or -p")
     p.add_argument("-p", "--prompt", default=None, help="prompt text (default: read standard input)")

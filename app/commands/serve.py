@@ -8,7 +8,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from tandem.app.commands.engine_flags import add_engine_flags, spec_from_args
+from tandem.app.commands.engine_flags import MODEL_HELP, add_engine_flags, spec_from_args
 from tandem.errors import TandemError
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
@@ -16,7 +16,7 @@ LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API (loopback by default)")
-    p.add_argument("-m", "--model", required=True, help="GGUF file, a name from `tandem models`, or the reference it was pulled with (OWNER/REPO:Q4_K_M)")
+    p.add_argument("-m", "--model", required=True, help=MODEL_HELP)
     p.add_argument("--no-spec", action="store_true", help="turn speculative decoding off (--draft-mode off)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=int, default=8080)
