@@ -167,9 +167,9 @@ def _make_plan(req: PlanRequest) -> Plan:
     return plan
 
 
-MODEL_FREE_PER_TOKEN = 7300.0
+MODEL_FREE_PER_TOKEN = 2450.0
 """Bytes per context token of the model-free drafters' index on a profile machine (the
-suffix trie's worst case, random tokens; measured 7.2 kB on CPython 3.11 x86-64). On
+suffix trie's worst case, random tokens; measured 2.4 kB on CPython 3.11 x86-64). On
 this machine it is measured (:mod:`tandem.runtime.planning.baseline`)."""
 
 
