@@ -6,7 +6,8 @@ only asks llama.cpp about a file (:mod:`tandem.runtime.planning.llama_sizes`) ne
 C functions and nothing else, and on a first run that import sits on the critical path
 before the model can load. :func:`bindings_only` gives it them in 0.05 s.
 
-:func:`end_of_generation` is the vocabulary scan both the child and the backend make.
+:func:`end_of_generation` and :func:`byte_coverage` are the vocabulary passes both the
+child and the backend make.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import importlib.util
 import itertools
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
+
+from tandem.models.vocab_coverage import coverage_check
 
 
 def bindings_only() -> Any:
@@ -57,3 +61,12 @@ def end_of_generation(llama_cpp: Any, vocab: int, n_vocab: int) -> list[int]:
     is_eog = ctypes.CFUNCTYPE(ctypes.c_bool)(address)
     ids = range(n_vocab)
     return list(itertools.compress(ids, map(is_eog, itertools.repeat(ctypes.c_void_p(vocab), n_vocab), ids)))
+
+
+def byte_coverage(llama_cpp: Any, vocab: int, n_vocab: int, tokenizer_model: str | None) -> Callable[[str], bool] | None:
+    """Which characters the vocabulary can tokenize (``None``: all of them), from its
+    tokens' texts, read only until every byte's token is seen
+    (:func:`tandem.models.vocab_coverage.coverage_check`): llama.cpp aborts on text it
+    cannot encode."""
+    texts = (llama_cpp.llama_vocab_get_text(vocab, t).decode("utf-8", errors="replace") for t in range(n_vocab))
+    return coverage_check(tokenizer_model, texts)

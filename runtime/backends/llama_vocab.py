@@ -19,12 +19,11 @@ import llama_cpp
 from llama_cpp import _internals
 
 from tandem.errors import ModelFormatError, TandemError
-from tandem.models.vocab_coverage import coverage_check
 from tandem.runtime.backends import (
     file_facts,
     llama_log,  # noqa: F401  (installed on import: llama.cpp's log silenced)
 )
-from tandem.runtime.backends.llama_bindings import end_of_generation
+from tandem.runtime.backends.llama_bindings import byte_coverage, end_of_generation
 from tandem.runtime.backends.protocol import SpecialTokens
 
 NO_FD_REDIRECT = True
@@ -125,11 +124,7 @@ class LlamaVocab:
     def _coverage(self) -> Callable[[str], bool] | None:
         if self._recall(file_facts.COVERS_EVERY_BYTE) is True:
             return None
-        texts = (
-            llama_cpp.llama_vocab_get_text(self._vocab, t).decode("utf-8", errors="replace")
-            for t in range(self.n_vocab)
-        )
-        covers = coverage_check(self.metadata.get("tokenizer.ggml.model"), texts)
+        covers = byte_coverage(llama_cpp, self._vocab, self.n_vocab, self.metadata.get("tokenizer.ggml.model"))
         if covers is None:
             self._remember(file_facts.COVERS_EVERY_BYTE, True)
         return covers

@@ -40,7 +40,6 @@ from typing import Any
 from tandem.errors import TandemError, child_failure
 from tandem.models.paths import cache_dir, write_cache_file
 from tandem.models.python_child import module_argv
-from tandem.models.vocab_coverage import coverage_check
 from tandem.runtime.backends import file_facts
 from tandem.runtime.machine import cache_key, file_version, machine_id, software_id
 
@@ -265,8 +264,9 @@ def _answer(llama_cpp: Any, model: str) -> int:
     vocab = llama_cpp.llama_model_get_vocab(handle)
     # What the backend builds on top: the end-of-generation tokens (a pass over the
     # vocabulary), the coverage guard and a tokenize/detokenize round.
-    eog = end_of_generation(llama_cpp, vocab, llama_cpp.llama_vocab_n_tokens(vocab))
-    _first_use(llama_cpp, handle, vocab)
+    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+    eog = end_of_generation(llama_cpp, vocab, n_vocab)
+    _first_use(llama_cpp, handle, vocab, n_vocab)
     # The parent keeps the end-of-generation tokens as the file's fact, so its own load
     # of the model does not pass over the vocabulary again.
     print(json.dumps({"runtime": _rss_anon() - before, "eog": eog}), flush=True)
@@ -291,20 +291,20 @@ def _answer(llama_cpp: Any, model: str) -> int:
     return 0
 
 
-SAMPLE = "def main():\n    print('Hello, world!')  # ünïcödé ✓\n" * 4
+FIRST_USE_TEXT = "def main():\n    print('Hello, world!')  # ünïcödé ✓\n" * 4
 
 
-def _first_use(llama_cpp: Any, handle: int, vocab: int) -> None:
+def _first_use(llama_cpp: Any, handle: int, vocab: int, n_vocab: int) -> None:
     """What the backend does with a vocabulary before its first reply: the coverage guard
-    (:mod:`tandem.models.vocab_coverage`: token texts until every byte's token is seen)
-    and a tokenize/detokenize round of text the vocabulary covers (llama.cpp aborts on
-    text it cannot encode)."""
+    (:func:`~tandem.runtime.backends.llama_bindings.byte_coverage`) and a
+    tokenize/detokenize round of text the vocabulary covers."""
+    from tandem.runtime.backends.llama_bindings import byte_coverage
+
     buf = ctypes.create_string_buffer(64)
     n = llama_cpp.llama_model_meta_val_str(handle, b"tokenizer.ggml.model", buf, len(buf))
-    texts = (llama_cpp.llama_vocab_get_text(vocab, t).decode("utf-8", "replace")
-             for t in range(llama_cpp.llama_vocab_n_tokens(vocab)))
-    covers = coverage_check(buf.value.decode() if n >= 0 else None, texts)
-    raw = (SAMPLE if covers is None else "".join(ch for ch in SAMPLE if covers(ch))).encode()
+    covers = byte_coverage(llama_cpp, vocab, n_vocab, buf.value.decode() if n >= 0 else None)
+    text = FIRST_USE_TEXT if covers is None else "".join(ch for ch in FIRST_USE_TEXT if covers(ch))
+    raw = text.encode()
     ids = (llama_cpp.llama_token * (len(raw) + 8))()
     n = llama_cpp.llama_tokenize(vocab, raw, len(raw), ids, len(ids), False, False)
     piece = ctypes.create_string_buffer(256)
