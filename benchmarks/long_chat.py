@@ -13,7 +13,9 @@ in the KV cache what the app would hold after reply N-1 (the part of prompt N th
 prompt N-1 shares), then times fit + prefill + the first token. Fitting figures
 alternate the two ways, ``--rounds`` times, and report medians with their range.
 
-Run: ``python -m benchmarks.long_chat --model PATH --threads 2``.
+Run: ``python -m benchmarks.long_chat --model PATH --threads 2``. ``--conversation N``
+goes on through the engine as ``tandem chat`` opens it; ``--drafter-index N`` times the
+model-free drafters' index alone (no model needed).
 """
 
 from __future__ import annotations
@@ -122,9 +124,64 @@ def ttft(target, turns: int, max_tokens: int, mode: str, count_only: bool) -> tu
     return fit_s, took, len(now) - reuse, len(now)
 
 
+def conversation(model: str, threads: int, ctx: int, history: int, turns: int, reply_tokens: int) -> None:
+    """A chat that goes on, as the chat app runs it: the engine opened as ``tandem chat``
+    opens it (its default drafting, so the model-free drafters index the conversation),
+    a chat of ``history`` messages answered once (untimed: the cold prefill), then
+    ``turns`` more exchanges, each the previous reply as the model wrote it and a new user
+    message, with the time to each reply's first token."""
+    from pathlib import Path
+
+    from tandem.runtime.engine.builder import open_engine
+    from tandem.runtime.engine.spec import EngineSpec
+
+    engine = open_engine(EngineSpec(Path(model), threads=threads, n_ctx=ctx, suffix_memory="process"))
+    chat_engine = ChatEngine(engine.target, engine.strategy, owner=engine)
+    msgs = chat(history)
+    params = SamplingParams(temperature=0.0)
+    try:
+        for turn in range(turns + 1):
+            start = time.perf_counter()
+            first, reply = None, []
+            for ev in chat_engine.stream(msgs, params, reply_tokens, keep_start=True):
+                if isinstance(ev, TokenEvent):
+                    first = first or time.perf_counter() - start
+                    reply.append(ev.text)
+            prompt = len(chat_engine.fit(msgs, reply_tokens, keep_start=True)[0])
+            label = "cold" if turn == 0 else f"{first:.3f} s"
+            print(f"turn {len(msgs):4d} messages, {prompt:6d} prompt tokens: TTFT {label}", flush=True)
+            msgs = [*msgs, {"role": "assistant", "content": "".join(reply)}, chat(1, seed=turn + 1)[0]]
+    finally:
+        chat_engine.close()
+
+
+def drafter_index(tokens: int, turns: int = 3) -> None:
+    """What the default model-free drafters (the suffix trie with a shared cache, then
+    prompt lookup, as ``--draft-mode auto`` chains them) spend on a chat of ``tokens``
+    tokens: indexing it the first time, then on each next turn (the end of the last
+    reply re-rendered, a 150-token message, a 64-token reply). No model: the seconds are
+    the drafters' own, paid before the reply's first draft."""
+    from tandem.runtime.speculative.drafters.chain import ChainDrafter
+    from tandem.runtime.speculative.drafters.lookup import PromptLookupDrafter
+    from tandem.runtime.speculative.drafters.suffix import GlobalSuffixCache, SuffixDrafter
+
+    rng = random.Random(0)
+    sampler = Sampler(SamplingParams(temperature=0.0))
+    context = [rng.randrange(151_000) for _ in range(tokens)]
+    chain = ChainDrafter([SuffixDrafter(global_cache=GlobalSuffixCache()), PromptLookupDrafter()])
+    first = timed(lambda: chain.propose(context, 8, sampler))
+    next_turns = []
+    for _ in range(turns):
+        context = context[:-2] + [rng.randrange(151_000) for _ in range(150)]
+        next_turns.append(timed(lambda c=context: chain.propose(c, 8, sampler)))
+        context = context + [rng.randrange(151_000) for _ in range(64)]
+        chain.propose(context, 8, sampler)
+    print(f"drafter index, {tokens} tokens: first {first:.3f} s, next turn {spread(next_turns)}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model", default=None, help="the GGUF file (not read with --drafter-index)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--max-tokens", type=int, default=512)
@@ -133,7 +190,23 @@ def main() -> None:
     ap.add_argument("--skip-fit", action="store_true")
     ap.add_argument("--modes", default="one-at-a-time,cached")
     ap.add_argument("--count-only", action="store_true", help="fit and count prefill tokens; no model evaluation")
+    ap.add_argument("--conversation", type=int, default=0, metavar="N",
+                    help="instead: a chat of --turns' first length goes on N more exchanges through the engine "
+                         "as `tandem chat` opens it (drafting on); the time to each reply's first token")
+    ap.add_argument("--reply-tokens", type=int, default=16, help="with --conversation: each reply's length")
+    ap.add_argument("--drafter-index", default="", metavar="N,N",
+                    help="instead: what the model-free drafters spend indexing a chat of N tokens, and on its next turns")
     args = ap.parse_args()
+    if args.drafter_index:
+        for n in (int(t) for t in args.drafter_index.split(",")):
+            drafter_index(n)
+        return
+    if args.model is None:
+        ap.error("--model is needed")
+    if args.conversation:
+        history = int(args.turns.split(",")[0])
+        conversation(args.model, args.threads, args.ctx, history, args.conversation, args.reply_tokens)
+        return
     target = LlamaCppBackend(args.model, LlamaConfig(n_ctx=args.ctx, n_threads=args.threads))
     if not args.skip_fit:
         fitting(target, args.rounds, args.max_tokens)

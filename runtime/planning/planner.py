@@ -167,10 +167,11 @@ def _make_plan(req: PlanRequest) -> Plan:
     return plan
 
 
-MODEL_FREE_PER_TOKEN = 2450.0
+MODEL_FREE_PER_TOKEN = 2500.0
 """Bytes per context token of the model-free drafters' index on a profile machine (the
-suffix trie's worst case, random tokens; measured 2.4 kB on CPython 3.11 x86-64). On
-this machine it is measured (:mod:`tandem.runtime.planning.baseline`)."""
+suffix trie and prompt lookup with its undo log, at their worst: random tokens; measured
+2.40-2.46 kB on CPython 3.11 x86-64). On this machine it is measured
+(:mod:`tandem.runtime.planning.baseline`)."""
 
 
 def draft_index_per_token(machine: Machine) -> float:

@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from tandem.kernels.sampling import Sampler
-from tandem.runtime.backends.protocol import Backend
+from tandem.runtime.backends.protocol import Backend, common_prefix_len
 
 LONG_CATCH_UP = 16
 """Tokens of backlog (:meth:`Drafter.backlog`) from which a drafter's catch-up is a cost of
@@ -126,6 +126,18 @@ class Drafter(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def same_request(indexed: Sequence[int], context: Sequence[int]) -> int | None:
+    """Where ``context`` no longer extends the ``indexed`` sequence a model-free drafter
+    holds: the length of their common start when that is at least half of ``indexed``
+    (the same conversation with its end changed: a chat's next turn, whose template
+    re-renders the end of the last reply, or a pre-draft the target rejected), so only the
+    changed end is indexed again; ``None`` for a new request. Indexing costs tens of µs a
+    token, so a 30,000-token chat indexed from scratch held each reply back by over a
+    second (the suffix trie) and a tenth (prompt lookup)."""
+    keep = common_prefix_len(indexed, context)
+    return keep if 2 * keep >= len(indexed) else None
 
 
 class ModelFreeDrafter:

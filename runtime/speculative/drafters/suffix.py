@@ -3,7 +3,8 @@
 Two depth-limited suffix tries with occurrence counts:
 
 * a per-request trie over the current prompt + conversation + output, grown
-  incrementally as tokens are committed (O(depth) per token);
+  incrementally as tokens are committed (O(depth) per token), and cut back where the
+  next request changes the end of the conversation;
 * a global trie over earlier requests' sequences, shared by every drafter in the
   process for the same vocabulary, FIFO-evicted (``max_cached_requests``), and kept
   across sessions in the user's data dir when :data:`~tandem.runtime.choices.SuffixMemory` says ``saved``
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from tandem.kernels.sampling import Sampler
 from tandem.models.paths import write_cache_file
-from tandem.runtime.speculative.drafters.base import Draft, ModelFreeDrafter
+from tandem.runtime.speculative.drafters.base import Draft, ModelFreeDrafter, same_request
 
 SAVED_FORMAT = 1
 
@@ -111,6 +112,28 @@ class SuffixTrie:
         active = [self.root]
         for t in seq:
             active = self.append(active, t, delta)
+
+    def suffix_nodes(self, seq: Sequence[int]) -> list[_Node]:
+        """The active list after an indexed ``seq`` (the nodes of its suffixes shorter
+        than ``depth``, the root first): where :meth:`append` goes on from its end."""
+        active = [self.root]
+        for j in range(1, min(self.depth - 1, len(seq)) + 1):
+            node = self.walk(seq[len(seq) - j:])
+            if node is None:
+                break
+            active.append(node)
+        return active
+
+    def remove_tail(self, seq: Sequence[int], keep: int) -> list[_Node]:
+        """Un-index ``seq[keep:]`` of a sequence that was added whole: every substring
+        that ends past ``keep`` loses its count, as if only ``seq[:keep]`` had been added.
+        Returns the active list after ``seq[:keep]``. It costs ``depth`` node visits a
+        removed token, against as many a token of the whole sequence to index it again."""
+        kept = self.suffix_nodes(seq[:keep])
+        active = kept
+        for t in seq[keep:]:
+            active = self.append(active, t, -1)
+        return kept
 
     def walk(self, path: Sequence[int]) -> _Node | None:
         node = self.root
@@ -295,8 +318,9 @@ def global_cache(key: str, params: SuffixParams | None = None, file: Path | None
 class SuffixDrafter(ModelFreeDrafter):
     """Per-request trie + an optional shared :class:`GlobalSuffixCache`.
 
-    A context that does not extend the previous one starts a new request; the finished
-    one is added to the global cache (also on :meth:`end_request` and :meth:`close`).
+    A context that is not the same request (:func:`~.base.same_request`) starts a new one;
+    the finished one is added to the global cache (also on :meth:`end_request` and
+    :meth:`close`).
     """
 
     def __init__(self, params: SuffixParams | None = None, global_cache: GlobalSuffixCache | None = None) -> None:
@@ -310,6 +334,8 @@ class SuffixDrafter(ModelFreeDrafter):
         self.trie = SuffixTrie(self.params.depth)
         self._seq: list[int] = []
         self._active = [self.trie.root]
+        self._primed = bool(self._primer)
+        """The trie holds a primer beside the request's own text: no other request may keep it."""
         if self._primer:  # the request starting now may repeat it (:meth:`prime`)
             self.trie.add(self._primer)
             self._primer = []
@@ -327,11 +353,23 @@ class SuffixDrafter(ModelFreeDrafter):
     def _sync(self, context: Sequence[int]) -> None:
         n = len(self._seq)
         if len(context) < n or list(context[:n]) != self._seq:
-            self.end_request()
-            n = 0
+            self._diverged(context)
+            n = len(self._seq)
         for t in context[n:]:
             self._active = self.trie.append(self._active, t)
         self._seq.extend(context[n:])
+
+    def _diverged(self, context: Sequence[int]) -> None:
+        """The context no longer extends the indexed sequence: the same request with its
+        end changed (:func:`~.base.same_request`) un-indexes that end and goes on. A new
+        one ends this one, and so does any request after one that was primed or before one
+        to prime: a primer is one client's text, for that client's one request."""
+        keep = same_request(self._seq, context)
+        if self._primer or self._primed or keep is None:
+            self.end_request()
+            return
+        self._active = self.trie.remove_tail(self._seq, keep)
+        del self._seq[keep:]
 
     def propose(self, context: Sequence[int], max_tokens: int, sampler: Sampler) -> Draft:
         if max_tokens <= 0:

@@ -44,6 +44,28 @@ def test_lookup_matches_brute_force_incrementally(seed: int) -> None:
         assert drafter.propose(seq[:end], 4, GREEDY).tokens == reference_lookup(seq[:end], 4, 3, 1)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_lookup_cut_back_to_a_shared_start_is_a_fresh_index(seed: int) -> None:
+    """A context that changes the end of the last one (the same chat, its next turn)
+    re-indexes only that end, and the index is the one a fresh drafter builds for it:
+    every n-gram points where it would, so the drafts are the same."""
+    rng = np.random.default_rng(seed)
+    seq = [int(t) for t in rng.integers(0, 4, 80)]
+    drafter = PromptLookupDrafter(max_ngram=4, min_ngram=int(rng.integers(1, 3)))
+    drafter.propose(seq, 4, GREEDY)
+    for _ in range(4):
+        keep = int(rng.integers(len(seq) // 2, len(seq) + 1))
+        seq = seq[:keep] + [int(t) for t in rng.integers(0, 4, int(rng.integers(1, 30)))]
+        draft = drafter.propose(seq, 4, GREEDY)
+        fresh = PromptLookupDrafter(max_ngram=4, min_ngram=drafter.min_ngram)
+        assert draft.tokens == fresh.propose(seq, 4, GREEDY).tokens == reference_lookup(seq, 4, 4, drafter.min_ngram)
+        assert drafter._index == fresh._index
+    drafter.propose([9, 9, 9], 4, GREEDY)  # a new request: a new index
+    fresh = PromptLookupDrafter(max_ngram=4, min_ngram=drafter.min_ngram)
+    fresh.propose([9, 9, 9], 4, GREEDY)
+    assert drafter._index == fresh._index
+
+
 def test_lookup_resets_on_new_conversation() -> None:
     drafter = PromptLookupDrafter(max_ngram=2, min_ngram=2)
     assert drafter.propose([1, 2, 3, 1, 2], 3, GREEDY).tokens == [3, 1, 2]
@@ -80,6 +102,68 @@ def test_trie_counts_every_substring_and_evicts_exactly() -> None:
     assert trie_counts(trie) == substring_counts(seqs, 5)
     trie.add(seqs[0], delta=-1)
     assert trie_counts(trie) == substring_counts(seqs[1:], 5)
+
+
+def trie_shape(trie: SuffixTrie) -> dict[tuple[int, ...], tuple[int, tuple[int, ...]]]:
+    """Every node's count and its children in order (the order ties are broken in)."""
+    out: dict[tuple[int, ...], tuple[int, tuple[int, ...]]] = {}
+    stack = [((), trie.root)]
+    while stack:
+        path, node = stack.pop()
+        children = node.items()
+        out[path] = (node.count, tuple(t for t, _ in children))
+        stack.extend((path + (t,), child) for t, child in children)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_removing_a_tail_leaves_the_trie_of_what_was_kept(seed: int) -> None:
+    """Un-indexing ``seq[keep:]`` gives the trie ``seq[:keep]`` would have built, node for
+    node and child order too, and appending after it goes on as from a fresh index: on
+    small alphabets, where substrings repeat and overlap the cut."""
+    rng = np.random.default_rng(seed)
+    depth = int(rng.integers(2, 7))
+    other = [int(t) for t in rng.integers(0, 3, 20)]
+    seq = [int(t) for t in rng.integers(0, 3, 40)]
+    keep = int(rng.integers(0, len(seq) + 1))
+    more = [int(t) for t in rng.integers(0, 3, 10)]
+    trie = SuffixTrie(depth)
+    trie.add(other)
+    trie.add(seq)
+    active = trie.remove_tail(seq, keep)
+    for t in more:
+        active = trie.append(active, t)
+    fresh = SuffixTrie(depth)
+    fresh.add(other)
+    fresh.add(seq[:keep] + more)
+    assert trie_shape(trie) == trie_shape(fresh)
+    assert trie_counts(trie) == substring_counts([other, seq[:keep] + more], depth)
+    assert [id(n) for n in trie.suffix_nodes(seq[:keep] + more)] == [id(n) for n in active]
+
+
+def test_a_chat_s_next_turn_re_indexes_only_what_changed() -> None:
+    """A context that changes the end of the last one (a chat's next turn) keeps the
+    request: the trie is the one a fresh drafter builds for it, nothing goes to the shared
+    cache, and so does a pre-draft the target rejected; a context sharing less than half
+    starts a new request, and the old one is stored."""
+    rng = np.random.default_rng(3)
+    cache = GlobalSuffixCache()
+    drafter = SuffixDrafter(global_cache=cache)
+    chat = [int(t) for t in rng.integers(0, 6, 300)]
+    drafter.propose(chat, 8, GREEDY)
+    for turn in range(4):  # the reply's last tokens re-rendered, then the user's next turn
+        if turn == 2:  # or: drafted on from a guess the target did not keep
+            drafter.propose([*chat, 1, 2, 3], 8, GREEDY)
+            chat = [*chat, 4]
+        else:
+            chat = chat[:-2] + [int(t) for t in rng.integers(0, 6, 40)]
+        draft = drafter.propose(chat, 8, GREEDY)
+        fresh = SuffixDrafter()
+        assert draft.tokens == fresh.propose(chat, 8, GREEDY).tokens
+        assert trie_shape(drafter.trie) == trie_shape(fresh.trie)
+    assert len(cache) == 0
+    drafter.propose([99, 98, *chat[:100]], 8, GREEDY)  # another chat: the first one is stored
+    assert len(cache) == 1 and cache._seqs[0] == chat[-cache.params.max_request_tokens:]
 
 
 def test_a_never_repeating_context_costs_a_quarter_of_the_old_trie() -> None:
@@ -192,6 +276,9 @@ def test_a_primed_suffix_drafter_offers_the_previous_suggestion_once() -> None:
     drafter.prime(previous)
     context = [7, 7, 8, 1, 2, 3, 9, 40, 41]  # new prompt (the prefix grew), then the first tokens again
     assert drafter.propose(context, 8, greedy).tokens == [42, 43, 44, 45]
+    drafter.propose([*context, 42, 43], 8, greedy)  # the primed request goes on
+    # Another client sends the same prompt: the same start, but the primer was not its own.
+    assert drafter.propose(context, 8, greedy).tokens == []
     drafter.propose([5, 5, 5, 9, 40, 41], 8, greedy)  # a request after that: no primer left
     assert drafter.propose([6, 6, 9, 40, 41], 8, greedy).tokens == []
     chain = ChainDrafter([SuffixDrafter(), PromptLookupDrafter()])
