@@ -328,21 +328,19 @@ class SuffixDrafter(ModelFreeDrafter):
         self.global_cache = global_cache
         self.name = "suffix"
         self._primer: list[int] = []
+        self._primed: SuffixTrie | None = None
+        """The request's primer (:meth:`prime`), in a trie of its own: never part of the
+        request's trie, which another client's request may go on with (:meth:`_diverged`)."""
         self._reset()
 
     def _reset(self) -> None:
         self.trie = SuffixTrie(self.params.depth)
         self._seq: list[int] = []
         self._active = [self.trie.root]
-        self._primed = bool(self._primer)
-        """The trie holds a primer beside the request's own text: no other request may keep it."""
-        if self._primer:  # the request starting now may repeat it (:meth:`prime`)
-            self.trie.add(self._primer)
-            self._primer = []
 
     def prime(self, tokens: Sequence[int]) -> None:
-        """Held until the next request starts, then part of its trie (never of the shared
-        cache: it is this request's client's own text)."""
+        """Held until the next request starts, then drafted from beside its trie (never
+        part of the shared cache: it is this request's client's own text)."""
         self._primer = list(tokens)
 
     def end_request(self) -> None:
@@ -360,16 +358,28 @@ class SuffixDrafter(ModelFreeDrafter):
         self._seq.extend(context[n:])
 
     def _diverged(self, context: Sequence[int]) -> None:
-        """The context no longer extends the indexed sequence: the same request with its
-        end changed (:func:`~.base.same_request`) un-indexes that end and goes on. A new
-        one ends this one, and so does any request after one that was primed or before one
-        to prime: a primer is one client's text, for that client's one request."""
+        """The context no longer extends the indexed sequence: a request starts. The same
+        request with its end changed (:func:`~.base.same_request`) un-indexes that end and
+        goes on; a new one ends the last. Either way the last request's primer goes, and a
+        pending one becomes this request's."""
         keep = same_request(self._seq, context)
-        if self._primer or self._primed or keep is None:
+        if keep is None:
             self.end_request()
-            return
-        self._active = self.trie.remove_tail(self._seq, keep)
-        del self._seq[keep:]
+        else:
+            self._active = self.trie.remove_tail(self._seq, keep)
+            del self._seq[keep:]
+        self._primed = None
+        if self._primer:
+            self._primed = SuffixTrie(self.params.depth)
+            self._primed.add(self._primer)
+            self._primer = []
+
+    def _elsewhere(self, trie: SuffixTrie, context: Sequence[int],
+                   max_tokens: int) -> tuple[tuple[list[int], list[float], float], int]:
+        """The draft ``trie`` gives after the longest suffix of ``context`` it continues,
+        and that suffix's length."""
+        node, j = trie.longest_match(context, self.params.max_match)
+        return (speculate(node, j, max_tokens, self.params) if node is not None else ([], [], 0.0)), j
 
     def propose(self, context: Sequence[int], max_tokens: int, sampler: Sampler) -> Draft:
         if max_tokens <= 0:
@@ -385,13 +395,16 @@ class SuffixDrafter(ModelFreeDrafter):
             if node.has_children():
                 best, matched = speculate(node, j, max_tokens, self.params), j
                 break
+        # Elsewhere (the primer, the shared cache): the longest context suffix they continue.
+        others = []
+        if self._primed is not None:
+            others.append(self._elsewhere(self._primed, context, max_tokens))
         if self.global_cache is not None:
             with self.global_cache.lock:
-                node, j = self.global_cache.trie.longest_match(context, self.params.max_match)
-                if node is not None:
-                    cand = speculate(node, j, max_tokens, self.params)
-                    if cand[2] > best[2]:
-                        best, matched = cand, j
+                others.append(self._elsewhere(self.global_cache.trie, context, max_tokens))
+        for cand, j in others:
+            if cand[2] > best[2]:
+                best, matched = cand, j
         tokens, probs, _ = best
         # A continuation seen once after a 1-token match is a guess; after 12 matching
         # tokens it is near certain: the frequency alone cannot tell them apart.

@@ -276,6 +276,9 @@ def test_a_primed_suffix_drafter_offers_the_previous_suggestion_once() -> None:
     drafter.prime(previous)
     context = [7, 7, 8, 1, 2, 3, 9, 40, 41]  # new prompt (the prefix grew), then the first tokens again
     assert drafter.propose(context, 8, greedy).tokens == [42, 43, 44, 45]
+    alone = SuffixTrie(drafter.params.depth)  # the primer is beside the request's own trie, not in it
+    alone.add(context)
+    assert trie_shape(drafter.trie) == trie_shape(alone)
     drafter.propose([*context, 42, 43], 8, greedy)  # the primed request goes on
     # Another client sends the same prompt: the same start, but the primer was not its own.
     assert drafter.propose(context, 8, greedy).tokens == []
