@@ -204,3 +204,36 @@ def test_characters_a_vocabulary_lacks_never_reach_llama_cpp(tinystories656k_ggu
     finally:
         drafter.close()
         target.close()
+
+
+def test_a_growing_context_encodes_its_tail_only_and_as_the_whole_would(real_models) -> None:
+    """Each round the committed text grows by a few tokens: the drafter keeps its encoding
+    up to a word boundary and encodes only the rest again. On real text (prose, code,
+    chat markup, digits, non-ASCII) and the real pair, SmolLM2 drafting for Qwen2.5-Coder,
+    the ids equal the whole text's encoding at every step, and the tail path was taken."""
+    target = LlamaVocab.open(real_models.qwen_15b)
+    drafter = LlamaCppBackend(real_models.smollm2, LlamaConfig(n_ctx=256, n_threads=1))
+    try:
+        incremental = CrossVocabDrafter(drafter, target, XVocabConfig(persist=False), owns_backend=False)
+        text = ("<|im_start|>user\nWrite a function that sums 1234 + 5678, and explain it. Ça va? "
+                "Les élèves ont 3,5 points.<|im_end|>\n<|im_start|>assistant\n"
+                "def add(a: int, b: int) -> int:\n    \"\"\"Add two numbers.\"\"\"\n    return a + b\n\n"
+                "print(add(1234, 5678))  # 6912\n\nThe function `add` takes two integers and returns their sum; "
+                "calling it with 1234 and 5678 prints 6912. It works for negative numbers too: add(-3, 5) is 2. ") * 4
+        context = target.tokenize(text, special=True)
+        whole = CrossVocabDrafter(drafter, target, XVocabConfig(persist=False), owns_backend=False)
+        encode_whole, whole_encodings = incremental._encode, []
+        incremental._encode = lambda *args: whole_encodings.append(args) or encode_whole(*args)  # type: ignore[method-assign]
+        steps = range(40, len(context), 3)
+        for end in steps:
+            synced = incremental._sync(context[:end])
+            whole._synced.clear()
+            expected = whole._sync(context[:end])
+            assert (synced is None) == (expected is None)
+            if synced is None or expected is None:
+                continue
+            assert synced.draft_ids == expected.draft_ids, end
+            assert (synced.text, synced.offset) == (expected.text, expected.offset)
+        assert len(whole_encodings) <= 3, f"{len(whole_encodings)} of {len(steps)} rounds encoded the whole text"
+    finally:
+        drafter.close()
