@@ -169,20 +169,21 @@ class CrossVocabDrafter:
         old = self._synced.get(hold_space)
         if old is not None and old.context == context:
             return old
-        grown = old is not None and context[: len(old.context)] == old.context
-        if grown:  # only the new tokens' text is new
-            full = old.text + old.held + self.pair.target_text(context[len(old.context):])
+        # A context that grew from the last one: only its new tokens' text is new (a held
+        # space is held only at the end, so the text still starts with the last one's).
+        grown = old if old is not None and context[: len(old.context)] == old.context else None
+        if grown is not None:
+            full = grown.text + grown.held + self.pair.target_text(context[len(grown.context):])
         else:
             full = self.pair.target_text(context)
         held = b" " if hold_space and self.pair.draft_space_prefix and full.endswith(b" ") else b""
         text = full[: len(full) - len(held)]
         if complete_utf8_prefix(text) != len(text):
             return None  # mid-character (or invalid) bytes: nothing to encode exactly
-        checked = len(old.text) if grown and old is not None and text.startswith(old.text) else 0
-        new_text = text[checked:].decode("utf-8")
+        new_text = text[len(grown.text) if grown is not None else 0:].decode("utf-8")
         if encodable_prefix(new_text, self._draft_units) != len(new_text):
             return None  # llama.cpp would abort on a character the drafter's vocabulary lacks
-        synced = (self._encode_tail(old, context, text, held) if checked and old is not None else None) \
+        synced = (self._encode_tail(grown, context, text, held) if grown is not None else None) \
             or self._encode(context, text, held)
         if synced is not None:
             self._synced[hold_space] = synced
